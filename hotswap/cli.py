@@ -1,0 +1,57 @@
+"""`hotswap` command line. Thin: parses arguments and calls library code."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+
+import hotswap
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Print the environment hotswap sees and time a worker's start (torch pre-import)."""
+    import torch
+
+    print(f"hotswap {hotswap.__version__}  python {platform.python_version()}  "
+          f"torch {torch.__version__}")
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name(0) if cuda else "cpu"
+    print(f"device: {device}")
+    try:
+        import triton
+
+        print(f"triton {triton.__version__}")
+    except ImportError:
+        print("triton: not installed (fine on CPU: inductor emits C++)")
+    t = time.monotonic()
+    with hotswap.WorkerPool(args.workers) as pool:
+        ok = pool.wait_ready(timeout_s=args.timeout_s)
+        pids = pool.worker_pids()
+    if not ok:
+        print(f"workers not ready after {args.timeout_s:g} s", file=sys.stderr)
+        return 1
+    print(f"{len(pids)} workers started and pre-imported torch in {time.monotonic() - t:.2f} s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hotswap", description="torch.compile that never blocks.")
+    parser.add_argument("--version", action="version", version=f"hotswap {hotswap.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser("doctor", help="check the environment and time a worker start")
+    doctor.add_argument("--workers", type=int, default=1, help="workers to start (default 1)")
+    doctor.add_argument("--timeout-s", type=float, default=120.0,
+                        help="give up after this many seconds (default 120)")
+    doctor.set_defaults(func=_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

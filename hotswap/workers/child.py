@@ -1,0 +1,256 @@
+"""The worker process: ``python -m hotswap.workers --read-fd R --write-fd W --parent-pid P``.
+
+It is started as its own program, never through multiprocessing's spawn, so it never imports
+the user's ``__main__`` (scripts without a guard, ``python -c``, stdin and notebooks all work).
+
+Threads in the child::
+
+    main thread      reads frames from R; runs one job at a time; writes results to W
+    parent watcher   blocks on a pidfd of the parent; when the parent dies, kills this
+                     process group (inductor's own compile subprocesses included) and exits
+    job threads      (the job's own) may call stage(); writes to W are serialized by a lock
+
+See protocol.py for the messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import pickle
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from hotswap.workers.protocol import (
+    HEADER,
+    Frame,
+    MessageKind,
+    StageEvent,
+    decode_control,
+    encode_control,
+    encode_frame,
+)
+
+__all__ = ["current_job_id", "emit_stage", "in_worker", "main", "resolve_job", "stage"]
+
+
+class _Channel:
+    """Blocking framed I/O over the two inherited pipe fds."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self._read_fd = read_fd
+        self._write_fd = write_fd
+        self._write_lock = threading.Lock()
+
+    def _read_exact(self, n: int) -> bytes | None:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = os.readv(self._read_fd, [view[got:]])
+            if k == 0:
+                return None
+            got += k
+        return bytes(buf)
+
+    def recv(self) -> Frame | None:
+        header = self._read_exact(HEADER.size)
+        if header is None:
+            return None
+        kind, job_id, length = HEADER.unpack(header)
+        payload = self._read_exact(length) if length else b""
+        if payload is None:
+            return None
+        return Frame(MessageKind(kind), job_id, payload)
+
+    def send(self, kind: MessageKind, job_id: int, payload: bytes = b"") -> None:
+        header, body = encode_frame(kind, job_id, payload)
+        with self._write_lock:
+            for chunk in (header, body):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self._write_fd, view):]
+
+
+_channel: _Channel | None = None
+_job_id = 0
+
+
+def in_worker() -> bool:
+    """True inside a hotswap worker process."""
+    return _channel is not None
+
+
+def current_job_id() -> int:
+    return _job_id
+
+
+def emit_stage(name: str, start_s: float, end_s: float, **attrs: Any) -> None:
+    """Report a stage measured elsewhere (e.g. from inductor's own timers). No-op outside a worker."""
+    if _channel is None:
+        return
+    event = StageEvent(name, start_s, end_s, os.getpid(), _job_id, attrs)
+    _channel.send(MessageKind.STAGE_EVENT, _job_id, event.to_wire())
+
+
+@contextlib.contextmanager
+def stage(name: str, **attrs: Any) -> Iterator[None]:
+    """Time a block of a job and stream it to the parent as a StageEvent, even if it raises."""
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        emit_stage(name, start, time.monotonic(), **attrs)
+
+
+_job_cache: dict[str, Callable[[Any], Any]] = {}
+
+
+def resolve_job(name: str) -> Callable[[Any], Any]:
+    """Import ``"package.module:function"``. Raises ValueError / LookupError naming the fix."""
+    fn = _job_cache.get(name)
+    if fn is not None:
+        return fn
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr or ":" in attr:
+        raise ValueError(
+            f"job {name!r} is not of the form 'package.module:function'; jobs are named "
+            "functions importable in the worker, not closures"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise LookupError(
+            f"job {name!r}: module {module_name!r} cannot be imported ({e}); put it on sys.path "
+            "or in an installed package"
+        ) from e
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise LookupError(f"job {name!r}: {module_name!r} has no callable named {attr!r}")
+    fn = cast(Callable[[Any], Any], found)
+    _job_cache[name] = fn
+    return fn
+
+
+def _failure(kind: str, exc: BaseException, what: str = "") -> bytes:
+    return encode_control(
+        {
+            "kind": kind,
+            "what": what,
+            "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc)),
+        }
+    )
+
+
+def _run_job(channel: _Channel, frame: Frame) -> None:
+    """Run one job. Never raises: a job that ends without a reply would leave a future pending."""
+    global _job_id
+    _job_id = frame.job_id
+    try:
+        request = decode_control(frame.payload)
+        fn = resolve_job(request["job"])
+        try:
+            with stage("worker_deserialize"):
+                payload = pickle.loads(request["payload"])
+        except BaseException as e:
+            channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("serialization", e, "payload"))
+            return
+        try:
+            result = fn(payload)
+        except BaseException as e:
+            channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("exception", e))
+            return
+        try:
+            data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException as e:
+            channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("serialization", e, "result"))
+            return
+        channel.send(MessageKind.JOB_RESULT, frame.job_id, data)
+    except BaseException as e:  # the job machinery itself (decode, resolve): still reply
+        channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("exception", e))
+    finally:
+        _job_id = 0
+
+
+def _kill_own_group_and_exit() -> None:
+    # Children that left our process group would survive killpg; kill them by name first.
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    except Exception:
+        pass
+    with contextlib.suppress(OSError):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os._exit(0)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except (OSError, AttributeError):
+        pidfd = -1
+    if pidfd >= 0:
+        # A pidfd becomes readable when the process exits: an event, not a sleep loop.
+        select.select([pidfd], [], [])
+    else:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+    _kill_own_group_and_exit()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hotswap.workers")
+    parser.add_argument("--read-fd", type=int, required=True)
+    parser.add_argument("--write-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    if os.getppid() != args.parent_pid:
+        return 0  # the parent died before we started
+    # The parent owns interrupts; a ^C in its terminal must not kill a compile mid-write.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(
+        target=_watch_parent, args=(args.parent_pid,), name="hotswap-parent-watch", daemon=True
+    ).start()
+    # Our pipe ends must not leak into processes the job starts.
+    os.set_inheritable(args.read_fd, False)
+    os.set_inheritable(args.write_fd, False)
+
+    global _channel
+    channel = _Channel(args.read_fd, args.write_fd)
+    init_frame = channel.recv()
+    if init_frame is None or init_frame.kind != MessageKind.INIT:
+        return 0
+    init = decode_control(init_frame.payload)
+    for entry in reversed(init.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    start = time.monotonic()
+    for module in init.get("warm_modules", []):
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # a missing optional module must not stop the worker
+            print(f"hotswap worker {os.getpid()}: could not pre-import {module}: {e}",
+                  file=sys.stderr)
+    channel.send(
+        MessageKind.READY, 0, encode_control({"pid": os.getpid(), "warm_s": time.monotonic() - start})
+    )
+    _channel = channel
+    while True:
+        frame = channel.recv()
+        if frame is None or frame.kind == MessageKind.SHUTDOWN:
+            return 0
+        if frame.kind == MessageKind.JOB_REQUEST:
+            _run_job(channel, frame)

@@ -1,0 +1,538 @@
+"""The pool's manager thread: the one owner of every worker process and pipe.
+
+    caller threads (pool.py)        Inbox (lock)            manager thread (this module)        workers
+    ------------------------        ------------            ----------------------------        -------
+    submit() pickles payload  --->  jobs deque  --wake--->  selector over: wake pipe, each
+    future.cancel()           --->  cancelled   --wake--->    worker's read pipe, its write
+    shutdown()/terminate()    --->  flags       --wake--->    pipe (while a frame is pending)
+                                                              and its pidfd
+                                                            dispatch: job -> idle READY worker  -frame->  runs
+                                                            read: STAGE_EVENT -> subscribers  <-frames-
+                                                                  JOB_RESULT/JOB_FAILED -> future
+                                                            pidfd readable: worker died -> resolve
+                                                              its job (WorkerCrashed, JobTimeout,
+                                                              MemoryLimitExceeded), kill its process
+                                                              group, start a replacement
+                                                            timers: job deadlines, RSS polls,
+                                                              ready deadlines
+
+Caller threads touch only the Inbox, under its lock. Futures are resolved with no lock held, so
+their callbacks may submit again. Invariant: every future handed out resolves.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import os
+import pickle
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hotswap.errors import (
+    CompileFailed,
+    JobError,
+    JobTimeout,
+    MemoryLimitExceeded,
+    PoolClosed,
+    SerializationFailed,
+    WorkerCrashed,
+    WorkerStartFailed,
+)
+from hotswap.workers import proctree
+from hotswap.workers.protocol import (
+    FrameDecoder,
+    MessageKind,
+    ProtocolError,
+    StageEvent,
+    decode_control,
+    encode_control,
+    encode_frame,
+)
+
+if TYPE_CHECKING:
+    from hotswap.workers.pool import JobFuture
+
+__all__ = ["Inbox", "Manager", "PoolConfig"]
+
+log = logging.getLogger(__name__)
+
+_MAX_START_FAILURES = 3
+_READ_CHUNK = 1 << 20
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+WorkerEnv = Mapping[str, str] | Callable[[int], Mapping[str, str]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    workers: int
+    rss_limit_bytes: int | None
+    worker_env: WorkerEnv
+    warm_modules: list[str]
+    rss_poll_s: float
+    ready_timeout_s: float
+
+
+@dataclass
+class Inbox:
+    """What caller threads hand the manager. Every field is guarded by ``lock``."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    jobs: collections.deque[Job] = field(default_factory=collections.deque)
+    cancelled: list[int] = field(default_factory=list)
+    subscribers: list[Callable[[StageEvent], None]] = field(default_factory=list)
+    closing: bool = False
+    terminating: bool = False
+    cancel_on_close: bool = False
+    wake_r: int = -1
+    wake_w: int = -1
+
+    def __post_init__(self) -> None:
+        self.ready_cond = threading.Condition(self.lock)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    def wake(self) -> None:
+        with self.lock:
+            if self.wake_w < 0:
+                return  # the manager has exited; nothing is listening
+            with contextlib.suppress(BlockingIOError):  # full: a wake is pending anyway
+                os.write(self.wake_w, b"\0")
+
+    def close_wake_pipe(self) -> None:
+        # Under the lock: a wake() racing with this must not write into a reused fd number.
+        with self.lock:
+            for fd in (self.wake_r, self.wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.wake_r = self.wake_w = -1
+
+    def fail_all(self, error: BaseException) -> None:
+        with self.lock:
+            jobs = list(self.jobs)
+            self.jobs.clear()
+        for job in jobs:
+            resolve(job.future, error=error)
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: int
+    name: str
+    data: bytes
+    timeout_s: float | None
+    future: JobFuture
+
+
+class _Worker:
+    """Parent-side state of one worker process. Touched by the manager thread only."""
+
+    def __init__(self, slot: int, proc: subprocess.Popen[bytes], read_fd: int, write_fd: int):
+        self.slot = slot
+        self.proc = proc
+        self.pid = proc.pid
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+        self.pidfd = -1
+        self.decoder = FrameDecoder()
+        self.outbuf: collections.deque[memoryview] = collections.deque()
+        self.ready = False
+        self.started_s = time.monotonic()
+        self.ready_s: float | None = None
+        self.job: Job | None = None
+        self.deadline_s: float | None = None
+        self.kill_reason: tuple[str, Any] | None = None
+        self.watching_write = False
+
+
+class Manager:
+    """Runs on the pool's manager thread (``run``); owns ``workers`` and every fd."""
+
+    def __init__(self, inbox: Inbox, config: PoolConfig, on_exit: Callable[[], None]) -> None:
+        self.inbox = inbox
+        self.config = config
+        self.on_exit = on_exit
+        self.workers: dict[int, _Worker] = {}  # by pid; read by callers under inbox.lock
+        self.restarts = 0
+        self._running: dict[int, _Worker] = {}
+        self._start_failures = 0
+        self._last_start_error = ""
+        self._next_rss_poll_s = 0.0
+        self._selector = selectors.DefaultSelector()
+
+    def reset_start_failures(self) -> None:
+        """New demand gets a fresh round of start attempts (called under inbox.lock)."""
+        self._start_failures = 0
+
+    def run(self) -> None:
+        self._selector.register(self.inbox.wake_r, selectors.EVENT_READ, ("wake", None))
+        try:
+            while self._manage_once():
+                pass
+        except BaseException:
+            log.exception("hotswap pool manager failed; failing all jobs")
+            raise
+        finally:
+            with self.inbox.lock:
+                self.inbox.closing = True
+            self._stop_all_workers()
+            self.inbox.fail_all(PoolClosed("the pool was shut down before the job ran"))
+            self._selector.close()
+            self.inbox.close_wake_pipe()
+            self.on_exit()
+
+    def _manage_once(self) -> bool:
+        with self.inbox.lock:
+            # A closing pool still runs what was queued before shutdown() (unless cancelled).
+            wanted = not self.inbox.terminating and (not self.inbox.closing or bool(self.inbox.jobs))
+        if wanted:
+            self._top_up_workers()
+            self._dispatch()
+        for key, mask in self._selector.select(self._next_timeout()):
+            what, worker = key.data
+            if what == "wake":
+                with contextlib.suppress(OSError):
+                    while os.read(self.inbox.wake_r, 4096):
+                        pass
+            elif what == "exit":
+                self._reap(worker)
+            elif worker.pid in self.workers:
+                if mask & selectors.EVENT_READ:
+                    self._read(worker)
+                if mask & selectors.EVENT_WRITE and worker.pid in self.workers:
+                    self._flush(worker)
+        self._apply_cancellations()
+        self._check_timers()
+        with self.inbox.lock:
+            closing, terminating = self.inbox.closing, self.inbox.terminating
+            if closing and self.inbox.cancel_on_close:
+                cancelled = list(self.inbox.jobs)
+                self.inbox.jobs.clear()
+            else:
+                cancelled = []
+        for job in cancelled:
+            job.future.cancel()
+        if terminating:
+            return False
+        with self.inbox.lock:
+            idle = not self.inbox.jobs and not self._running
+        return not (closing and idle)
+
+    def _next_timeout(self) -> float | None:
+        now = time.monotonic()
+        deadlines = [w.deadline_s for w in self.workers.values() if w.deadline_s is not None]
+        deadlines += [w.started_s + self.config.ready_timeout_s for w in self.workers.values()
+                      if not w.ready]
+        if self.config.rss_limit_bytes is not None and self._running:
+            deadlines.append(self._next_rss_poll_s)
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _spawn(self, slot: int) -> None:
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        env = dict(os.environ)
+        extra = self.config.worker_env(slot) if callable(self.config.worker_env) else self.config.worker_env
+        env.update(extra or {})
+        # The worker must import hotswap even when the parent found it through sys.path tweaks.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
+        )
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hotswap.workers", "--read-fd", str(child_r),
+                 "--write-fd", str(child_w), "--parent-pid", str(os.getpid())],
+                pass_fds=(child_r, child_w),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=2,  # job output must never land in the user's stdout
+                start_new_session=True,
+            )
+        finally:
+            os.close(child_r)
+            os.close(child_w)
+        worker = _Worker(slot, proc, parent_r, parent_w)
+        os.set_blocking(parent_r, False)
+        os.set_blocking(parent_w, False)
+        try:
+            worker.pidfd = os.pidfd_open(proc.pid)
+            self._selector.register(worker.pidfd, selectors.EVENT_READ, ("exit", worker))
+        except (OSError, AttributeError):
+            worker.pidfd = -1  # no pidfd: pipe EOF is the death signal
+        self._selector.register(parent_r, selectors.EVENT_READ, ("io", worker))
+        with self.inbox.lock:
+            self.workers[worker.pid] = worker
+        init = {"sys_path": [p for p in sys.path if p], "warm_modules": self.config.warm_modules}
+        self._send(worker, MessageKind.INIT, 0, encode_control(init))
+
+    def _top_up_workers(self) -> None:
+        if len(self.workers) >= self.config.workers:
+            return
+        if self._start_failures >= _MAX_START_FAILURES:
+            self.inbox.fail_all(WorkerStartFailed(self._start_failures, self._last_start_error))
+            return
+        used = {w.slot for w in self.workers.values()}
+        for slot in range(self.config.workers):
+            if slot not in used:
+                self._spawn(slot)
+
+    def _send(self, worker: _Worker, kind: MessageKind, job_id: int, payload: bytes) -> None:
+        worker.outbuf.extend(memoryview(b) for b in encode_frame(kind, job_id, payload) if b)
+        self._flush(worker)
+
+    def _flush(self, worker: _Worker) -> None:
+        try:
+            while worker.outbuf:
+                view = worker.outbuf[0]
+                n = os.write(worker.write_fd, view)
+                if n < len(view):
+                    worker.outbuf[0] = view[n:]
+                    break
+                worker.outbuf.popleft()
+        except BlockingIOError:
+            pass
+        except OSError as e:  # EPIPE: the worker is gone; its exit event follows
+            if e.errno not in (errno.EPIPE, errno.EBADF):
+                raise
+            worker.outbuf.clear()
+        # The write fd is watched only while a frame is half-sent (the worker reads slowly).
+        if worker.outbuf and not worker.watching_write:
+            self._selector.register(worker.write_fd, selectors.EVENT_WRITE, ("io", worker))
+            worker.watching_write = True
+        elif not worker.outbuf and worker.watching_write:
+            self._selector.unregister(worker.write_fd)
+            worker.watching_write = False
+
+    def _read(self, worker: _Worker) -> None:
+        while True:
+            try:
+                data = os.read(worker.read_fd, _READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:  # EOF: the worker is dead or dying
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(worker.read_fd)
+                if worker.pidfd < 0:
+                    self._reap(worker)
+                return
+            try:
+                frames = worker.decoder.feed(data)
+            except ProtocolError as e:
+                log.error("worker %d sent garbage (%s); killing it", worker.pid, e)
+                self._kill(worker, ("crash", None))
+                return
+            for frame in frames:
+                try:
+                    self._handle(worker, frame.kind, frame.job_id, frame.payload)
+                except Exception as e:
+                    log.error("worker %d sent an unreadable %s (%r); killing it",
+                              worker.pid, frame.kind.name, e)
+                    self._kill(worker, ("crash", None))
+                    return
+
+    def _handle(self, worker: _Worker, kind: MessageKind, job_id: int, payload: bytes) -> None:
+        if kind == MessageKind.READY:
+            with self.inbox.ready_cond:
+                worker.ready = True
+                worker.ready_s = time.monotonic()
+                self._start_failures = 0
+                self.inbox.ready_cond.notify_all()
+            return
+        job = worker.job
+        if job is None or job.job_id != job_id:
+            return  # a late frame of a job that was cancelled or timed out
+        if kind == MessageKind.STAGE_EVENT:
+            event = StageEvent.from_wire(job_id, payload)
+            job.future.stage_events.append(event)
+            with self.inbox.lock:
+                subscribers = list(self.inbox.subscribers)
+            for callback in subscribers:
+                try:
+                    callback(event)
+                except Exception:
+                    log.exception("StageEvent subscriber %r raised", callback)
+            return
+        self._finish(worker)
+        if kind == MessageKind.JOB_RESULT:
+            try:
+                result = pickle.loads(payload)
+            except Exception as e:
+                resolve(job.future, error=SerializationFailed(job.name, "result", "parent",
+                                                               repr(e)))
+            else:
+                resolve(job.future, result=result)
+        elif kind == MessageKind.JOB_FAILED:
+            resolve(job.future, error=_remote_error(job.name, decode_control(payload)))
+
+    def _finish(self, worker: _Worker) -> None:
+        if worker.job is not None:
+            with self.inbox.lock:
+                self._running.pop(worker.job.job_id, None)
+        worker.job = None
+        worker.deadline_s = None
+
+    def _dispatch(self) -> None:
+        for worker in sorted(self.workers.values(), key=lambda w: w.slot):
+            if not worker.ready or worker.job is not None or worker.kill_reason is not None:
+                continue
+            with self.inbox.lock:
+                job = self.inbox.jobs.popleft() if self.inbox.jobs else None
+                if job is None:
+                    return
+                self._running[job.job_id] = worker
+            if job.future.done():  # cancelled while queued
+                with self.inbox.lock:
+                    self._running.pop(job.job_id, None)
+                continue
+            worker.job = job
+            job.future.worker_pid = worker.pid
+            job.future._is_running = True
+            if job.timeout_s is not None:
+                worker.deadline_s = time.monotonic() + job.timeout_s
+            request = encode_control({"job": job.name, "payload": job.data})
+            job.data = b""  # the frame holds it now; do not keep a second copy
+            self._send(worker, MessageKind.JOB_REQUEST, job.job_id, request)
+
+    def _apply_cancellations(self) -> None:
+        with self.inbox.lock:
+            cancelled, self.inbox.cancelled = self.inbox.cancelled, []
+        for job_id in cancelled:
+            with self.inbox.lock:
+                worker = self._running.get(job_id)
+            if worker is not None and worker.job is not None and worker.job.job_id == job_id:
+                self._kill(worker, ("cancel", None))
+
+    def _check_timers(self) -> None:
+        now = time.monotonic()
+        poll_rss = now >= self._next_rss_poll_s
+        if poll_rss:
+            self._next_rss_poll_s = now + self.config.rss_poll_s
+        for worker in list(self.workers.values()):
+            if worker.kill_reason is not None:
+                continue
+            if not worker.ready and now - worker.started_s > self.config.ready_timeout_s:
+                self._last_start_error = f"not ready after {self.config.ready_timeout_s:g} s"
+                self._kill(worker, ("start", None))
+            elif worker.deadline_s is not None and now >= worker.deadline_s:
+                assert worker.job is not None
+                self._kill(worker, ("timeout", worker.job.timeout_s))
+            elif self.config.rss_limit_bytes is not None and worker.job is not None and poll_rss:
+                rss = proctree.tree_rss_bytes(worker.pid)
+                if rss > self.config.rss_limit_bytes:
+                    self._kill(worker, ("memory", rss))
+
+    def _kill(self, worker: _Worker, reason: tuple[str, Any]) -> None:
+        if worker.kill_reason is None:
+            worker.kill_reason = reason
+        proctree.kill_tree(worker.pid)
+        if worker.pidfd < 0:
+            self._reap(worker)
+
+    def _reap(self, worker: _Worker) -> None:
+        """The worker exited: read what it wrote last, resolve its job, clean up after it."""
+        if self.workers.get(worker.pid) is not worker:
+            return
+        self._read_remaining(worker)
+        exitcode = worker.proc.wait()
+        proctree.kill_group(worker.pid)  # inductor subprocesses it left behind
+        for fd in (worker.read_fd, worker.write_fd, worker.pidfd):
+            if fd >= 0:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        with self.inbox.lock:
+            del self.workers[worker.pid]
+        job = worker.job
+        self._finish(worker)
+        if not worker.ready:
+            self._start_failures += 1
+            if not self._last_start_error or worker.kill_reason is None:
+                self._last_start_error = f"last worker exited with code {exitcode}"
+        elif not self.inbox.closing:
+            self.restarts += 1
+        if job is not None:
+            resolve(job.future, error=_death_error(worker, job, exitcode, self.config.rss_limit_bytes))
+
+    def _read_remaining(self, worker: _Worker) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(worker.read_fd)
+        while True:
+            try:
+                data = os.read(worker.read_fd, _READ_CHUNK)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                frames = worker.decoder.feed(data)
+            except ProtocolError:
+                return
+            for frame in frames:
+                self._handle(worker, frame.kind, frame.job_id, frame.payload)
+
+    def _stop_all_workers(self) -> None:
+        """Ask idle workers to exit; kill the rest. Resolves every running job."""
+        for worker in list(self.workers.values()):
+            if worker.job is None and not self.inbox.terminating:
+                self._send(worker, MessageKind.SHUTDOWN, 0, b"")
+            else:
+                self._kill(worker, ("shutdown", None))
+        deadline = time.monotonic() + 2.0
+        while self.workers and time.monotonic() < deadline:
+            events = self._selector.select(max(0.0, deadline - time.monotonic()))
+            if not events:
+                break
+            for key, _ in events:
+                what, worker = key.data
+                if what == "exit" or (what == "io" and worker.pidfd < 0):
+                    self._reap(worker)
+                elif what == "io":
+                    self._read(worker)
+        for worker in list(self.workers.values()):
+            self._kill(worker, ("shutdown", None))
+            self._reap(worker)
+
+
+def resolve(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve unless already done (cancelled by its caller, or raced with a late result)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+def _remote_error(job: str, failure: dict[str, Any]) -> JobError:
+    if failure.get("kind") == "serialization":
+        return SerializationFailed(job, failure.get("what") or "payload", "worker",
+                                   f"{failure['type']}: {failure['message']}")
+    return CompileFailed(job, failure["type"], failure["message"], failure["traceback"])
+
+
+def _death_error(worker: _Worker, job: Job, exitcode: int, rss_limit: int | None) -> BaseException:
+    what, value = worker.kill_reason or ("crash", 0)
+    if what == "timeout":
+        return JobTimeout(float(value), worker.pid, job=job.name)
+    if what == "memory":
+        return MemoryLimitExceeded(worker.pid, int(value), rss_limit or 0, job=job.name)
+    if what == "shutdown":
+        return PoolClosed(f"the pool was terminated while {job.name} ran")
+    signal_name = signal.Signals(-exitcode).name if exitcode < 0 else None
+    return WorkerCrashed(worker.pid, exitcode, signal_name, job=job.name)

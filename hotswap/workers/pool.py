@@ -1,0 +1,275 @@
+"""The worker pool, caller side: ``WorkerPool.submit`` / ``shutdown`` and ``JobFuture``.
+
+The manager thread that owns the worker processes lives in manager.py (its docstring draws
+the data flow); the worker program lives in child.py; the wire format in protocol.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import os
+import pickle
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from hotswap.errors import PoolClosed, SerializationFailed
+from hotswap.workers.child import resolve_job
+from hotswap.workers.manager import Inbox, Job, Manager, PoolConfig, WorkerEnv
+from hotswap.workers.protocol import StageEvent
+
+__all__ = ["DEFAULT_WARM_MODULES", "JobFuture", "WorkerInfo", "WorkerPool", "default_workers"]
+
+# Importing these takes seconds; a pre-warmed worker pays it before its first job, not during.
+DEFAULT_WARM_MODULES: tuple[str, ...] = ("torch", "torch._inductor.compile_fx")
+
+def default_workers() -> int:
+    """``HOTSWAP_WORKERS`` if set, else ``min(4, os.cpu_count())``."""
+    raw = os.environ.get("HOTSWAP_WORKERS")
+    if raw is None or raw.strip() == "":
+        return max(1, min(4, os.cpu_count() or 1))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"HOTSWAP_WORKERS must be a whole number >= 1, got {raw!r}; unset it "
+                         "to use min(4, cpu count)")
+    return value
+
+
+class JobFuture(Future[Any]):
+    """A ``concurrent.futures.Future`` for one job.
+
+    ``cancel()`` works on a queued job and on a running one: a running job's worker is killed
+    and replaced. ``stage_events`` collects the worker's StageEvents as they stream in.
+    """
+
+    def __init__(self, job: str, job_id: int) -> None:
+        super().__init__()
+        self.job = job
+        self.job_id = job_id
+        self.worker_pid: int | None = None
+        self.stage_events: list[StageEvent] = []
+        self._is_running = False
+
+    def running(self) -> bool:
+        return self._is_running and not self.done()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    slot: int
+    pid: int
+    ready: bool
+    busy: bool
+    started_s: float
+    ready_s: float | None
+
+
+_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _terminate_live_pools() -> None:
+    # Interpreter exit with jobs still pending must neither hang nor leave workers behind.
+    for pool in list(_live_pools):
+        pool.terminate()
+
+
+class WorkerPool:
+    """A pool of ``python -m hotswap.workers`` processes that run named jobs.
+
+    ``submit(job, payload, timeout_s=...)`` returns a :class:`JobFuture` that always resolves:
+    with the job's result, or with one of ``CompileFailed``, ``SerializationFailed``,
+    ``WorkerCrashed``, ``JobTimeout``, ``MemoryLimitExceeded``, ``PoolClosed``,
+    ``WorkerStartFailed``. Workers start on the first submit (or ``start()``), import
+    ``warm_modules`` right away, and are replaced when they die.
+
+    ``worker_env`` adds environment variables per worker: a mapping, or a function of the
+    worker's slot (0..workers-1, kept by its replacements), e.g. for ``CUDA_VISIBLE_DEVICES``.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        rss_limit_bytes: int | None = None,
+        worker_env: WorkerEnv = None,
+        warm_modules: Iterable[str] = DEFAULT_WARM_MODULES,
+        rss_poll_s: float = 0.1,
+        ready_timeout_s: float = 120.0,
+    ) -> None:
+        if workers is None:
+            workers = default_workers()
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}; pass workers=None "
+                             "for the default (HOTSWAP_WORKERS or min(4, cpu count))")
+        if rss_limit_bytes is not None and (
+            isinstance(rss_limit_bytes, bool) or not isinstance(rss_limit_bytes, int)
+            or rss_limit_bytes <= 0
+        ):
+            raise ValueError(f"rss_limit_bytes must be a positive int or None, got "
+                             f"{rss_limit_bytes!r}")
+        _check_positive("rss_poll_s", rss_poll_s)
+        _check_positive("ready_timeout_s", ready_timeout_s)
+        self.num_workers = workers
+        self.rss_limit_bytes = rss_limit_bytes
+        self._config = PoolConfig(workers, rss_limit_bytes, worker_env, list(warm_modules),
+                                  rss_poll_s, ready_timeout_s)
+        self._inbox: Inbox | None = None
+        self._manager: Manager | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards lazy start; the Inbox's lock guards the rest
+        self._closed_before_start = False
+        self._job_ids = itertools.count(1)
+        self._owner_pid = os.getpid()
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced after dying with a job or while idle (not at shutdown)."""
+        return self._manager.restarts if self._manager is not None else 0
+
+    # ------------------------------------------------------------------ public API (any thread)
+
+    def start(self) -> None:
+        """Start the workers now instead of on the first submit."""
+        inbox = self._started()
+        inbox.wake()
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Start the pool if needed and block until every worker has pre-warmed."""
+        inbox = self._started()
+        inbox.wake()
+        assert self._manager is not None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with inbox.ready_cond:
+            while sum(w.ready for w in self._manager.workers.values()) < self.num_workers:
+                if inbox.closing:
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                inbox.ready_cond.wait(remaining)
+        return True
+
+    def submit(self, job: str, payload: Any = None, *, timeout_s: float | None = None) -> JobFuture:
+        """Queue ``job`` (``"package.module:function"``) to run on ``payload`` in a worker."""
+        if not isinstance(job, str):
+            raise ValueError(f"job must be a 'package.module:function' string, got {job!r}")
+        resolve_job(job)  # ValueError / LookupError now, at the call, not later in a worker
+        if timeout_s is not None:
+            _check_positive("timeout_s", timeout_s)
+        inbox = self._started()
+        future = JobFuture(job, next(self._job_ids))
+        try:
+            data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            future.set_exception(SerializationFailed(job, "payload", "parent", repr(e)))
+            return future
+        with inbox.lock:
+            if inbox.closing:  # shut down while we were pickling
+                future.set_exception(PoolClosed("the pool was shut down before the job ran"))
+                return future
+            inbox.jobs.append(Job(future.job_id, job, data, timeout_s, future))
+            assert self._manager is not None
+            self._manager.reset_start_failures()
+        future.add_done_callback(self._on_future_done)
+        inbox.wake()
+        return future
+
+    def subscribe(self, callback: Callable[[StageEvent], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` (on the manager thread) for every StageEvent; returns an
+        unsubscribe function. Keep callbacks short: they delay the pool's I/O."""
+        inbox = self._started()
+        with inbox.lock:
+            inbox.subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with inbox.lock, contextlib.suppress(ValueError):
+                inbox.subscribers.remove(callback)
+
+        return unsubscribe
+
+    def workers_info(self) -> list[WorkerInfo]:
+        if self._inbox is None or self._manager is None:
+            return []
+        with self._inbox.lock:
+            return [
+                WorkerInfo(w.slot, w.pid, w.ready, w.job is not None, w.started_s, w.ready_s)
+                for w in sorted(self._manager.workers.values(), key=lambda w: w.slot)
+            ]
+
+    def worker_pids(self) -> list[int]:
+        return [info.pid for info in self.workers_info()]
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting jobs; with ``cancel_futures`` cancel queued ones. Queued and running
+        jobs otherwise finish first. ``wait`` blocks until every worker has exited."""
+        with self._lock:
+            inbox, thread = self._inbox, self._thread
+            if inbox is None:
+                self._closed_before_start = True
+                return
+        with inbox.lock:
+            inbox.closing = True
+            inbox.cancel_on_close = inbox.cancel_on_close or cancel_futures
+            inbox.ready_cond.notify_all()
+        inbox.wake()
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def terminate(self) -> None:
+        """Kill every worker now; running and queued jobs resolve with PoolClosed."""
+        with self._lock:
+            inbox = self._inbox
+        if inbox is not None:
+            with inbox.lock:
+                inbox.terminating = True
+        self.shutdown(wait=True)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _started(self) -> Inbox:
+        """The Inbox of a running manager thread, started on first use."""
+        with self._lock:
+            if self._closed_before_start or (self._inbox is not None and self._inbox.closing):
+                raise PoolClosed("this pool was shut down; create a new WorkerPool")
+            if os.getpid() != self._owner_pid:
+                raise PoolClosed("this pool belongs to the process that created it, not to a "
+                                 "forked child; create a new WorkerPool in the child")
+            if self._inbox is None:
+                self._inbox = Inbox()
+                self._manager = Manager(self._inbox, self._config,
+                                        on_exit=lambda: _live_pools.discard(self))
+                self._thread = threading.Thread(target=self._manager.run, name="hotswap-pool",
+                                                daemon=True)
+                _live_pools.add(self)
+                self._thread.start()
+            return self._inbox
+
+    def _on_future_done(self, future: Future[Any]) -> None:
+        if future.cancelled() and self._inbox is not None:
+            assert isinstance(future, JobFuture)
+            with self._inbox.lock:
+                self._inbox.cancelled.append(future.job_id)
+            self._inbox.wake()
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0 (seconds), got {value!r}; use None for "
+                         "no limit")
+

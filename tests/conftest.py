@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+
+def worker_processes() -> list[psutil.Process]:
+    """Live hotswap workers started by this test process (zombies do not count)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "hotswap.workers" in " ".join(proc.cmdline()) and proc.status() != "zombie":
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Pids still alive after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if not gone(p)]
+        if alive:
+            time.sleep(0.02)
+    return alive
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_workers() -> Iterator[None]:
+    """Every test must leave no worker process behind once its pools are shut down."""
+    before = {p.pid for p in worker_processes()}
+    yield
+    leaked = [p.pid for p in worker_processes() if p.pid not in before]
+    assert wait_gone(leaked, 5.0) == [], f"leaked worker processes: {leaked}"

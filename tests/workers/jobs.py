@@ -1,0 +1,25 @@
+"""Test-only jobs. Workers import them through the sys.path the pool forwards to them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from hotswap.workers.faults import FailsToUnpickle
+
+
+def getenv(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def loaded(modules: list[str]) -> dict[str, bool]:
+    return {m: m in sys.modules for m in modules}
+
+
+def result_fails_to_unpickle(_: Any = None) -> FailsToUnpickle:
+    return FailsToUnpickle()
+
+
+def pid(_: Any = None) -> int:
+    return os.getpid()
