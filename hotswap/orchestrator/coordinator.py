@@ -1,0 +1,272 @@
+"""The coordinator: a torch.compile backend that answers each graph at once and compiles elsewhere.
+
+    user thread (dynamo)            pool manager thread            loader thread (one per coordinator)
+    --------------------            -------------------            -----------------------------------
+    Coordinator(gm, inputs)
+      pickle gm, input metadata
+      submit one job per tier  -->  worker compiles (standalone_compile under the tier's config)
+      return GraphRunner (eager)     future done ------------->   CompiledArtifact.load(bytes)
+    runner(*args) -> eager                                          runner.swap_in(tier, artifact)
+    runner(*args) -> compiled tier  <------------- atomic swap ---  (or runner.fail(tier, reason))
+
+In ``inprocess`` mode the graph is compiled right there by inductor; in ``subprocess`` mode the
+first call waits for the worker's artifact. Loading takes seconds, so it never runs on the pool's
+manager thread nor in the user's call (except in ``subprocess`` mode, where waiting is the point).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import pickle
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import torch
+
+from hotswap.errors import HotswapError, WorkerCrashed
+from hotswap.orchestrator import compat
+from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, InputMeta
+from hotswap.orchestrator.counters import bump
+from hotswap.orchestrator.graph import Gate, GraphRunner, GraphStatus, TierFailed
+from hotswap.orchestrator.options import Options, Tier
+from hotswap.workers import WorkerPool
+
+__all__ = ["Coordinator", "shared_pool"]
+
+
+class _Request(NamedTuple):
+    graph_bytes: bytes
+    inputs: tuple[InputMeta, ...]
+    grad_enabled: bool
+
+
+log = logging.getLogger("hotswap")
+
+COMPILE_JOB = "hotswap.orchestrator.compile_job:compile_graph"
+_graph_ids = itertools.count(1)
+_pools: dict[int | None, WorkerPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(workers: int | None = None) -> WorkerPool:
+    """The process-wide pool of compile workers (one per requested size), started and warming."""
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            size = workers or WorkerPool().num_workers
+            # Inductor's own parallel compile would put several processes per worker on a few
+            # cores; share the cores out instead, unless the user chose.
+            threads = str(max(1, (os.cpu_count() or 1) // size))
+            env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
+                "TORCHINDUCTOR_COMPILE_THREADS": threads}
+            pool = WorkerPool(size, worker_env=env, warm_modules=(
+                "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job"))
+            pool.start()
+            _pools[workers] = pool
+        return pool
+
+
+@atexit.register
+def _shutdown_pools() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.terminate()
+
+
+def _unsupported(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str | None:
+    """Why this graph cannot travel to a worker, or None."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.SymInt) or (
+            isinstance(value, torch.Tensor)
+            and any(not isinstance(s, int) for s in value.shape)
+        ):
+            return ("dynamic shapes: workers compile static graphs only; this graph stays on "
+                    "its current tier (use mode='inprocess' to compile it symbolically)")
+    for x in example_inputs:
+        if not isinstance(x, torch.Tensor):
+            return f"graph input of type {type(x).__name__} cannot be described to a worker"
+        if x.is_sparse or x.layout != torch.strided or type(x) not in (torch.Tensor,
+                                                                      torch.nn.Parameter):
+            return f"graph input {type(x).__name__} with layout {x.layout} cannot travel"
+    return None
+
+
+def _input_meta(x: torch.Tensor) -> InputMeta:
+    return InputMeta(tuple(x.shape), tuple(x.stride()), str(x.dtype).removeprefix("torch."),
+                     str(x.device), bool(x.requires_grad))
+
+
+class Coordinator:
+    """A dynamo backend (``torch.compile(m, backend=Coordinator(options))``) and its graphs."""
+
+    def __init__(self, options: Options, *, gate: Gate | None = None) -> None:
+        self.options = options
+        self.gate = gate
+        self.runners: list[GraphRunner] = []
+        self._cond = threading.Condition()
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="hotswap-load")
+        if options.mode != "inprocess":
+            shared_pool(options.workers)  # warm the pool now, before the first graph arrives
+
+    # ------------------------------------------------------------------ backend entry
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> GraphRunner:
+        t0 = time.monotonic()
+        tiers = list(self.options.tiers)
+        graph_id = f"g{next(_graph_ids)}"
+        bump("graphs")
+        if self.options.background:
+            wanted = tiers if self.options.mode == "progressive" else tiers[-1:]
+        else:
+            wanted = tiers[-1:]  # blocking modes compile the best tier asked for, once
+        runner = GraphRunner(graph_id, gm, [t.name for t in wanted], verify=self.options.verify,
+                             raise_failures=self.options.on_failure == "raise", gate=self.gate)
+        runner.pending.update(t.name for t in wanted)
+        with self._cond:
+            self.runners.append(runner)
+        if self.options.mode == "inprocess":
+            self._compile_inprocess(runner, gm, example_inputs, wanted[0])
+        else:
+            request = self._request(runner, gm, example_inputs, wanted)
+            if request is not None:
+                runner.timings_s["serialize"] = time.monotonic() - t0
+                if self.options.mode == "subprocess":
+                    self._compile_blocking(runner, request, wanted[0])
+                else:
+                    for tier in wanted:
+                        self._submit(runner, request, tier, retries=1)
+        self._notify()
+        return runner
+
+    def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
+                 wanted: list[Tier]) -> _Request | None:
+        reason = _unsupported(gm, example_inputs)
+        graph_bytes = b""
+        if reason is None:
+            try:
+                graph_bytes = pickle.dumps(gm, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                reason = f"this graph cannot be pickled ({type(e).__name__}: {e}); it stays eager"
+        if reason is not None:
+            for tier in wanted:
+                self._fail(runner, tier.name, reason)
+            return None
+        inputs = tuple(_input_meta(x) for x in example_inputs)
+        # The caller's grad mode decides whether AOTAutograd builds a backward graph.
+        return _Request(graph_bytes, inputs, torch.is_grad_enabled())
+
+    # ------------------------------------------------------------------ the three paths
+
+    def _compile_inprocess(self, runner: GraphRunner, gm: torch.fx.GraphModule,
+                           example_inputs: list[Any], tier: Tier) -> None:
+        from torch._inductor.compile_fx import compile_fx
+
+        t = time.monotonic()
+        try:
+            fn: Any = compile_fx(gm, example_inputs, config_patches=dict(tier.config))
+        except Exception as e:
+            self._fail(runner, tier.name, f"inductor raised {type(e).__name__}: {e}")
+            return
+        runner.timings_s[f"{tier.name}/inductor_compile"] = time.monotonic() - t
+        bump("inprocess_compiles")
+        runner.serve_now(tier.name, fn)
+
+    def _job(self, runner: GraphRunner, request: _Request, tier: Tier) -> Future[Any]:
+        job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
+                             request.inputs, request.grad_enabled)
+        return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
+                                                        timeout_s=self.options.timeout_s)
+
+    def _compile_blocking(self, runner: GraphRunner, request: _Request, tier: Tier) -> None:
+        future = self._job(runner, request, tier)
+        try:
+            result = future.result()
+            fn = self._load(runner, result)
+        except HotswapError as e:
+            self._fail(runner, tier.name, _reason(e))
+            return
+        except Exception as e:
+            self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
+            return
+        runner.serve_now(tier.name, fn)
+
+    def _submit(self, runner: GraphRunner, request: _Request, tier: Tier, retries: int) -> None:
+        submitted = time.monotonic()
+        future = self._job(runner, request, tier)
+        future.add_done_callback(
+            lambda f: self._loader.submit(self._on_done, runner, request, tier, f, retries,
+                                          submitted))
+
+    def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: Future[Any],
+                 retries: int, submitted: float) -> None:
+        """Loader thread: load a finished tier and swap it in, or record why it failed."""
+        try:
+            error = future.exception()
+            if isinstance(error, WorkerCrashed) and retries > 0:
+                log.info("graph %s: worker crashed compiling %r; retrying once",
+                         runner.graph_id, tier.name)
+                self._submit(runner, request, tier, retries - 1)
+                return
+            if error is not None:
+                self._fail(runner, tier.name, _reason(error))
+                return
+            runner.timings_s[f"{tier.name}/queue_and_compile"] = time.monotonic() - submitted
+            try:
+                fn = self._load(runner, future.result())
+            except Exception as e:
+                self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
+                return
+            t = time.monotonic()
+            runner.swap_in(tier.name, fn)
+            runner.timings_s[f"{tier.name}/swap"] = time.monotonic() - t
+        except Exception as e:  # never leave a tier pending: wait() would hang
+            self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            self._notify()
+
+    def _load(self, runner: GraphRunner, result: CompileResult) -> Any:
+        bump("worker_compiles")
+        for stage_name, seconds in result.timings_s.items():
+            runner.timings_s[f"{result.tier}/{stage_name}"] = seconds
+        t = time.monotonic()
+        fn = compat.artifact_from_bytes(result.artifact)
+        runner.timings_s[f"{result.tier}/load"] = time.monotonic() - t
+        return fn
+
+    def _fail(self, runner: GraphRunner, tier: str, reason: str) -> None:
+        runner.fail(tier, reason)
+        if self.options.on_failure == "raise" and not self.options.background:
+            raise TierFailed(runner.graph_id, tier, reason)
+
+    # ------------------------------------------------------------------ status
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def status(self) -> list[GraphStatus]:
+        with self._cond:
+            runners = list(self.runners)
+        return [r.status() for r in runners]
+
+    def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while any(r.pending for r in self.runners):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+        return self.status()
+
+
+def _reason(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,50 @@
+"""Process-wide counters: ``hotswap.counters()`` and ``hotswap.counters_delta()`` for tests."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Iterator
+
+__all__ = ["COUNTER_NAMES", "bump", "counters", "counters_delta"]
+
+COUNTER_NAMES = (
+    "eager_calls",      # calls served by the eager graph (before any tier is ready, or after a fallback)
+    "swaps",            # a better tier replaced the one serving a graph
+    "worker_compiles",  # compile jobs that finished in a worker with an artifact
+    "inprocess_compiles",
+    "cache_hits",       # artifacts taken from the artifact cache instead of compiling
+    "fallbacks",        # a tier failed (compile error, crash, timeout, unserializable graph, bad artifact)
+    "graphs",           # graphs dynamo handed to hotswap
+)
+
+_lock = threading.Lock()
+_counts: collections.Counter[str] = collections.Counter({name: 0 for name in COUNTER_NAMES})
+
+
+def bump(name: str, n: int = 1) -> None:
+    with _lock:
+        _counts[name] += n
+
+
+def counters() -> dict[str, int]:
+    """A snapshot of every counter."""
+    with _lock:
+        return dict(_counts)
+
+
+class CounterDelta(dict[str, int]):
+    """Filled when its ``with`` block exits: counter changes inside the block (0 if unchanged)."""
+
+
+@contextlib.contextmanager
+def counters_delta() -> Iterator[CounterDelta]:
+    """``with hotswap.counters_delta() as d: ...`` then ``assert d["swaps"] == 1``."""
+    before = counters()
+    delta = CounterDelta()
+    try:
+        yield delta
+    finally:
+        after = counters()
+        delta.update({k: after.get(k, 0) - before.get(k, 0) for k in after})

@@ -1,0 +1,146 @@
+"""Options of ``hotswap.compile`` / ``hotswap.backend``: validation, tiers and environment defaults.
+
+Every invalid option raises ``ValueError`` here, at ``hotswap.compile``, naming the valid choices.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MODES", "ON_FAILURE", "TIER_PRESETS", "Options", "Tier", "parse_tiers"]
+
+MODES = ("inprocess", "subprocess", "async", "progressive")
+ON_FAILURE = ("stay", "raise")
+# Preset tiers: inductor config patches, as torch.compile's modes set them. CUDA graphs are off in
+# every tier: a loaded artifact runs without them (CompiledArtifact.load disables cudagraphs).
+TIER_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "coordinate_descent_tuning": True},
+}
+DEFAULT_LADDER = ("default", "max-autotune")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A rung of the ladder: a name and the inductor config patches it compiles under."""
+
+    name: str
+    config: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+
+
+def _check_config_keys(name: str, config: dict[str, Any]) -> None:
+    from torch._inductor import config as inductor_config
+
+    known = set(inductor_config.get_config_copy())
+    unknown = sorted(k for k in config if k not in known)
+    if unknown:
+        raise ValueError(f"tier {name!r}: unknown inductor config key(s) {unknown}; see "
+                         "torch._inductor.config for the valid names")
+
+
+def parse_tiers(tiers: Any) -> tuple[Tier, ...]:
+    """Tiers from preset names and ``{"name": ..., "config": {...}}`` dicts (or a comma string)."""
+    if isinstance(tiers, str):
+        tiers = [t.strip() for t in tiers.split(",") if t.strip()]
+    if not isinstance(tiers, list | tuple) or not tiers:
+        raise ValueError(f"tiers must be a non-empty list of preset names {sorted(TIER_PRESETS)} "
+                         f"or {{'name': ..., 'config': {{...}}}} dicts, got {tiers!r}")
+    parsed: list[Tier] = []
+    for tier in tiers:
+        if isinstance(tier, Tier):
+            parsed.append(tier)
+        elif isinstance(tier, str):
+            if tier not in TIER_PRESETS:
+                raise ValueError(f"unknown tier {tier!r}; presets are {sorted(TIER_PRESETS)}, or "
+                                 "pass {'name': ..., 'config': {inductor config patches}}")
+            parsed.append(Tier(tier, dict(TIER_PRESETS[tier])))
+        elif isinstance(tier, dict):
+            name, config = tier.get("name"), tier.get("config", {})
+            extra = set(tier) - {"name", "config"}
+            if not isinstance(name, str) or not name or not isinstance(config, dict) or extra:
+                raise ValueError(f"a custom tier is {{'name': str, 'config': dict}}, got {tier!r}")
+            _check_config_keys(name, config)
+            parsed.append(Tier(name, dict(config)))
+        else:
+            raise ValueError(f"a tier is a preset name or a dict, got {tier!r}")
+    names = [t.name for t in parsed]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tier names must be unique, got {names}")
+    return tuple(parsed)
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+@dataclass(frozen=True)
+class Options:
+    mode: str = "progressive"
+    tiers: tuple[Tier, ...] = ()
+    workers: int | None = None
+    cache_dir: str | None = None
+    timeout_s: float | None = None
+    verify: bool = False
+    on_failure: str = "stay"
+    dynamic: bool | None = None
+    fullgraph: bool = False
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> Options:
+        """Validate keyword options; unset ones come from HOTSWAP_* variables, then defaults."""
+        valid = set(cls.__dataclass_fields__)
+        unknown = sorted(set(kwargs) - valid)
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown}; valid options are {sorted(valid)}")
+        mode = kwargs.get("mode") or _env("HOTSWAP_MODE") or "progressive"
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; valid modes are {list(MODES)}")
+        tiers = kwargs.get("tiers") or _env("HOTSWAP_TIERS")
+        if tiers is None:
+            tiers = DEFAULT_LADDER if mode == "progressive" else ("default",)
+        workers = kwargs.get("workers")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                    or workers < 1):
+            raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
+        timeout_s = kwargs.get("timeout_s")
+        if timeout_s is None and _env("HOTSWAP_TIMEOUT_S") is not None:
+            try:
+                timeout_s = float(os.environ["HOTSWAP_TIMEOUT_S"])
+            except ValueError as e:
+                raise ValueError(f"HOTSWAP_TIMEOUT_S must be a number of seconds, got "
+                                 f"{os.environ['HOTSWAP_TIMEOUT_S']!r}") from e
+        if timeout_s is not None and (isinstance(timeout_s, bool)
+                                      or not isinstance(timeout_s, int | float) or timeout_s <= 0):
+            raise ValueError(f"timeout_s must be a number > 0 or None, got {timeout_s!r}")
+        on_failure = kwargs.get("on_failure", "stay")
+        if on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be one of {list(ON_FAILURE)}, got {on_failure!r}")
+        for flag in ("verify", "fullgraph"):
+            if not isinstance(kwargs.get(flag, False), bool):
+                raise ValueError(f"{flag} must be True or False, got {kwargs[flag]!r}")
+        dynamic = kwargs.get("dynamic")
+        if dynamic not in (None, True, False):
+            raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
+        cache_dir = kwargs.get("cache_dir") or _env("HOTSWAP_CACHE_DIR")
+        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
+            raise ValueError(f"cache_dir must be a path or None, got {cache_dir!r}")
+        return cls(
+            mode=mode,
+            tiers=parse_tiers(tiers),
+            workers=workers,
+            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            timeout_s=float(timeout_s) if timeout_s is not None else None,
+            verify=kwargs.get("verify", False),
+            on_failure=on_failure,
+            dynamic=dynamic,
+            fullgraph=kwargs.get("fullgraph", False),
+        )
+
+    @property
+    def background(self) -> bool:
+        """Modes whose first call runs eagerly while workers compile."""
+        return self.mode in ("async", "progressive")

@@ -1,0 +1,37 @@
+"""Small models for orchestrator tests, each with inputs; CPU sizes keep inductor quick."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    return model, (torch.randn(16, 32),)
+
+
+def convnet() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4),
+    ).eval()
+    # An inference model with frozen weights. (Training graphs of conv+batchnorm nets do not
+    # yet produce a saveable artifact after pickling; they stay eager with the reason.)
+    model.requires_grad_(False)
+    return model, (torch.randn(2, 3, 16, 16),)
+
+
+def with_graph_break(x: torch.Tensor) -> torch.Tensor:
+    y = (x * 2).relu()
+    torch._dynamo.graph_break()
+    return (y + 1).sin()
+
+
+MODELS: dict[str, Callable[[], tuple[Any, tuple[torch.Tensor, ...]]]] = {
+    "mlp": mlp,
+    "convnet": convnet,
+    "graph-break": lambda: (with_graph_break, (torch.randn(8, 8),)),
+}
