@@ -26,25 +26,9 @@ def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
                     options={"config_patches": dict(config_patches)})
 
 
-def fresh_cache() -> Any:
-    """A context with empty inductor/AOTAutograd caches (renamed across torch versions)."""
-    from torch._inductor import utils
-
-    factory = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
-    return factory()
-
-
 def compile_saveable(gm: torch.fx.GraphModule, inputs: list[Any],
                      config_patches: dict[str, Any]) -> bytes:
-    """Compile and serialize. A graph served from AOTAutograd's cache records no artifact to
-    save ("no aot_autograd artifacts"); compile that one again with fresh caches."""
-    try:
-        return artifact_to_bytes(standalone_compile(gm, inputs, config_patches))
-    except RuntimeError as e:
-        if "no aot_autograd artifacts" not in str(e):
-            raise
-    with fresh_cache():
-        return artifact_to_bytes(standalone_compile(gm, inputs, config_patches))
+    return artifact_to_bytes(standalone_compile(gm, inputs, config_patches))
 
 
 def artifact_to_bytes(artifact: Any) -> bytes:

@@ -7,7 +7,6 @@ never travel. Constants the graph holds (get_attr tensors) travel inside the pic
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +29,7 @@ class CompileRequest:
     graph_id: str
     tier: str
     config_patches: dict[str, Any]
-    graph_bytes: bytes           # pickle of the GraphModule; unpickled only here, in the worker
+    graph_bytes: bytes           # transport.ship_graph(); unpickled only here, in the worker
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
 
@@ -62,12 +61,13 @@ def compile_graph(request: CompileRequest) -> CompileResult:
     import torch
 
     from hotswap.orchestrator import compat
+    from hotswap.orchestrator.transport import land_graph
 
     timings: dict[str, float] = {}
     t = time.monotonic()
     with stage("graph_unpickle", tier=request.tier):
-        gm = pickle.loads(request.graph_bytes)
         inputs = [_make_input(m) for m in request.inputs]
+        gm = land_graph(request.graph_bytes, inputs)
     timings["graph_unpickle"] = time.monotonic() - t
     t = time.monotonic()
     with stage("inductor_compile", tier=request.tier), torch.set_grad_enabled(request.grad_enabled):

@@ -20,7 +20,6 @@ import atexit
 import itertools
 import logging
 import os
-import pickle
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +33,7 @@ from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, Inpu
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import Gate, GraphRunner, GraphStatus, TierFailed
 from hotswap.orchestrator.options import Options, Tier
+from hotswap.orchestrator.transport import ship_graph
 from hotswap.workers import WorkerPool
 
 __all__ = ["Coordinator", "shared_pool"]
@@ -152,7 +152,7 @@ class Coordinator:
         graph_bytes = b""
         if reason is None:
             try:
-                graph_bytes = pickle.dumps(gm, protocol=pickle.HIGHEST_PROTOCOL)
+                graph_bytes = ship_graph(gm)
             except Exception as e:
                 reason = f"this graph cannot be pickled ({type(e).__name__}: {e}); it stays eager"
         if reason is not None:

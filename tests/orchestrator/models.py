@@ -18,9 +18,6 @@ def convnet() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4),
     ).eval()
-    # An inference model with frozen weights. (Training graphs of conv+batchnorm nets do not
-    # yet produce a saveable artifact after pickling; they stay eager with the reason.)
-    model.requires_grad_(False)
     return model, (torch.randn(2, 3, 16, 16),)
 
 

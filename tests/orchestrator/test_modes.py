@@ -35,23 +35,9 @@ def _close(a: Any, b: Any) -> None:
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-# Known open bug: for these graphs the worker's CompiledArtifact.save finds "no aot_autograd
-# artifacts" (the pickled GraphModule is re-traced from its code and AOTAutograd does not
-# record a cache entry for it). The graph then stays eager with that reason in status, so
-# outputs are still right, but the tier never arrives. Not strict: it depends on cache state.
-KNOWN_SAVE_BUG = {("mlp", "progressive"), ("convnet", "subprocess"), ("convnet", "async"),
-                  ("convnet", "progressive"), ("graph-break", "subprocess"),
-                  ("graph-break", "async"), ("graph-break", "progressive")}
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("model_name", list(MODELS))
-def test_mode_matches_eager_with_exact_counters(
-    mode: str, model_name: str, request: pytest.FixtureRequest
-) -> None:
-    if (model_name, mode) in KNOWN_SAVE_BUG:
-        request.applymarker(pytest.mark.xfail(
-            strict=False, reason="open bug: worker artifact has no aot_autograd entry"))
+def test_mode_matches_eager_with_exact_counters(mode: str, model_name: str) -> None:
     model, inputs = MODELS[model_name]()
     expected = model(*inputs)
     graphs = 2 if model_name == "graph-break" else 1

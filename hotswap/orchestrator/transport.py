@@ -1,0 +1,74 @@
+"""Moving a dynamo graph to a worker, node for node.
+
+``pickle.dumps(GraphModule)`` is not used: ``GraphModule.__reduce__`` re-creates the module by
+re-tracing its generated Python code, which changes nodes (``operator.mul`` becomes a
+``call_method``) and drops node meta. AOTAutograd then refuses to cache the graph ("Unsupported
+call_method target ...") and ``CompiledArtifact.save`` finds nothing to save.
+
+Instead the ``fx.Graph`` itself is pickled with its node meta stripped (meta holds FakeTensors
+and weak references, which do not pickle), together with the real values of the tensors the
+graph reads through ``get_attr``. In the worker, fake-tensor propagation over inputs built from
+metadata restores ``meta["val"]`` / ``meta["example_value"]`` on every node.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+
+__all__ = ["land_graph", "ship_graph"]
+
+
+def ship_graph(gm: torch.fx.GraphModule) -> bytes:
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    attrs: dict[str, Any] = {}
+    for node in graph.nodes:
+        node.meta = {}
+        if node.op == "get_attr":
+            attrs[node.target] = _get_attr(gm, str(node.target))
+        elif node.op == "call_module":
+            attrs[node.target] = gm.get_submodule(str(node.target))
+    return pickle.dumps((graph, attrs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def land_graph(data: bytes, inputs: list[Any]) -> torch.fx.GraphModule:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    graph, attrs = pickle.loads(data)
+    root = torch.nn.Module()
+    for target, value in attrs.items():
+        _set_attr(root, target, value)
+    gm = torch.fx.GraphModule(root, graph)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate(*inputs)
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
+    return gm
+
+
+def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set_attr(root: torch.nn.Module, target: str, value: Any) -> None:
+    *path, name = target.split(".")
+    module = root
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    if isinstance(value, torch.nn.Module):
+        module.add_module(name, value)
+    elif isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        module.register_buffer(name, value)
+    else:
+        setattr(module, name, value)
