@@ -17,11 +17,25 @@ __all__ = ["CompileRequest", "CompileResult", "InputMeta", "compile_graph"]
 
 @dataclass(frozen=True)
 class InputMeta:
+    """One graph input. ``shape`` holds example (hint) sizes; ``sizes`` names the symbol of each
+    dynamic dim (``None`` where static). A SymInt input has ``symbol`` set and ``hint``."""
+
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: str
     device: str
     requires_grad: bool
+    sizes: tuple[str | None, ...] = ()
+    symbol: str | None = None
+    hint: int = 0
+
+    @property
+    def symbols(self) -> list[tuple[str, int]]:
+        if self.symbol is not None:
+            return [(self.symbol, self.hint)]
+        if not self.sizes:
+            return []
+        return [(name, hint) for name, hint in zip(self.sizes, self.shape, strict=True) if name]
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,35 @@ def _make_input(meta: InputMeta) -> Any:
     return t.requires_grad_(meta.requires_grad)
 
 
+def _make_symbolic_inputs(metas: tuple[InputMeta, ...]) -> tuple[list[Any], Any]:
+    """Fake inputs whose dynamic dims are the coordinator's symbols, in one fresh ShapeEnv."""
+    import torch
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    symbols: dict[str, Any] = {}
+    for meta in metas:
+        for name, hint in meta.symbols:
+            if name not in symbols:
+                source = ConstantSource(name)
+                expr = shape_env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+                symbols[name] = shape_env.create_symintnode(expr, hint=hint, source=source)
+    inputs: list[Any] = []
+    with mode:
+        for meta in metas:
+            if meta.symbol is not None:
+                inputs.append(symbols[meta.symbol])
+                continue
+            names = meta.sizes or (None,) * len(meta.shape)
+            sizes = [symbols[n] if n else h for n, h in zip(names, meta.shape, strict=True)]
+            t = torch.empty(sizes, dtype=getattr(torch, meta.dtype), device=meta.device)
+            inputs.append(t.requires_grad_(meta.requires_grad))
+    return inputs, mode
+
+
 def compile_graph(request: CompileRequest) -> CompileResult:
     import time
 
@@ -65,12 +108,16 @@ def compile_graph(request: CompileRequest) -> CompileResult:
 
     timings: dict[str, float] = {}
     t = time.monotonic()
+    dynamic = any(m.symbols for m in request.inputs)
     with stage("graph_unpickle", tier=request.tier):
-        inputs = [_make_input(m) for m in request.inputs]
-        gm = land_graph(request.graph_bytes, inputs)
+        if dynamic:
+            inputs, mode = _make_symbolic_inputs(request.inputs)
+        else:
+            inputs, mode = [_make_input(m) for m in request.inputs], None
+        gm = land_graph(request.graph_bytes, inputs, mode)
     timings["graph_unpickle"] = time.monotonic() - t
     t = time.monotonic()
     with stage("inductor_compile", tier=request.tier), torch.set_grad_enabled(request.grad_enabled):
-        data = compat.compile_saveable(gm, inputs, request.config_patches)
+        data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
     timings["inductor_compile"] = time.monotonic() - t
     return CompileResult(request.graph_id, request.tier, data, timings)

@@ -80,28 +80,50 @@ def _shutdown_pools() -> None:
         pool.terminate()
 
 
-def _unsupported(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str | None:
-    """Why this graph cannot travel to a worker, or None."""
-    for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("example_value")
-        if isinstance(value, torch.SymInt) or (
-            isinstance(value, torch.Tensor)
-            and any(not isinstance(s, int) for s in value.shape)
-        ):
-            return ("dynamic shapes: workers compile static graphs only; this graph stays on "
-                    "its current tier (use mode='inprocess' to compile it symbolically)")
-    for x in example_inputs:
-        if not isinstance(x, torch.Tensor):
-            return f"graph input of type {type(x).__name__} cannot be described to a worker"
-        if x.is_sparse or x.layout != torch.strided or type(x) not in (torch.Tensor,
-                                                                      torch.nn.Parameter):
-            return f"graph input {type(x).__name__} with layout {x.layout} cannot travel"
-    return None
+def _describe_inputs(gm: torch.fx.GraphModule,
+                     example_inputs: list[Any]) -> tuple[InputMeta, ...] | str:
+    """Input metadata for the worker (never values), or the reason the graph cannot travel.
+
+    Dynamic dims are named by their symbol, so inputs that share a size share it in the worker.
+    """
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != len(example_inputs):
+        return "the graph's inputs do not match the example inputs dynamo passed"
+    metas: list[InputMeta] = []
+    for node, real in zip(placeholders, example_inputs, strict=True):
+        value = node.meta.get("example_value", real)
+        if isinstance(value, torch.SymInt):
+            hint = real if isinstance(real, int) else getattr(real, "node", value.node).hint
+            if not _is_symbol(value) or hint is None:
+                return f"graph input {node.name} is a size expression hotswap cannot describe"
+            metas.append(InputMeta((), (), "int64", "cpu", False, (), str(value.node.expr),
+                                   int(hint)))
+            continue
+        if not isinstance(real, torch.Tensor) or not isinstance(value, torch.Tensor):
+            return f"graph input {node.name} of type {type(real).__name__} cannot travel"
+        if real.is_sparse or real.layout != torch.strided or type(real) not in (
+                torch.Tensor, torch.nn.Parameter):
+            return f"graph input {type(real).__name__} with layout {real.layout} cannot travel"
+        sizes: list[str | None] = []
+        dims: tuple[Any, ...] = tuple(value.shape)  # SymInts where dynamic (typed as ints)
+        for dim in dims:
+            if isinstance(dim, int) or dim.node.expr.is_number:  # static, or specialized
+                sizes.append(None)
+            elif _is_symbol(dim):
+                sizes.append(str(dim.node.expr))
+            else:
+                return (f"graph input {node.name} has a size expression ({dim}) hotswap "
+                        "cannot describe")
+        if any(sizes) and not real.is_contiguous():
+            return f"dynamic graph input {node.name} is not contiguous; it stays on its tier"
+        metas.append(InputMeta(tuple(real.shape), tuple(real.stride()),
+                               str(real.dtype).removeprefix("torch."), str(real.device),
+                               bool(real.requires_grad), tuple(sizes) if any(sizes) else ()))
+    return tuple(metas)
 
 
-def _input_meta(x: torch.Tensor) -> InputMeta:
-    return InputMeta(tuple(x.shape), tuple(x.stride()), str(x.dtype).removeprefix("torch."),
-                     str(x.device), bool(x.requires_grad))
+def _is_symbol(value: torch.SymInt) -> bool:
+    return bool(getattr(value.node.expr, "is_Symbol", False))
 
 
 class Coordinator:
@@ -148,7 +170,8 @@ class Coordinator:
 
     def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
                  wanted: list[Tier]) -> _Request | None:
-        reason = _unsupported(gm, example_inputs)
+        described = _describe_inputs(gm, example_inputs)
+        reason = described if isinstance(described, str) else None
         graph_bytes = b""
         if reason is None:
             try:
@@ -159,7 +182,8 @@ class Coordinator:
             for tier in wanted:
                 self._fail(runner, tier.name, reason)
             return None
-        inputs = tuple(_input_meta(x) for x in example_inputs)
+        assert not isinstance(described, str)
+        inputs = described
         # The caller's grad mode decides whether AOTAutograd builds a backward graph.
         return _Request(graph_bytes, inputs, torch.is_grad_enabled())
 

@@ -34,7 +34,9 @@ def ship_graph(gm: torch.fx.GraphModule) -> bytes:
     return pickle.dumps((graph, attrs), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def land_graph(data: bytes, inputs: list[Any]) -> torch.fx.GraphModule:
+def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.fx.GraphModule:
+    """Rebuild the graph and its node meta. ``inputs`` are real tensors, or (for a dynamic
+    graph) fake ones made in ``fake_mode`` with the coordinator's symbols."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -44,8 +46,11 @@ def land_graph(data: bytes, inputs: list[Any]) -> torch.fx.GraphModule:
     for target, value in attrs.items():
         _set_attr(root, target, value)
     gm = torch.fx.GraphModule(root, graph)
-    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-    FakeTensorProp(gm, mode).propagate(*inputs)
+    if fake_mode is not None:
+        FakeTensorProp(gm, fake_mode).propagate_dont_convert_inputs(*inputs)
+    else:
+        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+        FakeTensorProp(gm, mode).propagate(*inputs)
     for node in gm.graph.nodes:
         if "val" in node.meta:
             node.meta["example_value"] = node.meta["val"]

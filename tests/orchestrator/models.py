@@ -27,8 +27,21 @@ def with_graph_break(x: torch.Tensor) -> torch.Tensor:
     return (y + 1).sin()
 
 
+class WithConstants(torch.nn.Module):
+    """Reads a plain tensor attribute (not a parameter or buffer) and builds a constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = torch.randn(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale + torch.tensor([1.0] * 8)
+
+
 MODELS: dict[str, Callable[[], tuple[Any, tuple[torch.Tensor, ...]]]] = {
     "mlp": mlp,
     "convnet": convnet,
     "graph-break": lambda: (with_graph_break, (torch.randn(8, 8),)),
+    "constants": lambda: (WithConstants(), (torch.randn(4, 8),)),
 }
