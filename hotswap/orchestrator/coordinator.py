@@ -64,11 +64,39 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
             threads = str(max(1, (os.cpu_count() or 1) // size))
             env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
                 "TORCHINDUCTOR_COMPILE_THREADS": threads}
-            pool = WorkerPool(size, worker_env=env, warm_modules=(
+            pool = WorkerPool(size, worker_env=env, nice=_worker_nice(), warm_modules=(
                 "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job"))
             pool.start()
             _pools[workers] = pool
         return pool
+
+
+def _worker_nice() -> int:
+    """Compile workers yield the CPU to the user's process: niceness +10 unless
+    HOTSWAP_WORKER_NICE says otherwise (0 keeps the caller's priority)."""
+    raw = os.environ.get("HOTSWAP_WORKER_NICE", "10")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise ValueError(f"HOTSWAP_WORKER_NICE must be a whole number from 0 to 19, got {raw!r}")
+    return value
+
+
+def _prewarm_loading(devices: set[str]) -> None:
+    """Pay the load path's one-time costs (imports; on CPU, inductor's vector-ISA probe, which
+    runs the C++ compiler) on the loader thread while workers compile, not during the swap."""
+    import torch._functorch._aot_autograd.autograd_cache
+    import torch._inductor.codecache
+    import torch._inductor.standalone_compile
+
+    if "cpu" in devices:
+        from torch._inductor import cpu_vec_isa
+
+        cpu_vec_isa.pick_vec_isa()
+    if any(d.startswith("cuda") for d in devices):
+        import torch._inductor.runtime.triton_heuristics  # noqa: F401
 
 
 @atexit.register
@@ -135,6 +163,7 @@ class Coordinator:
         self.runners: list[GraphRunner] = []
         self._cond = threading.Condition()
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="hotswap-load")
+        self._prewarmed = False
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
 
@@ -165,6 +194,10 @@ class Coordinator:
                 else:
                     for tier in wanted:
                         self._submit(runner, request, tier, retries=1)
+                    if not self._prewarmed:
+                        self._prewarmed = True
+                        devices = {m.device.split(":")[0] for m in request.inputs}
+                        self._loader.submit(_prewarm_loading, devices)
         self._notify()
         return runner
 

@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     if init_frame is None or init_frame.kind != MessageKind.INIT:
         return 0
     init = decode_control(init_frame.payload)
+    if init.get("nice"):
+        # Background compile work must not slow the user's process down: lower our priority
+        # (inherited by the compiler subprocesses we start) before any real work.
+        with contextlib.suppress(OSError):
+            os.nice(int(init["nice"]))
     for entry in reversed(init.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -83,6 +83,7 @@ class PoolConfig:
     warm_modules: list[str]
     rss_poll_s: float
     ready_timeout_s: float
+    nice: int = 0
 
 
 @dataclass
@@ -274,7 +275,8 @@ class Manager:
         self._selector.register(parent_r, selectors.EVENT_READ, ("io", worker))
         with self.inbox.lock:
             self.workers[worker.pid] = worker
-        init = {"sys_path": [p for p in sys.path if p], "warm_modules": self.config.warm_modules}
+        init = {"sys_path": [p for p in sys.path if p], "warm_modules": self.config.warm_modules,
+                "nice": self.config.nice}
         self._send(worker, MessageKind.INIT, 0, encode_control(init))
 
     def _top_up_workers(self) -> None:

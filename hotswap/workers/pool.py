@@ -94,6 +94,7 @@ class WorkerPool:
 
     ``worker_env`` adds environment variables per worker: a mapping, or a function of the
     worker's slot (0..workers-1, kept by its replacements), e.g. for ``CUDA_VISIBLE_DEVICES``.
+    ``nice`` lowers the workers' CPU priority (0-19) so their work yields to the caller's.
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class WorkerPool:
         warm_modules: Iterable[str] = DEFAULT_WARM_MODULES,
         rss_poll_s: float = 0.1,
         ready_timeout_s: float = 120.0,
+        nice: int = 0,
     ) -> None:
         if workers is None:
             workers = default_workers()
@@ -117,12 +119,15 @@ class WorkerPool:
         ):
             raise ValueError(f"rss_limit_bytes must be a positive int or None, got "
                              f"{rss_limit_bytes!r}")
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            raise ValueError(f"nice must be an int from 0 to 19 (added to the workers' niceness), "
+                             f"got {nice!r}")
         _check_positive("rss_poll_s", rss_poll_s)
         _check_positive("ready_timeout_s", ready_timeout_s)
         self.num_workers = workers
         self.rss_limit_bytes = rss_limit_bytes
         self._config = PoolConfig(workers, rss_limit_bytes, worker_env, list(warm_modules),
-                                  rss_poll_s, ready_timeout_s)
+                                  rss_poll_s, ready_timeout_s, nice)
         self._inbox: Inbox | None = None
         self._manager: Manager | None = None
         self._thread: threading.Thread | None = None

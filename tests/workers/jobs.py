@@ -23,3 +23,7 @@ def result_fails_to_unpickle(_: Any = None) -> FailsToUnpickle:
 
 def pid(_: Any = None) -> int:
     return os.getpid()
+
+
+def niceness(_: Any = None) -> int:
+    return os.nice(0)

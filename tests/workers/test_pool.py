@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -190,6 +191,11 @@ def test_worker_env_hook_per_slot() -> None:
         assert pool.submit(J + "getenv", "HS_FIXED").result(timeout=30) == "yes"
 
 
+def test_nice_lowers_worker_priority() -> None:
+    with WorkerPool(1, warm_modules=(), nice=5) as pool:
+        assert pool.submit(J + "niceness").result(timeout=30) == os.nice(0) + 5
+
+
 def test_workers_prewarm_torch_by_default() -> None:
     with WorkerPool(1) as pool:
         assert pool.wait_ready(120)
@@ -204,8 +210,10 @@ def test_workers_prewarm_torch_by_default() -> None:
         (lambda: WorkerPool(-2), ValueError, "workers"),
         (lambda: WorkerPool(1.5), ValueError, "workers"),  # type: ignore[arg-type]
         (lambda: WorkerPool(1, rss_limit_bytes=0), ValueError, "rss_limit_bytes"),
+        (lambda: WorkerPool(1, nice=-1), ValueError, "nice"),
+        (lambda: WorkerPool(1, nice=20), ValueError, "nice"),
     ],
-    ids=["zero", "negative", "float", "rss-limit-zero"],
+    ids=["zero", "negative", "float", "rss-limit-zero", "nice-negative", "nice-too-high"],
 )
 def test_bad_pool_arguments(make: Callable[[], Any], error: type[Exception], needle: str) -> None:
     with pytest.raises(error, match=needle):
