@@ -1,0 +1,92 @@
+"""PyTorch's own async/progressive subprocess scenarios, through hotswap, on a CUDA device."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import torch
+
+import hotswap
+
+
+def _serve_until_final(compiled: object, call: object, timeout_s: float = 400) -> Counter[str]:
+    """Call in a loop as a service would; count the tier that served each call."""
+    served: Counter[str] = Counter()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = {s.graph_id: s.tier for s in hotswap.status(compiled)}
+        call()  # type: ignore[operator]
+        torch.cuda.synchronize()
+        for tier in before.values():
+            served[tier] += 1
+        statuses = hotswap.status(compiled)
+        if statuses and all(s.final for s in statuses):
+            return served
+        time.sleep(0.02)
+    raise AssertionError(f"not final after {timeout_s} s: {hotswap.status(compiled)}")
+
+
+def test_progressive_bf16_matmul_relu_climbs_to_max_autotune() -> None:
+    torch._dynamo.reset()
+    x = torch.randn(1152, 1024, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a @ b).relu()
+
+    compiled = hotswap.compile(f, mode="progressive", fullgraph=True,
+                               tiers=["default", "max-autotune-no-cudagraphs"])
+    served = _serve_until_final(compiled, lambda: compiled(x, y))
+    [status] = hotswap.status(compiled)
+    assert status.tier == "max-autotune-no-cudagraphs", status
+    assert not status.failures, status.failures
+    assert served["eager"] >= 1  # the first call never waited for a compile
+    torch.testing.assert_close(compiled(x, y), f(x, y), rtol=2e-2, atol=2e-2)
+
+
+def test_async_500_adds_forward_and_backward() -> None:
+    torch._dynamo.reset()
+
+    def model_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = x
+        for _ in range(500):
+            out = torch.add(out, y)
+        return out
+
+    compiled = hotswap.compile(model_add, mode="async", fullgraph=True)
+
+    def step() -> None:
+        x = torch.randn(100, 100, device="cuda", requires_grad=True)
+        y = torch.randn(100, 100, device="cuda", requires_grad=True)
+        out = compiled(x, y)
+        out.sum().backward()
+        torch.testing.assert_close(out, x + 500 * y, rtol=1e-4, atol=1e-3)
+        assert x.grad is not None and y.grad is not None
+        torch.testing.assert_close(x.grad, torch.ones_like(x))
+        torch.testing.assert_close(y.grad, torch.full_like(y, 500.0))
+
+    with hotswap.counters_delta() as d:
+        served = _serve_until_final(compiled, step)
+        for _ in range(3):
+            step()  # compiled forward and compiled backward
+    [status] = hotswap.status(compiled)
+    assert status.tier == "default" and not status.failures, status
+    assert served["eager"] >= 1 and d["swaps"] == 1 and d["worker_compiles"] == 1
+
+
+def test_dynamic_batch_on_gpu() -> None:
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 8)).cuda()
+    compiled = hotswap.compile(model, mode="async", dynamic=True)
+    for n in (8, 17, 33):
+        x = torch.randn(n, 64, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+    statuses = hotswap.wait(compiled, timeout_s=300)
+    assert all(s.final and s.tier == "default" and not s.failures for s in statuses), statuses
+    with hotswap.counters_delta() as d:
+        for n in (5, 64):
+            x = torch.randn(n, 64, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+    assert d["eager_calls"] == 0
