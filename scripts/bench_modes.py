@@ -91,8 +91,9 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         eager_ms = _timer(lambda: model(x), args.device, 50)
     stats: Any = None
+    import hotswap
+
     if row.startswith("hotswap:"):
-        import hotswap
         from hotswap.orchestrator.coordinator import shared_pool
 
         mode = row.split(":")[1]
@@ -150,6 +151,8 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "first_output_s": durations[0], "to_final_s": final_s,
         "largest_call_ms": max(durations[1:], default=0.0) * 1e3, "calls": len(durations),
         "steady_ms": steady_ms,
+        "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
+                      if row.startswith("hotswap:") else {}),
     }
 
 

@@ -1,43 +1,72 @@
-"""hotswap demo: the crash-proof compile worker pool.
+"""hotswap demo: a model served at once, sped up in the background.
 
-Starts a pool of pre-warmed workers (each imports torch and inductor before its first job),
-runs jobs that succeed, crash, hang and blow up, and shows that every future resolves, the
-broken workers are replaced, and the pool keeps serving. No `if __name__ == "__main__":`
-guard on purpose: hotswap workers never re-run the user's script.
+A service loop calls an MLP every few milliseconds. hotswap answers the first call eagerly
+(no compile in this process), compiles the tiers of the ladder in worker processes, and swaps
+each in when it is ready. The loop prints every tier change as it happens, then a summary.
+No `if __name__ == "__main__":` guard on purpose: workers never re-run this script.
 """
 
+import statistics
+import sys
 import time
 
-from hotswap import HotswapError, WorkerPool
+import torch
 
-F = "hotswap.workers.faults:"
+import hotswap
 
-t0 = time.monotonic()
-pool = WorkerPool(2, rss_limit_bytes=1 * 2**30)
-pool.wait_ready(timeout_s=120)
-ready_s = [w.ready_s - w.started_s for w in pool.workers_info() if w.ready_s is not None]
-print(f"{len(ready_s)} workers ready in {time.monotonic() - t0:.2f} s "
-      f"(start -> torch+inductor imported: {', '.join(f'{s:.2f} s' for s in ready_s)})")
+cuda = torch.cuda.is_available()
+device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+width, depth, batch = (4096, 8, 512) if cuda else (512, 4, 64)
+layers = []
+for _ in range(depth):
+    layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+model = torch.nn.Sequential(*layers).to(device, dtype).eval()
+x = torch.randn(batch, width, device=device, dtype=dtype)
+sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-pool.subscribe(lambda e: print(f"    stage {e.name:<18} {e.elapsed_s * 1e3:6.2f} ms  (pid {e.pid})"))
-jobs = [
-    ("echo", {"weights": "stay home"}, None),
-    ("staged", ["lower", "codegen", "compile"], None),
-    ("raise_error", "inductor said no", None),
-    ("segfault", None, None),
-    ("hang", None, 1.0),
-    ("allocate", 2 * 2**30, 30.0),
-    ("echo", "still serving", None),
-]
-for name, payload, timeout_s in jobs:
-    t = time.monotonic()
-    future = pool.submit(F + name, payload, timeout_s=timeout_s)
-    try:
-        outcome = f"result {future.result()!r}"
-    except HotswapError as e:
-        outcome = f"{type(e).__name__}: {e}"
-    print(f"{name:<12} {time.monotonic() - t:6.2f} s  {outcome}")
+tiers = ["default", "max-autotune-no-cudagraphs"]
+print(f"{depth}-layer MLP, width {width}, batch {batch}, {device} {dtype}; ladder: eager -> "
+      f"{' -> '.join(tiers)}")
+fast = hotswap.compile(model, mode="progressive", tiers=tiers)
 
-print(f"workers replaced: {pool.restarts}; live workers: {pool.worker_pids()}")
-pool.shutdown()
-print("shut down cleanly; no worker left behind")
+latencies: dict[str, list[float]] = {}
+start = time.perf_counter()
+tier, last_print = None, 0.0
+with torch.no_grad():
+    while time.perf_counter() - start < 600:
+        serving = hotswap.status(fast)[0].tier if hotswap.status(fast) else "eager"
+        t = time.perf_counter()
+        y = fast(x)
+        sync()
+        elapsed_ms = (time.perf_counter() - t) * 1e3
+        latencies.setdefault(serving, []).append(elapsed_ms)
+        now = time.perf_counter() - start
+        if serving != tier:
+            print(f"\n[{now:7.2f} s] now served by {serving!r}: {elapsed_ms:.2f} ms/call")
+            tier = serving
+        elif now - last_print > 1.0:
+            status = hotswap.status(fast)[0]
+            sys.stdout.write(f"\r[{now:7.2f} s] serving {status.tier!r}, compiling "
+                             f"{', '.join(status.pending) or 'nothing'} ...")
+            sys.stdout.flush()
+            last_print = now
+        statuses = hotswap.status(fast)
+        if statuses and all(s.final for s in statuses) and statuses[0].tier == serving:
+            for _ in range(200):  # keep serving a moment on the final tier
+                t = time.perf_counter()
+                fast(x)
+                sync()
+                latencies[serving].append((time.perf_counter() - t) * 1e3)
+            break
+        time.sleep(0.005)
+    torch.testing.assert_close(fast(x), model(x), rtol=2e-2, atol=2e-2)
+print("\n\noutput matches eager. calls per tier, median latency:")
+for name, values in latencies.items():
+    print(f"  {name:<28} {len(values):6d} calls  {statistics.median(values):8.3f} ms")
+[status] = hotswap.status(fast)
+print(f"final tier: {status.tier!r}; failures: {list(status.failures) or 'none'}; "
+      f"kept back: {list(status.kept) or 'none'}")
+print("where the time went (seconds):")
+for stage, seconds in status.timings_s.items():
+    print(f"  {stage:<45} {seconds:7.3f}")
+print("counters:", hotswap.counters())

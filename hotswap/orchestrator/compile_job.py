@@ -56,6 +56,26 @@ class CompileResult:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
+def warm_worker(_: Any = None) -> None:
+    """Run once per worker before it reports ready: pay every per-process cost of the first
+    compile (imports, the CPU vector-ISA probe, the CUDA context, inductor's compile pool)."""
+    import torch
+    import torch._inductor.codecache
+    import torch._inductor.graph
+    import torch._inductor.lowering
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.pick_vec_isa()
+    if torch.cuda.is_available():
+        torch.cuda.init()  # type: ignore[no-untyped-call]
+        torch.empty(1, device="cuda")
+        import torch._inductor.codegen.triton
+        import torch._inductor.runtime.triton_heuristics
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+
+
 def _make_input(meta: InputMeta) -> Any:
     import torch
 

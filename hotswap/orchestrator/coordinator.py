@@ -65,7 +65,7 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
             env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
                 "TORCHINDUCTOR_COMPILE_THREADS": threads}
             pool = WorkerPool(size, worker_env=env, nice=_worker_nice(), warm_modules=(
-                "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job"))
+                "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job:warm_worker"))
             pool.start()
             _pools[workers] = pool
         return pool
@@ -258,9 +258,14 @@ class Coordinator:
     def _submit(self, runner: GraphRunner, request: _Request, tier: Tier, retries: int) -> None:
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
-        future.add_done_callback(
-            lambda f: self._loader.submit(self._on_done, runner, request, tier, f, retries,
-                                          submitted))
+
+        def hand_to_loader(f: Future[Any]) -> None:
+            try:
+                self._loader.submit(self._on_done, runner, request, tier, f, retries, submitted)
+            except RuntimeError:  # the interpreter is exiting: nobody will call this graph
+                pass
+
+        future.add_done_callback(hand_to_loader)
 
     def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: Future[Any],
                  retries: int, submitted: float) -> None:

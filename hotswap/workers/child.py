@@ -243,11 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     start = time.monotonic()
-    for module in init.get("warm_modules", []):
+    for entry in init.get("warm_modules", []):
         try:
-            importlib.import_module(module)
+            if ":" in entry:  # "module:function": a warm-up step to run, not just an import
+                resolve_job(entry)(None)
+            else:
+                importlib.import_module(entry)
         except Exception as e:  # a missing optional module must not stop the worker
-            print(f"hotswap worker {os.getpid()}: could not pre-import {module}: {e}",
+            print(f"hotswap worker {os.getpid()}: could not pre-warm {entry}: {e}",
                   file=sys.stderr)
     channel.send(
         MessageKind.READY, 0, encode_control({"pid": os.getpid(), "warm_s": time.monotonic() - start})

@@ -95,6 +95,8 @@ class WorkerPool:
     ``worker_env`` adds environment variables per worker: a mapping, or a function of the
     worker's slot (0..workers-1, kept by its replacements), e.g. for ``CUDA_VISIBLE_DEVICES``.
     ``nice`` lowers the workers' CPU priority (0-19) so their work yields to the caller's.
+    ``warm_modules`` are imported by each worker before it reports ready; an entry
+    ``"module:function"`` is called (with ``None``) instead, for warm-up beyond imports.
     """
 
     def __init__(

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 
 import hotswap
 from hotswap.orchestrator.coordinator import shared_pool
+from tests.conftest import wait_gone
 from tests.orchestrator.models import MODELS, mlp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,3 +233,64 @@ def test_script_without_main_guard_from_stdin() -> None:
                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tier default True" in out.stdout
+
+
+def test_calls_from_many_threads_across_the_swap() -> None:
+    model, _ = mlp()
+    compiled = hotswap.compile(model, mode="async", workers=2)
+    compiled(torch.randn(16, 32))  # trace once, before the threads start
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        try:
+            while not stop.is_set():
+                x = torch.randn(16, 32)
+                _close(compiled(x), model(x))
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=serve) for _ in range(4)]
+    for t in threads:
+        t.start()
+    [status] = hotswap.wait(compiled, timeout_s=240)
+    time.sleep(0.3)  # keep serving on the new tier for a while
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors[0]
+    assert status.tier == "default" and not status.failures
+
+
+def test_several_models_share_one_pool() -> None:
+    pool = shared_pool(2)
+    pids = set(pool.worker_pids())
+    models = [mlp() for _ in range(3)]
+    compiled = [hotswap.compile(m, mode="async", workers=2) for m, _ in models]
+    for c, (m, inputs) in zip(compiled, models, strict=True):
+        _close(c(*inputs), m(*inputs))
+    for c in compiled:
+        assert [s.tier for s in hotswap.wait(c, timeout_s=240)] == ["default"]
+    assert set(pool.worker_pids()) == pids  # the same warm workers served all three
+
+
+def test_interpreter_exit_with_compiles_pending() -> None:
+    code = textwrap.dedent(
+        """
+        import torch, hotswap
+        from hotswap.orchestrator.coordinator import shared_pool
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+        compiled = hotswap.compile(model, mode="progressive", workers=2)
+        compiled(torch.randn(8, 64))
+        print(" ".join(map(str, shared_pool(2).worker_pids())), flush=True)
+        # exit at once: both tiers are still compiling in the workers
+        """
+    )
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert time.monotonic() - start < 60
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids and wait_gone(pids, 2.0) == []
