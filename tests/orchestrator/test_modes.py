@@ -294,3 +294,17 @@ def test_interpreter_exit_with_compiles_pending() -> None:
     assert time.monotonic() - start < 60
     pids = [int(p) for p in out.stdout.split()]
     assert pids and wait_gone(pids, 2.0) == []
+
+
+def test_on_failure_raise_in_subprocess_mode_raises_at_the_first_call() -> None:
+    model, inputs = mlp()
+    compiled = hotswap.compile(model, mode="subprocess", tiers=[BAD_TIER], workers=2,
+                               on_failure="raise")
+    with pytest.raises(Exception) as info:
+        compiled(*inputs)
+    chain, error = [], info.value
+    while error is not None and len(chain) < 10:  # dynamo wraps backend errors
+        chain.append(error)
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    failed = [e for e in chain if isinstance(e, hotswap.TierFailed)]
+    assert failed and failed[0].tier == "broken" and "C++ compiler" in failed[0].reason
