@@ -25,7 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
+
+# Runs from a checkout as it is (e.g. on a GPU machine without network): hotswap is one level up.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROWS = {
     "hotswap:async": "eager at once, then the default tier",
