@@ -20,14 +20,16 @@ import atexit
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import torch
 
-from hotswap.errors import HotswapError, WorkerCrashed
+from hotswap.errors import HotswapError, PoolClosed, WorkerCrashed
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
@@ -154,6 +156,36 @@ def _is_symbol(value: torch.SymInt) -> bool:
     return bool(getattr(value.node.expr, "is_Symbol", False))
 
 
+class _Loader:
+    """One daemon thread that runs loads and swaps in order.
+
+    Not a ThreadPoolExecutor: those threads are joined at interpreter exit, so exiting would
+    wait for a load nobody will use. A daemon thread is simply dropped.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = (
+            queue.SimpleQueue())
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hotswap-load",
+                                                daemon=True)
+                self._thread.start()
+        self._tasks.put((fn, args))
+
+    def _run(self) -> None:
+        while True:
+            fn, args = self._tasks.get()
+            try:
+                fn(*args)
+            except Exception:  # _on_done records its own failures; this is a last resort
+                log.exception("hotswap loader task %r failed", fn)
+
+
 class Coordinator:
     """A dynamo backend (``torch.compile(m, backend=Coordinator(options))``) and its graphs."""
 
@@ -162,7 +194,7 @@ class Coordinator:
         self.gate = gate
         self.runners: list[GraphRunner] = []
         self._cond = threading.Condition()
-        self._loader = ThreadPoolExecutor(1, thread_name_prefix="hotswap-load")
+        self._loader = _Loader()
         self._prewarmed = False
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
@@ -259,13 +291,9 @@ class Coordinator:
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
 
-        def hand_to_loader(f: Future[Any]) -> None:
-            try:
-                self._loader.submit(self._on_done, runner, request, tier, f, retries, submitted)
-            except RuntimeError:  # the interpreter is exiting: nobody will call this graph
-                pass
-
-        future.add_done_callback(hand_to_loader)
+        future.add_done_callback(
+            lambda f: self._loader.submit(self._on_done, runner, request, tier, f, retries,
+                                          submitted))
 
     def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: Future[Any],
                  retries: int, submitted: float) -> None:
@@ -276,6 +304,9 @@ class Coordinator:
                 log.info("graph %s: worker crashed compiling %r; retrying once",
                          runner.graph_id, tier.name)
                 self._submit(runner, request, tier, retries - 1)
+                return
+            if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
+                runner.fail(tier.name, _reason(error), level=logging.DEBUG)
                 return
             if error is not None:
                 self._fail(runner, tier.name, _reason(error))

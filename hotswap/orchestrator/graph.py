@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,7 +87,6 @@ class GraphRunner:
         self.kept: list[tuple[str, str]] = []
         self.timings_s: dict[str, float] = {}
         self.eager_calls = 0
-        self.created_s = time.monotonic()
 
     # ------------------------------------------------------------------ hot path
 
@@ -138,8 +136,8 @@ class GraphRunner:
         log.info("graph %s: now served by tier %r", self.graph_id, tier)
         return True
 
-    def fail(self, tier: str, reason: str) -> None:
-        """Record a failed tier; the graph stays where it is. Logged once, at WARNING."""
+    def fail(self, tier: str, reason: str, *, level: int = logging.WARNING) -> None:
+        """Record a failed tier; the graph stays where it is. Logged once (WARNING by default)."""
         with self._lock:
             self.pending.discard(tier)
             self.failures.append((tier, reason))
@@ -148,8 +146,8 @@ class GraphRunner:
                 serving = self._fn
                 self._fn = self._raiser(error, serving)
         bump("fallbacks")
-        log.warning("hotswap graph %s: tier %r failed, staying on %r: %s",
-                    self.graph_id, tier, self.tier, reason)
+        log.log(level, "hotswap graph %s: tier %r failed, staying on %r: %s",
+                self.graph_id, tier, self.tier, reason)
 
     def _raiser(self, error: BaseException, then: Fn) -> Fn:
         def raise_once(*args: Any) -> Any:
