@@ -36,6 +36,32 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    """ls, verify, clear or stats on the artifact cache (no torch import needed)."""
+    from hotswap.cache import ArtifactCache
+
+    # The stamp only matters for loading; listing and checking signatures ignore it.
+    cache = ArtifactCache(args.cache_dir)
+    if args.action == "ls":
+        entries = cache.entries()
+        for e in entries:
+            used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.used_s))
+            print(f"{e.key[:16]}  {e.tier or '-':<28} {e.size_bytes / 1024:10.1f} KiB  used {used}")
+        print(f"{len(entries)} entries in {cache.root}")
+    elif args.action == "verify":
+        bad = cache.verify()
+        for key, reason in bad:
+            print(f"removed {key[:16]}: {reason}")
+        print(f"{len(cache.entries())} entries verified, {len(bad)} removed")
+        return 1 if bad else 0
+    elif args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.root}")
+    else:
+        for name, value in cache.stats().items():
+            print(f"{name}: {value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotswap", description="torch.compile that never blocks.")
     parser.add_argument("--version", action="version", version=f"hotswap {hotswap.__version__}")
@@ -45,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--timeout-s", type=float, default=120.0,
                         help="give up after this many seconds (default 120)")
     doctor.set_defaults(func=_doctor)
+    cache = sub.add_parser("cache", help="inspect or clean the artifact cache")
+    cache.add_argument("action", choices=["ls", "verify", "clear", "stats"],
+                       help="ls: entries, most recently used first; verify: check every "
+                            "signature and checksum, remove bad entries (exit 1 if any); "
+                            "clear: remove all; stats: totals")
+    cache.add_argument("--cache-dir", default=None,
+                       help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
+    cache.set_defaults(func=_cache)
     return parser
 
 

@@ -51,6 +51,14 @@ def _shared_pool_pids() -> set[int]:
 
 
 @pytest.fixture(autouse=True)
+def fresh_artifact_cache(tmp_path_factory: pytest.TempPathFactory,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test gets its own artifact cache: exact counter deltas must not see another test's
+    entries (nor the user's ~/.cache)."""
+    monkeypatch.setenv("HOTSWAP_CACHE_DIR", str(tmp_path_factory.mktemp("hotswap-cache")))
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_workers() -> Iterator[None]:
     """Every test must leave no worker process behind once its pools are shut down."""
     before = {p.pid for p in worker_processes()}

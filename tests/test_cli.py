@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hotswap.cli import main
@@ -22,3 +24,23 @@ def test_unknown_command_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as info:
         main(["frobnicate"])
     assert info.value.code == 2
+
+
+def test_cache_commands_on_a_populated_cache(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from hotswap.cache import ArtifactCache
+
+    cache = ArtifactCache(tmp_path, stamp={"torch": "2.13.0", "gpus": []})  # a real build's stamp
+    cache.put("aa" + "0" * 62, b"x" * 2048, tier="default")
+    cache.put("bb" + "0" * 62, b"y" * 1024, tier="max-autotune")
+    assert main(["cache", "ls", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "max-autotune" in out and "default" in out and "2 entries" in out
+    assert main(["cache", "stats", "--cache-dir", str(tmp_path)]) == 0
+    assert "entries: 2" in capsys.readouterr().out
+    path = cache._path("bb" + "0" * 62)
+    path.write_bytes(path.read_bytes()[:-1] + b"!")
+    assert main(["cache", "verify", "--cache-dir", str(tmp_path)]) == 1
+    assert "1 entries verified, 1 removed" in capsys.readouterr().out
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from hotswap.cache import ArtifactCache
+from hotswap.cache.key import cache_key, environment_stamp
 from hotswap.errors import HotswapError, PoolClosed, WorkerCrashed
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, InputMeta
@@ -195,6 +197,8 @@ class Coordinator:
         self.runners: list[GraphRunner] = []
         self._cond = threading.Condition()
         self._loader = _Loader()
+        self._cache: ArtifactCache | None = None
+        self._cache_failed = False
         self._prewarmed = False
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
@@ -221,17 +225,62 @@ class Coordinator:
             request = self._request(runner, gm, example_inputs, wanted)
             if request is not None:
                 runner.timings_s["serialize"] = time.monotonic() - t0
+                keys = self._cache_keys(gm, request, wanted)
                 if self.options.mode == "subprocess":
-                    self._compile_blocking(runner, request, wanted[0])
+                    self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
                     for tier in wanted:
-                        self._submit(runner, request, tier, retries=1)
+                        key = keys.get(tier.name)
+                        # A miss is one stat() and a hit one read + checksum: fine in the call.
+                        cached = self._cache.get(key) if self._cache and key else None
+                        if cached is not None:
+                            bump("cache_hits")
+                            self._loader.submit(self._load_cached, runner, tier, cached)
+                        else:
+                            self._submit(runner, request, tier, retries=1, key=key)
                     if not self._prewarmed:
                         self._prewarmed = True
                         devices = {m.device.split(":")[0] for m in request.inputs}
                         self._loader.submit(_prewarm_loading, devices)
         self._notify()
         return runner
+
+    def _cache_keys(self, gm: torch.fx.GraphModule, request: _Request,
+                    wanted: list[Tier]) -> dict[str, str]:
+        """Cache key per tier; opens the cache on first use. No cache, no keys."""
+        if self._cache is None and not self._cache_failed:
+            devices = {m.device for m in request.inputs}
+            try:
+                self._cache = ArtifactCache(self.options.cache_dir,
+                                            stamp=environment_stamp(devices))
+            except (OSError, ValueError) as e:
+                self._cache_failed = True
+                log.warning("hotswap: artifact cache disabled: %s", e)
+        if self._cache is None or self._cache.stamp is None:
+            return {}
+        stamp = self._cache.stamp
+        return {t.name: cache_key(gm, request.inputs, request.grad_enabled, t.config, stamp)
+                for t in wanted}
+
+    def _store(self, key: str | None, artifact: bytes, tier: str) -> None:
+        if self._cache is None or key is None:
+            return
+        try:
+            self._cache.put(key, artifact, tier=tier)
+        except OSError as e:  # a full disk must not cost the user the tier they already have
+            log.warning("hotswap: could not write the artifact cache: %s", e)
+
+    def _load_cached(self, runner: GraphRunner, tier: Tier, artifact: bytes) -> None:
+        """Loader thread: serve a cache hit (no worker involved)."""
+        try:
+            t = time.monotonic()
+            fn = compat.artifact_from_bytes(artifact)
+            runner.timings_s[f"{tier.name}/cache_load"] = time.monotonic() - t
+            runner.swap_in(tier.name, fn)
+        except Exception as e:
+            self._fail(runner, tier.name, f"cached artifact failed to load: {type(e).__name__}: {e}")
+        finally:
+            self._notify()
 
     def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
                  wanted: list[Tier]) -> _Request | None:
@@ -274,11 +323,23 @@ class Coordinator:
         return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
                                                         timeout_s=self.options.timeout_s)
 
-    def _compile_blocking(self, runner: GraphRunner, request: _Request, tier: Tier) -> None:
+    def _compile_blocking(self, runner: GraphRunner, request: _Request, tier: Tier,
+                          key: str | None) -> None:
+        cached = self._cache.get(key) if self._cache and key else None
+        if cached is not None:
+            try:
+                fn = compat.artifact_from_bytes(cached)
+            except Exception as e:
+                log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
+            else:
+                bump("cache_hits")
+                runner.serve_now(tier.name, fn)
+                return
         future = self._job(runner, request, tier)
         try:
             result = future.result()
             fn = self._load(runner, result)
+            self._store(key, result.artifact, tier.name)
         except HotswapError as e:
             self._fail(runner, tier.name, _reason(e))
             return
@@ -287,23 +348,23 @@ class Coordinator:
             return
         runner.serve_now(tier.name, fn)
 
-    def _submit(self, runner: GraphRunner, request: _Request, tier: Tier, retries: int) -> None:
+    def _submit(self, runner: GraphRunner, request: _Request, tier: Tier, retries: int,
+                key: str | None) -> None:
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
-
         future.add_done_callback(
             lambda f: self._loader.submit(self._on_done, runner, request, tier, f, retries,
-                                          submitted))
+                                          submitted, key))
 
     def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: Future[Any],
-                 retries: int, submitted: float) -> None:
+                 retries: int, submitted: float, key: str | None) -> None:
         """Loader thread: load a finished tier and swap it in, or record why it failed."""
         try:
             error = future.exception()
             if isinstance(error, WorkerCrashed) and retries > 0:
                 log.info("graph %s: worker crashed compiling %r; retrying once",
                          runner.graph_id, tier.name)
-                self._submit(runner, request, tier, retries - 1)
+                self._submit(runner, request, tier, retries - 1, key)
                 return
             if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
                 runner.fail(tier.name, _reason(error), level=logging.DEBUG)
@@ -312,14 +373,16 @@ class Coordinator:
                 self._fail(runner, tier.name, _reason(error))
                 return
             runner.timings_s[f"{tier.name}/queue_and_compile"] = time.monotonic() - submitted
+            result = future.result()
             try:
-                fn = self._load(runner, future.result())
+                fn = self._load(runner, result)
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
             t = time.monotonic()
             runner.swap_in(tier.name, fn)
             runner.timings_s[f"{tier.name}/swap"] = time.monotonic() - t
+            self._store(key, result.artifact, tier.name)  # only artifacts that loaded here
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
         finally:

@@ -1,0 +1,62 @@
+"""Cache keys: deterministic across processes, covering everything that changes an artifact.
+
+Pickled GraphModules are not deterministic bytes, so the key hashes the graph's generated code,
+the bytes of the tensors it holds, the input metadata (symbolic sizes included), the grad mode,
+the tier's config, and the environment stamp (torch build, triton, devices, format version).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hotswap.cache.store import FORMAT_VERSION
+
+__all__ = ["cache_key", "environment_stamp"]
+
+
+def environment_stamp(devices: Iterable[str] = ()) -> dict[str, Any]:
+    """What an artifact was built for; an entry with another stamp is never loaded. Cheap on
+    purpose (it runs in the user's first call): versions and the build commit, not a source hash."""
+    from importlib import metadata
+
+    try:
+        triton_version: str | None = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton_version = None
+    gpus = []
+    for device in sorted(set(devices)):
+        if device.startswith("cuda") and torch.cuda.is_available():
+            index = torch.device(device).index or 0
+            major, minor = torch.cuda.get_device_capability(index)
+            gpus.append(f"{torch.cuda.get_device_name(index)} sm_{major}{minor}")
+    return {"format": FORMAT_VERSION, "torch": torch.__version__,
+            "torch_build": torch.version.git_version, "cuda": torch.version.cuda,
+            "triton": triton_version, "gpus": gpus}
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    data = t.detach().to("cpu").contiguous()
+    raw = ctypes.string_at(data.data_ptr(), data.numel() * data.element_size())
+    return f"{data.dtype}{tuple(data.shape)}:{hashlib.sha256(raw).hexdigest()}"
+
+
+def cache_key(gm: torch.fx.GraphModule, inputs: Iterable[Any], grad_enabled: bool,
+              tier_config: dict[str, Any], stamp: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    h.update(gm.code.encode())
+    for node in gm.graph.find_nodes(op="get_attr"):
+        value: Any = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part)
+        if isinstance(value, torch.Tensor):
+            h.update(_tensor_digest(value).encode())
+    h.update(repr(tuple(inputs)).encode())
+    h.update(json.dumps({"grad": grad_enabled, "config": tier_config, "stamp": stamp},
+                        sort_keys=True, default=repr).encode())
+    return h.hexdigest()

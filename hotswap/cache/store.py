@@ -1,0 +1,297 @@
+"""The artifact cache on disk: one signed file per (graph, tier), an index, LRU eviction.
+
+    <root>/                      mode 0700
+      secret.key                 32 random bytes, mode 0600, made on first use
+      index.msgpack              {key: {size, tier, created_s, used_s}}; rebuilt from entries if lost
+      index.lock                 filelock guarding the index
+      entries/<k[:2]>/<k>.hsa    MAGIC | u32 header length | msgpack header | payload | HMAC-SHA256
+
+Artifacts contain pickles: loading a foreign or tampered file runs its code. So an entry is
+returned only if its magic, lengths, SHA-256, HMAC (this cache's secret) and stamp (torch build,
+triton, device, format) all check out; otherwise it is reported, removed, and the caller
+compiles again. Writes go to a temporary file renamed into place: a reader never sees half.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+import msgpack
+
+__all__ = ["FORMAT_VERSION", "ArtifactCache", "EntryInfo", "default_cache_dir"]
+
+log = logging.getLogger("hotswap")
+
+FORMAT_VERSION = 1
+MAGIC = b"HSWPA\x00\x01\x00"
+_LEN = struct.Struct("!I")
+_MAC_BYTES = 32
+
+
+def default_cache_dir() -> Path:
+    """``HOTSWAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/hotswap``, else ``~/.cache/hotswap``."""
+    env = os.environ.get("HOTSWAP_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hotswap"
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    key: str
+    tier: str
+    size_bytes: int
+    created_s: float
+    used_s: float
+
+
+class EntryRejected(Exception):
+    """An entry failed a check; ``reason`` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ArtifactCache:
+    """Signed, size-bounded store of compiled artifacts shared by processes of one user.
+
+    ``stamp`` is what an entry must have been written under to be loaded here (torch build,
+    triton version, device...): an entry with another stamp is never loaded. Without a stamp
+    (the CLI) entries are checked for integrity only, and nothing may be written.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *,
+                 max_bytes: int | None = None, stamp: dict[str, Any] | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+        if max_bytes is None and os.environ.get("HOTSWAP_CACHE_MAX_BYTES"):
+            raw = os.environ["HOTSWAP_CACHE_MAX_BYTES"]
+            try:
+                max_bytes = int(raw)
+            except ValueError as e:
+                raise ValueError(f"HOTSWAP_CACHE_MAX_BYTES must be a whole number of bytes, "
+                                 f"got {raw!r}") from e
+        if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes <= 0):
+            raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        self.stamp = dict(stamp) if stamp is not None else None
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        (self.root / "entries").mkdir(mode=0o700, exist_ok=True)
+        self._lock = filelock.FileLock(str(self.root / "index.lock"))
+        self._secret = self._load_secret()
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ entries
+
+    def get(self, key: str) -> bytes | None:
+        """The payload stored under ``key``, or None (missing, or rejected and removed)."""
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            header, payload = self._verify(data, key)
+        except EntryRejected as e:
+            self._reject(key, e.reason)
+            return None
+        with self._lock:
+            index = self._read_index()
+            record = index.setdefault(key, {"size": len(data), "tier": header.get("tier", ""),
+                                            "created_s": header.get("created_s", 0.0)})
+            record["used_s"] = time.time()
+            self._write_index(index)
+        return payload
+
+    def put(self, key: str, payload: bytes, *, tier: str = "") -> None:
+        """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes."""
+        if self.stamp is None:
+            raise ValueError("this ArtifactCache was opened without a stamp; it cannot write")
+        header = msgpack.packb({"format": FORMAT_VERSION, "key": key, "tier": tier,
+                                "stamp": self.stamp, "sha256": hashlib.sha256(payload).hexdigest(),
+                                "size": len(payload), "created_s": time.time()},
+                               use_bin_type=True)
+        body = MAGIC + _LEN.pack(len(header)) + header + payload
+        data = body + hmac.new(self._secret, body, hashlib.sha256).digest()
+        path = self._path(key)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        _write_atomic(path, data)
+        with self._lock:
+            index = self._read_index()
+            now = time.time()
+            index[key] = {"size": len(data), "tier": tier, "created_s": now, "used_s": now}
+            self._evict(index, keep=key)
+            self._write_index(index)
+
+    def entries(self) -> list[EntryInfo]:
+        with self._lock:
+            index = self._read_index()
+        return sorted((EntryInfo(k, v.get("tier", ""), v["size"], v.get("created_s", 0.0),
+                                 v.get("used_s", 0.0)) for k, v in index.items()),
+                      key=lambda e: e.used_s, reverse=True)
+
+    def verify(self) -> list[tuple[str, str]]:
+        """Check every entry; remove the bad ones. Returns (key, reason) for each removed."""
+        bad = []
+        for path in self._entry_paths():
+            key = path.stem
+            try:
+                self._verify(path.read_bytes(), key)
+            except EntryRejected as e:
+                bad.append((key, e.reason))
+                self._reject(key, e.reason, warn=False)
+            except OSError as e:
+                bad.append((key, f"unreadable: {e}"))
+        return bad
+
+    def clear(self) -> int:
+        """Remove every entry; returns how many."""
+        with self._lock:
+            paths = list(self._entry_paths())
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            self._write_index({})
+        return len(paths)
+
+    def stats(self) -> dict[str, Any]:
+        entries = self.entries()
+        return {"root": str(self.root), "entries": len(entries),
+                "bytes": sum(e.size_bytes for e in entries), "max_bytes": self.max_bytes}
+
+    def compile_lock(self, key: str) -> filelock.FileLock:
+        """A per-(graph, tier) lock: hold it while compiling so other processes wait, not repeat."""
+        locks = self.root / "locks"
+        locks.mkdir(mode=0o700, exist_ok=True)
+        return filelock.FileLock(str(locks / f"{key}.lock"))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _path(self, key: str) -> Path:
+        if not key or not all(c in "0123456789abcdef" for c in key):
+            raise ValueError(f"cache keys are lowercase hex digests, got {key!r}")
+        return self.root / "entries" / key[:2] / f"{key}.hsa"
+
+    def _entry_paths(self) -> Iterator[Path]:
+        yield from (self.root / "entries").glob("*/*.hsa")
+
+    def _verify(self, data: bytes, key: str) -> tuple[dict[str, Any], bytes]:
+        if len(data) < len(MAGIC) + _LEN.size + _MAC_BYTES or not data.startswith(MAGIC):
+            raise EntryRejected("truncated or not a hotswap artifact")
+        body, mac = data[:-_MAC_BYTES], data[-_MAC_BYTES:]
+        if not hmac.compare_digest(mac, hmac.new(self._secret, body, hashlib.sha256).digest()):
+            raise EntryRejected("signature does not match this cache's key (tampered, truncated "
+                                "or written by another cache)")
+        (header_len,) = _LEN.unpack_from(body, len(MAGIC))
+        start = len(MAGIC) + _LEN.size
+        try:
+            header = msgpack.unpackb(body[start:start + header_len], raw=False)
+        except Exception as e:
+            raise EntryRejected(f"unreadable header: {e}") from e
+        payload = body[start + header_len:]
+        if header.get("format") != FORMAT_VERSION:
+            raise EntryRejected(f"format {header.get('format')} is not {FORMAT_VERSION}")
+        if header.get("key") != key:
+            raise EntryRejected("stored under another key")
+        if len(payload) != header.get("size") or \
+                hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+            raise EntryRejected("checksum mismatch")
+        if self.stamp is not None and header.get("stamp") != self.stamp:
+            raise EntryRejected(f"written by another build: {header.get('stamp')} != {self.stamp}")
+        return header, payload
+
+    def _reject(self, key: str, reason: str, *, warn: bool = True) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(key).unlink()
+        with self._lock:
+            index = self._read_index()
+            if index.pop(key, None) is not None:
+                self._write_index(index)
+        if warn and key not in self._warned:
+            self._warned.add(key)
+            log.warning("hotswap cache: entry %s… refused and removed (%s); compiling again",
+                        key[:12], reason)
+
+    def _read_index(self) -> dict[str, dict[str, Any]]:
+        try:
+            index = msgpack.unpackb((self.root / "index.msgpack").read_bytes(), raw=False)
+            if isinstance(index, dict):
+                return index
+        except FileNotFoundError:
+            pass
+        except Exception:
+            log.warning("hotswap cache: index unreadable; rebuilding it from the entries")
+        return self._rebuild_index()
+
+    def _rebuild_index(self) -> dict[str, dict[str, Any]]:
+        index: dict[str, dict[str, Any]] = {}
+        for path in self._entry_paths():
+            with contextlib.suppress(OSError):
+                st = path.stat()
+                index[path.stem] = {"size": st.st_size, "tier": "", "created_s": st.st_mtime,
+                                    "used_s": st.st_atime}
+        return index
+
+    def _write_index(self, index: dict[str, dict[str, Any]]) -> None:
+        _write_atomic(self.root / "index.msgpack", msgpack.packb(index, use_bin_type=True))
+
+    def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
+        if self.max_bytes is None:
+            return
+        total = sum(v["size"] for v in index.values())
+        for key in sorted(index, key=lambda k: index[k].get("used_s", 0.0)):
+            if total <= self.max_bytes:
+                break
+            if key == keep:
+                continue
+            total -= index.pop(key)["size"]
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+
+    def _load_secret(self) -> bytes:
+        path = self.root / "secret.key"
+        if not path.exists():
+            # Write a complete key under a temporary name, then link it into place: a process
+            # racing us sees either no key or a whole one, never an empty file.
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".key-")
+            try:
+                os.fchmod(fd, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(os.urandom(32))
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
+        secret = path.read_bytes()
+        if len(secret) != 32:
+            raise ValueError(f"{path} is not a hotswap cache key (32 bytes); remove it or choose "
+                             "another cache_dir")
+        return secret
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

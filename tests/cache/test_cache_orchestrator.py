@@ -1,0 +1,88 @@
+"""The artifact cache through hotswap.compile: a second process starts warm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from hotswap.cache.key import cache_key, environment_stamp
+from hotswap.orchestrator.coordinator import _describe_inputs
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch, hotswap
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(model, mode=sys.argv[1], workers=1)
+        first = compiled(x)
+        [status] = hotswap.wait(compiled, timeout_s=240)
+        out = compiled(x)
+    ok = bool(torch.allclose(first, model(x), atol=1e-5) and torch.allclose(out, model(x), atol=1e-5))
+    print(json.dumps({"tier": status.tier, "ok": ok, "delta": dict(d),
+                      "failures": status.failures}))
+    """
+)
+
+
+def _run(mode: str, cache_dir: Path) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(REPO),
+                                           "HOTSWAP_CACHE_DIR": str(cache_dir)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("mode", ["async", "subprocess"])
+def test_second_process_hits_the_cache(tmp_path: Path, mode: str) -> None:
+    cold = _run(mode, tmp_path / "cache")
+    warm = _run(mode, tmp_path / "cache")
+    for run in (cold, warm):
+        assert run["ok"] and run["tier"] == "default" and not run["failures"], run
+    assert cold["delta"]["worker_compiles"] == 1 and cold["delta"]["cache_hits"] == 0  # type: ignore[index]
+    assert warm["delta"]["worker_compiles"] == 0 and warm["delta"]["cache_hits"] == 1  # type: ignore[index]
+
+
+def test_key_changes_with_each_of_its_parts() -> None:
+    captured = []
+
+    def grab(gm: torch.fx.GraphModule, example_inputs: list[object]) -> object:
+        captured.append((gm, example_inputs))
+        return gm.forward
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sin()
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return (x * 3).sin()
+
+    torch._dynamo.reset()
+    torch.compile(f, backend=grab)(torch.randn(4, 4))
+    torch.compile(g, backend=grab)(torch.randn(4, 4))
+    torch.compile(f, backend=grab, dynamic=False)(torch.randn(5, 4))
+    (gm_f, ex_f), (gm_g, ex_g), (gm_f5, ex_f5) = captured[:3]
+    inputs_f = _describe_inputs(gm_f, ex_f)
+    stamp = environment_stamp()
+    base = cache_key(gm_f, inputs_f, False, {}, stamp)
+    assert base == cache_key(gm_f, inputs_f, False, {}, dict(stamp))  # deterministic
+    variants = [
+        cache_key(gm_g, _describe_inputs(gm_g, ex_g), False, {}, stamp),     # graph code
+        cache_key(gm_f5, _describe_inputs(gm_f5, ex_f5), False, {}, stamp),  # input shapes
+        cache_key(gm_f, inputs_f, True, {}, stamp),                          # grad mode
+        cache_key(gm_f, inputs_f, False, {"max_autotune": True}, stamp),     # tier config
+        cache_key(gm_f, inputs_f, False, {}, {**stamp, "torch": "2.11.0"}),  # torch version
+        cache_key(gm_f, inputs_f, False, {}, {**stamp, "gpus": ["H200 sm_90"]}),  # device
+        cache_key(gm_f, inputs_f, False, {}, {**stamp, "format": 99}),       # format version
+    ]
+    assert len({base, *variants}) == len(variants) + 1
