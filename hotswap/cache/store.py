@@ -174,10 +174,15 @@ class ArtifactCache:
                 "bytes": sum(e.size_bytes for e in entries), "max_bytes": self.max_bytes}
 
     def compile_lock(self, key: str) -> filelock.FileLock:
-        """A per-(graph, tier) lock: hold it while compiling so other processes wait, not repeat."""
+        """A per-(graph, tier) lock: hold it while compiling so other processes wait, not repeat.
+
+        Not thread-local: the call that takes it and the loader thread that releases it (after
+        storing the artifact) differ. The OS drops it if the holding process dies.
+        """
+        self._path(key)  # validates the key
         locks = self.root / "locks"
         locks.mkdir(mode=0o700, exist_ok=True)
-        return filelock.FileLock(str(locks / f"{key}.lock"))
+        return filelock.FileLock(str(locks / f"{key}.lock"), thread_local=False)
 
     # ------------------------------------------------------------------ helpers
 

@@ -17,6 +17,7 @@ manager thread nor in the user's call (except in ``subprocess`` mode, where wait
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+import filelock
 import torch
 
 from hotswap.cache import ArtifactCache
@@ -199,6 +201,7 @@ class Coordinator:
         self._loader = _Loader()
         self._cache: ArtifactCache | None = None
         self._cache_failed = False
+        self._claims: dict[str, filelock.FileLock] = {}  # compile locks this process holds
         self._prewarmed = False
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
@@ -230,14 +233,7 @@ class Coordinator:
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
                     for tier in wanted:
-                        key = keys.get(tier.name)
-                        # A miss is one stat() and a hit one read + checksum: fine in the call.
-                        cached = self._cache.get(key) if self._cache and key else None
-                        if cached is not None:
-                            bump("cache_hits")
-                            self._loader.submit(self._load_cached, runner, tier, cached)
-                        else:
-                            self._submit(runner, request, tier, retries=1, key=key)
+                        self._start_tier(runner, request, tier, keys.get(tier.name))
                     if not self._prewarmed:
                         self._prewarmed = True
                         devices = {m.device.split(":")[0] for m in request.inputs}
@@ -261,6 +257,82 @@ class Coordinator:
         stamp = self._cache.stamp
         return {t.name: cache_key(gm, request.inputs, request.grad_enabled, t.config, stamp)
                 for t in wanted}
+
+    def _serve_cached_now(self, runner: GraphRunner, tier: Tier, key: str | None) -> bool:
+        """Blocking modes: load a hit before the call returns. False on a miss."""
+        cached = self._cache.get(key) if self._cache and key else None
+        if cached is None:
+            return False
+        try:
+            fn = compat.artifact_from_bytes(cached)
+        except Exception as e:
+            log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
+            return False
+        bump("cache_hits")
+        runner.serve_now(tier.name, fn)
+        return True
+
+    def _claim(self, key: str) -> bool:
+        """Take the cross-process compile lock for ``key`` without waiting; False if taken.
+
+        Callers re-check the cache after a successful claim: another process may have stored
+        the entry and released the lock between our miss and our claim.
+        """
+        assert self._cache is not None
+        lock = self._cache.compile_lock(key)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        with self._cond:
+            self._claims[key] = lock
+        return True
+
+    def _claimed_hit(self, key: str) -> bytes | None:
+        """After a claim: the entry if it appeared meanwhile (the claim is then released)."""
+        assert self._cache is not None
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._release(key)
+        return cached
+
+    def _release(self, key: str | None) -> None:
+        with self._cond:
+            lock = self._claims.pop(key, None) if key is not None else None
+        if lock is not None:
+            lock.release()
+
+    def _start_tier(self, runner: GraphRunner, request: _Request, tier: Tier,
+                    key: str | None) -> None:
+        """Background modes: serve a cache hit, wait for another process compiling the same
+        tier, or compile it. In the user's call: a miss costs one stat() and a lock try."""
+        cached = None
+        if self._cache is not None and key is not None:
+            cached = self._cache.get(key)
+            if cached is None:
+                if not self._claim(key):
+                    threading.Thread(target=self._await_other, daemon=True, name="hotswap-wait",
+                                     args=(runner, request, tier, key)).start()
+                    return
+                cached = self._claimed_hit(key)
+        if cached is None:
+            self._submit(runner, request, tier, retries=1, key=key)
+        else:
+            bump("cache_hits")
+            self._loader.submit(self._load_cached, runner, tier, cached)
+
+    def _await_other(self, runner: GraphRunner, request: _Request, tier: Tier, key: str) -> None:
+        """Background thread: wait until the process compiling ``key`` lets go, then start
+        again (its entry is a hit now; if it failed, this process compiles)."""
+        assert self._cache is not None
+        lock = self._cache.compile_lock(key)
+        try:
+            lock.acquire(timeout=self.options.timeout_s or -1)
+        except filelock.Timeout:
+            self._submit(runner, request, tier, retries=1, key=None)  # too slow: compile here
+            return
+        lock.release()
+        self._start_tier(runner, request, tier, key)
 
     def _store(self, key: str | None, artifact: bytes, tier: str) -> None:
         if self._cache is None or key is None:
@@ -325,28 +397,35 @@ class Coordinator:
 
     def _compile_blocking(self, runner: GraphRunner, request: _Request, tier: Tier,
                           key: str | None) -> None:
-        cached = self._cache.get(key) if self._cache and key else None
-        if cached is not None:
-            try:
-                fn = compat.artifact_from_bytes(cached)
-            except Exception as e:
-                log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
-            else:
-                bump("cache_hits")
-                runner.serve_now(tier.name, fn)
+        if self._serve_cached_now(runner, tier, key):
+            return
+        if key is not None and not self._claim(key):
+            # Another process is compiling it: this call waits anyway, so wait for its entry.
+            assert self._cache is not None
+            lock = self._cache.compile_lock(key)
+            with contextlib.suppress(filelock.Timeout):
+                lock.acquire(timeout=self.options.timeout_s or -1)
+                lock.release()
+            if self._serve_cached_now(runner, tier, key):
                 return
-        future = self._job(runner, request, tier)
+            self._claim(key)
+        elif key is not None and self._serve_cached_now(runner, tier, key):
+            self._release(key)  # stored by another process between our miss and our claim
+            return
         try:
-            result = future.result()
-            fn = self._load(runner, result)
+            try:
+                result = self._job(runner, request, tier).result()
+                fn = self._load(runner, result)
+            except HotswapError as e:
+                self._fail(runner, tier.name, _reason(e))
+                return
+            except Exception as e:
+                self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
+                return
             self._store(key, result.artifact, tier.name)
-        except HotswapError as e:
-            self._fail(runner, tier.name, _reason(e))
-            return
-        except Exception as e:
-            self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
-            return
-        runner.serve_now(tier.name, fn)
+            runner.serve_now(tier.name, fn)
+        finally:
+            self._release(key)  # waiting processes go on (and compile themselves if we failed)
 
     def _submit(self, runner: GraphRunner, request: _Request, tier: Tier, retries: int,
                 key: str | None) -> None:
@@ -359,11 +438,13 @@ class Coordinator:
     def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: Future[Any],
                  retries: int, submitted: float, key: str | None) -> None:
         """Loader thread: load a finished tier and swap it in, or record why it failed."""
+        retrying = False
         try:
             error = future.exception()
             if isinstance(error, WorkerCrashed) and retries > 0:
                 log.info("graph %s: worker crashed compiling %r; retrying once",
                          runner.graph_id, tier.name)
+                retrying = True  # the retry keeps our claim on the compile lock
                 self._submit(runner, request, tier, retries - 1, key)
                 return
             if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
@@ -386,6 +467,8 @@ class Coordinator:
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
         finally:
+            if not retrying:
+                self._release(key)  # stored (or failed): processes waiting on us may go on
             self._notify()
 
     def _load(self, runner: GraphRunner, result: CompileResult) -> Any:

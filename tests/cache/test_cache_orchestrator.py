@@ -86,3 +86,21 @@ def test_key_changes_with_each_of_its_parts() -> None:
         cache_key(gm_f, inputs_f, False, {}, {**stamp, "format": 99}),       # format version
     ]
     assert len({base, *variants}) == len(variants) + 1
+
+
+def test_four_processes_missing_at_once_compile_once(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOTSWAP_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, "async"], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+    runs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=400)
+        assert proc.returncode == 0, err[-2000:]
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["ok"] and r["tier"] == "default" and not r["failures"] for r in runs), runs
+    assert sum(r["delta"]["worker_compiles"] for r in runs) == 1, runs
+    assert sum(r["delta"]["cache_hits"] for r in runs) == 3, runs
+    from hotswap.cache import ArtifactCache
+
+    assert ArtifactCache(tmp_path / "cache").verify() == []  # no torn entry
+    assert len(ArtifactCache(tmp_path / "cache").entries()) == 1
