@@ -162,6 +162,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
             def is_final() -> bool:
                 return bool(stats._stat_optimized_runs > 0)
 
+    before = hotswap.counters()
     durations: list[float] = []
     final_s = None
     start = time.perf_counter()
@@ -184,6 +185,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "steady_ms": steady_ms,
         "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
                       if row.startswith("hotswap:") else {}),
+        "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
     }
 
 
@@ -210,11 +212,16 @@ def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
             "overhead_ns": (via - raw) * 1e9}
 
 
-def spawn_row(row: str, args: argparse.Namespace) -> dict[str, Any]:
+def spawn_row(row: str, args: argparse.Namespace,
+              extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one row in a fresh process with empty inductor, triton and hotswap caches
+    (``extra_env`` may point HOTSWAP_CACHE_DIR at a shared one)."""
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="hotswap-bench-") as cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
         env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+        env["HOTSWAP_CACHE_DIR"] = os.path.join(cache, "hotswap")
+        env.update(extra_env or {})
         if row.startswith("pytorch:"):
             env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
         cmd = [sys.executable, __file__, "--row", row, "--model", args.model, "--device",

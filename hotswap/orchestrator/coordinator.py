@@ -232,8 +232,7 @@ class Coordinator:
                 if self.options.mode == "subprocess":
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
-                    for tier in wanted:
-                        self._start_tier(runner, request, tier, keys.get(tier.name))
+                    self._start_ladder(runner, request, wanted, keys)
                     if not self._prewarmed:
                         self._prewarmed = True
                         devices = {m.device.split(":")[0] for m in request.inputs}
@@ -301,6 +300,27 @@ class Coordinator:
             lock = self._claims.pop(key, None) if key is not None else None
         if lock is not None:
             lock.release()
+
+    def _start_ladder(self, runner: GraphRunner, request: _Request, wanted: list[Tier],
+                      keys: dict[str, str]) -> None:
+        """Load the best tier the cache already has; start the tiers above it (lowest first,
+        so the fast tier is ready first); tiers below it are not needed at all."""
+        best, cached = -1, None
+        if self._cache is not None:
+            for rank in range(len(wanted) - 1, -1, -1):
+                key = keys.get(wanted[rank].name)
+                cached = self._cache.get(key) if key else None
+                if cached is not None:
+                    best = rank
+                    break
+        for rank, tier in enumerate(wanted):
+            if rank < best:
+                runner.skip(tier.name, f"tier {wanted[best].name!r} came from the cache")
+            elif rank == best and cached is not None:
+                bump("cache_hits")
+                self._loader.submit(self._load_cached, runner, tier, cached)
+            else:
+                self._start_tier(runner, request, tier, keys.get(tier.name))
 
     def _start_tier(self, runner: GraphRunner, request: _Request, tier: Tier,
                     key: str | None) -> None:

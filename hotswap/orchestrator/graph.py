@@ -136,6 +136,12 @@ class GraphRunner:
         log.info("graph %s: now served by tier %r", self.graph_id, tier)
         return True
 
+    def skip(self, tier: str, reason: str) -> None:
+        """A tier that will not be compiled nor loaded (a better one is already on its way)."""
+        with self._lock:
+            self.pending.discard(tier)
+            self.kept.append((tier, reason))
+
     def fail(self, tier: str, reason: str, *, level: int = logging.WARNING) -> None:
         """Record a failed tier; the graph stays where it is. Logged once (WARNING by default)."""
         with self._lock:
