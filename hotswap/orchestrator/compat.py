@@ -60,3 +60,57 @@ def artifact_from_bytes(data: bytes) -> Callable[..., Any]:
             f.write(data)
         loaded: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
         return loaded
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps compiled kernels in this process (honours TORCHINDUCTOR_CACHE_DIR)."""
+    import importlib
+
+    for name in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils"):
+        try:
+            return str(importlib.import_module(name).cache_dir())
+        except (ImportError, AttributeError):
+            continue
+    raise RuntimeError("cannot find inductor's cache directory in this torch version")
+
+
+def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20) -> dict[str, bytes]:
+    """Files under ``root`` modified at or after ``since_s`` (relative path -> bytes): what a
+    compile added to inductor's cache. Lock and temporary files are skipped."""
+    found: dict[str, bytes] = {}
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            if name.endswith((".lock", ".tmp")) or name.startswith("."):
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                if os.stat(path).st_mtime < since_s:
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            total += len(data)
+            if total > max_bytes:
+                return found  # ship what fits; the loader compiles what is missing
+            found[os.path.relpath(path, root)] = data
+    return found
+
+
+def restore_files(root: str, files: dict[str, bytes]) -> int:
+    """Write shipped cache files that ``root`` lacks (atomically); returns how many."""
+    written = 0
+    real_root = os.path.realpath(root)
+    for rel, data in files.items():
+        path = os.path.realpath(os.path.join(root, rel))
+        if not path.startswith(real_root + os.sep) or os.path.exists(path):
+            continue  # never outside the cache dir; never over an existing file
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hotswap-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o755 if path.endswith(".so") else 0o644)
+        os.replace(tmp, path)
+        written += 1
+    return written

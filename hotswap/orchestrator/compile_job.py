@@ -7,6 +7,7 @@ never travel. Constants the graph holds (get_attr tensors) travel inside the pic
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +55,20 @@ class CompileResult:
     tier: str
     artifact: bytes
     timings_s: dict[str, float] = field(default_factory=dict)
+    # Files the compile added to the worker's inductor cache (compiled C++ kernels above all:
+    # inductor bundles triton kernels into the artifact, not C++ ones). Restored where loaded.
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+# Ship cache files written after this time with the next result (set by warm_worker).
+_files_since_s: float | None = None
 
 
 def warm_worker(_: Any = None) -> None:
     """Run once per worker before it reports ready: pay every per-process cost of the first
     compile (imports, the CPU vector-ISA probe, the CUDA context, inductor's compile pool)."""
+    global _files_since_s
+    _files_since_s = time.time() - 1.0  # the first job also ships what warming up compiled
     import torch
     import torch._inductor.codecache
     import torch._inductor.graph
@@ -119,8 +129,6 @@ def _make_symbolic_inputs(metas: tuple[InputMeta, ...]) -> tuple[list[Any], Any]
 
 
 def compile_graph(request: CompileRequest) -> CompileResult:
-    import time
-
     import torch
 
     from hotswap.orchestrator import compat
@@ -136,8 +144,14 @@ def compile_graph(request: CompileRequest) -> CompileResult:
             inputs, mode = [_make_input(m) for m in request.inputs], None
         gm = land_graph(request.graph_bytes, inputs, mode)
     timings["graph_unpickle"] = time.monotonic() - t
+    global _files_since_s
     t = time.monotonic()
+    started = time.time() - 1.0  # mtime granularity
     with stage("inductor_compile", tier=request.tier), torch.set_grad_enabled(request.grad_enabled):
         data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
     timings["inductor_compile"] = time.monotonic() - t
-    return CompileResult(request.graph_id, request.tier, data, timings)
+    with stage("collect_files", tier=request.tier):
+        since = started if _files_since_s is None else min(started, _files_since_s)
+        files = compat.files_written_since(compat.inductor_cache_dir(), since)
+    _files_since_s = None
+    return CompileResult(request.graph_id, request.tier, data, timings, files)

@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import filelock
+import msgpack
 import torch
 
 from hotswap.cache import ArtifactCache
@@ -160,6 +161,25 @@ def _is_symbol(value: torch.SymInt) -> bool:
     return bool(getattr(value.node.expr, "is_Symbol", False))
 
 
+def _pack_entry(result: CompileResult) -> bytes:
+    """A cache entry: the artifact plus the kernel files the worker's compile produced."""
+    return msgpack.packb({"artifact": result.artifact, "files": result.files},  # type: ignore[no-any-return]
+                         use_bin_type=True)
+
+
+def _load_artifact(artifact: bytes, files: dict[str, bytes]) -> Any:
+    """Put the worker's compiled kernels where this process's inductor looks (when it lacks
+    them: a separate TORCHINDUCTOR_CACHE_DIR), then load. Saves re-running the C++ compiler."""
+    if files:
+        compat.restore_files(compat.inductor_cache_dir(), files)
+    return compat.artifact_from_bytes(artifact)
+
+
+def _load_entry(entry: bytes) -> Any:
+    unpacked = msgpack.unpackb(entry, raw=False)
+    return _load_artifact(unpacked["artifact"], unpacked.get("files") or {})
+
+
 class _Loader:
     """One daemon thread that runs loads and swaps in order.
 
@@ -263,7 +283,7 @@ class Coordinator:
         if cached is None:
             return False
         try:
-            fn = compat.artifact_from_bytes(cached)
+            fn = _load_entry(cached)
         except Exception as e:
             log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
             return False
@@ -354,11 +374,11 @@ class Coordinator:
         lock.release()
         self._start_tier(runner, request, tier, key)
 
-    def _store(self, key: str | None, artifact: bytes, tier: str) -> None:
+    def _store(self, key: str | None, result: CompileResult) -> None:
         if self._cache is None or key is None:
             return
         try:
-            self._cache.put(key, artifact, tier=tier)
+            self._cache.put(key, _pack_entry(result), tier=result.tier)
         except OSError as e:  # a full disk must not cost the user the tier they already have
             log.warning("hotswap: could not write the artifact cache: %s", e)
 
@@ -366,7 +386,7 @@ class Coordinator:
         """Loader thread: serve a cache hit (no worker involved)."""
         try:
             t = time.monotonic()
-            fn = compat.artifact_from_bytes(artifact)
+            fn = _load_entry(artifact)
             runner.timings_s[f"{tier.name}/cache_load"] = time.monotonic() - t
             runner.swap_in(tier.name, fn)
         except Exception as e:
@@ -442,7 +462,7 @@ class Coordinator:
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            self._store(key, result.artifact, tier.name)
+            self._store(key, result)
             runner.serve_now(tier.name, fn)
         finally:
             self._release(key)  # waiting processes go on (and compile themselves if we failed)
@@ -483,7 +503,7 @@ class Coordinator:
             t = time.monotonic()
             runner.swap_in(tier.name, fn)
             runner.timings_s[f"{tier.name}/swap"] = time.monotonic() - t
-            self._store(key, result.artifact, tier.name)  # only artifacts that loaded here
+            self._store(key, result)  # only artifacts that loaded here
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
         finally:
@@ -496,7 +516,7 @@ class Coordinator:
         for stage_name, seconds in result.timings_s.items():
             runner.timings_s[f"{result.tier}/{stage_name}"] = seconds
         t = time.monotonic()
-        fn = compat.artifact_from_bytes(result.artifact)
+        fn = _load_artifact(result.artifact, result.files)
         runner.timings_s[f"{result.tier}/load"] = time.monotonic() - t
         return fn
 

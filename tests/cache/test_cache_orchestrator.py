@@ -35,10 +35,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(mode: str, cache_dir: Path) -> dict[str, object]:
+def _run(mode: str, cache_dir: Path, inductor_dir: Path | None = None) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOTSWAP_CACHE_DIR": str(cache_dir)}
+    if inductor_dir is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_dir)
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": str(REPO),
-                                           "HOTSWAP_CACHE_DIR": str(cache_dir)})
+                         timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -104,3 +106,12 @@ def test_four_processes_missing_at_once_compile_once(tmp_path: Path) -> None:
 
     assert ArtifactCache(tmp_path / "cache").verify() == []  # no torn entry
     assert len(ArtifactCache(tmp_path / "cache").entries()) == 1
+
+
+def test_warm_process_with_its_own_inductor_cache_receives_the_kernels(tmp_path: Path) -> None:
+    cold = _run("async", tmp_path / "cache", tmp_path / "inductor-cold")
+    warm = _run("async", tmp_path / "cache", tmp_path / "inductor-warm")
+    assert cold["ok"] and warm["ok"] and warm["delta"]["cache_hits"] == 1  # type: ignore[index]
+    shipped = {p.name for p in (tmp_path / "inductor-cold").rglob("*.so")}
+    received = {p.name for p in (tmp_path / "inductor-warm").rglob("*.so")}
+    assert shipped and shipped <= received  # the C++ kernels came with the entry

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hotswap.orchestrator import compat
+
+
+def test_files_written_since_and_restore(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "ab").mkdir(parents=True)
+    old = src / "ab" / "old.so"
+    old.write_bytes(b"old")
+    os.utime(old, (time.time() - 100, time.time() - 100))
+    since = time.time() - 1
+    (src / "ab" / "kernel.so").write_bytes(b"\x7fELF kernel")
+    (src / "ab" / "kernel.cpp").write_text("// source")
+    (src / "ab" / "x.lock").write_text("")
+    files = compat.files_written_since(str(src), since)
+    assert files == {os.path.join("ab", "kernel.so"): b"\x7fELF kernel",
+                     os.path.join("ab", "kernel.cpp"): b"// source"}
+    (dst / "ab").mkdir(parents=True)
+    (dst / "ab" / "kernel.cpp").write_text("// already here")
+    escaping = {**files, os.path.join("..", "escape.so"): b"no"}
+    assert compat.restore_files(str(dst), escaping) == 1  # only the missing kernel
+    assert (dst / "ab" / "kernel.so").read_bytes() == b"\x7fELF kernel"
+    assert (dst / "ab" / "kernel.cpp").read_text() == "// already here"  # never overwritten
+    assert not (tmp_path / "escape.so").exists()  # never outside the cache dir
