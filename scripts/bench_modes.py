@@ -125,7 +125,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     import hotswap
 
     if row.startswith("hotswap:"):
-        from hotswap.orchestrator.coordinator import shared_pool
+        from hotswap.orchestrator.pools import shared_pool
 
         mode = row.split(":")[1]
         if mode != "inprocess":

@@ -16,11 +16,9 @@ manager thread nor in the user's call (except in ``subprocess`` mode, where wait
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -39,9 +37,10 @@ from hotswap.orchestrator import compat
 from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import Gate, GraphRunner, GraphStatus, TierFailed
+from hotswap.orchestrator.inputs import describe_inputs
 from hotswap.orchestrator.options import Options, Tier
+from hotswap.orchestrator.pools import prewarm_loading, shared_pool
 from hotswap.orchestrator.transport import ship_graph
-from hotswap.workers import WorkerPool
 
 __all__ = ["Coordinator", "shared_pool"]
 
@@ -56,109 +55,6 @@ log = logging.getLogger("hotswap")
 
 COMPILE_JOB = "hotswap.orchestrator.compile_job:compile_graph"
 _graph_ids = itertools.count(1)
-_pools: dict[int | None, WorkerPool] = {}
-_pools_lock = threading.Lock()
-
-
-def shared_pool(workers: int | None = None) -> WorkerPool:
-    """The process-wide pool of compile workers (one per requested size), started and warming."""
-    with _pools_lock:
-        pool = _pools.get(workers)
-        if pool is None:
-            size = workers or WorkerPool().num_workers
-            # Inductor's own parallel compile would put several processes per worker on a few
-            # cores; share the cores out instead, unless the user chose.
-            threads = str(max(1, (os.cpu_count() or 1) // size))
-            env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
-                "TORCHINDUCTOR_COMPILE_THREADS": threads}
-            pool = WorkerPool(size, worker_env=env, nice=_worker_nice(), warm_modules=(
-                "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job:warm_worker"))
-            pool.start()
-            _pools[workers] = pool
-        return pool
-
-
-def _worker_nice() -> int:
-    """Compile workers yield the CPU to the user's process: niceness +10 unless
-    HOTSWAP_WORKER_NICE says otherwise (0 keeps the caller's priority)."""
-    raw = os.environ.get("HOTSWAP_WORKER_NICE", "10")
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 19:
-        raise ValueError(f"HOTSWAP_WORKER_NICE must be a whole number from 0 to 19, got {raw!r}")
-    return value
-
-
-def _prewarm_loading(devices: set[str]) -> None:
-    """Pay the load path's one-time costs (imports; on CPU, inductor's vector-ISA probe, which
-    runs the C++ compiler) on the loader thread while workers compile, not during the swap."""
-    import torch._functorch._aot_autograd.autograd_cache
-    import torch._inductor.codecache
-    import torch._inductor.standalone_compile
-
-    if "cpu" in devices:
-        from torch._inductor import cpu_vec_isa
-
-        cpu_vec_isa.pick_vec_isa()
-    if any(d.startswith("cuda") for d in devices):
-        import torch._inductor.runtime.triton_heuristics  # noqa: F401
-
-
-@atexit.register
-def _shutdown_pools() -> None:
-    with _pools_lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.terminate()
-
-
-def _describe_inputs(gm: torch.fx.GraphModule,
-                     example_inputs: list[Any]) -> tuple[InputMeta, ...] | str:
-    """Input metadata for the worker (never values), or the reason the graph cannot travel.
-
-    Dynamic dims are named by their symbol, so inputs that share a size share it in the worker.
-    """
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    if len(placeholders) != len(example_inputs):
-        return "the graph's inputs do not match the example inputs dynamo passed"
-    metas: list[InputMeta] = []
-    for node, real in zip(placeholders, example_inputs, strict=True):
-        value = node.meta.get("example_value", real)
-        if isinstance(value, torch.SymInt):
-            hint = real if isinstance(real, int) else getattr(real, "node", value.node).hint
-            if not _is_symbol(value) or hint is None:
-                return f"graph input {node.name} is a size expression hotswap cannot describe"
-            metas.append(InputMeta((), (), "int64", "cpu", False, (), str(value.node.expr),
-                                   int(hint)))
-            continue
-        if not isinstance(real, torch.Tensor) or not isinstance(value, torch.Tensor):
-            return f"graph input {node.name} of type {type(real).__name__} cannot travel"
-        if real.is_sparse or real.layout != torch.strided or type(real) not in (
-                torch.Tensor, torch.nn.Parameter):
-            return f"graph input {type(real).__name__} with layout {real.layout} cannot travel"
-        sizes: list[str | None] = []
-        dims: tuple[Any, ...] = tuple(value.shape)  # SymInts where dynamic (typed as ints)
-        for dim in dims:
-            if isinstance(dim, int) or dim.node.expr.is_number:  # static, or specialized
-                sizes.append(None)
-            elif _is_symbol(dim):
-                sizes.append(str(dim.node.expr))
-            else:
-                return (f"graph input {node.name} has a size expression ({dim}) hotswap "
-                        "cannot describe")
-        if any(sizes) and not real.is_contiguous():
-            return f"dynamic graph input {node.name} is not contiguous; it stays on its tier"
-        metas.append(InputMeta(tuple(real.shape), tuple(real.stride()),
-                               str(real.dtype).removeprefix("torch."), str(real.device),
-                               bool(real.requires_grad), tuple(sizes) if any(sizes) else ()))
-    return tuple(metas)
-
-
-def _is_symbol(value: torch.SymInt) -> bool:
-    return bool(getattr(value.node.expr, "is_Symbol", False))
 
 
 def _pack_entry(result: CompileResult) -> bytes:
@@ -256,7 +152,7 @@ class Coordinator:
                     if not self._prewarmed:
                         self._prewarmed = True
                         devices = {m.device.split(":")[0] for m in request.inputs}
-                        self._loader.submit(_prewarm_loading, devices)
+                        self._loader.submit(prewarm_loading, devices)
         self._notify()
         return runner
 
@@ -396,7 +292,7 @@ class Coordinator:
 
     def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
                  wanted: list[Tier]) -> _Request | None:
-        described = _describe_inputs(gm, example_inputs)
+        described = describe_inputs(gm, example_inputs)
         reason = described if isinstance(described, str) else None
         graph_bytes = b""
         if reason is None:

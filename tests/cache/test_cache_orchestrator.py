@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hotswap.cache.key import cache_key, environment_stamp
-from hotswap.orchestrator.coordinator import _describe_inputs
+from hotswap.orchestrator.inputs import describe_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,13 +74,13 @@ def test_key_changes_with_each_of_its_parts() -> None:
     torch.compile(g, backend=grab)(torch.randn(4, 4))
     torch.compile(f, backend=grab, dynamic=False)(torch.randn(5, 4))
     (gm_f, ex_f), (gm_g, ex_g), (gm_f5, ex_f5) = captured[:3]
-    inputs_f = _describe_inputs(gm_f, ex_f)
+    inputs_f = describe_inputs(gm_f, ex_f)
     stamp = environment_stamp()
     base = cache_key(gm_f, inputs_f, False, {}, stamp)
     assert base == cache_key(gm_f, inputs_f, False, {}, dict(stamp))  # deterministic
     variants = [
-        cache_key(gm_g, _describe_inputs(gm_g, ex_g), False, {}, stamp),     # graph code
-        cache_key(gm_f5, _describe_inputs(gm_f5, ex_f5), False, {}, stamp),  # input shapes
+        cache_key(gm_g, describe_inputs(gm_g, ex_g), False, {}, stamp),     # graph code
+        cache_key(gm_f5, describe_inputs(gm_f5, ex_f5), False, {}, stamp),  # input shapes
         cache_key(gm_f, inputs_f, True, {}, stamp),                          # grad mode
         cache_key(gm_f, inputs_f, False, {"max_autotune": True}, stamp),     # tier config
         cache_key(gm_f, inputs_f, False, {}, {**stamp, "torch": "2.11.0"}),  # torch version

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hotswap
-from hotswap.orchestrator.coordinator import shared_pool
+from hotswap.orchestrator.pools import shared_pool
 from tests.conftest import wait_gone
 from tests.orchestrator.models import MODELS, mlp
 
@@ -280,7 +280,7 @@ def test_interpreter_exit_with_compiles_pending() -> None:
     code = textwrap.dedent(
         """
         import torch, hotswap
-        from hotswap.orchestrator.coordinator import shared_pool
+        from hotswap.orchestrator.pools import shared_pool
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
         compiled = hotswap.compile(model, mode="progressive", workers=2)
         compiled(torch.randn(8, 64))
