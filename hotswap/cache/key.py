@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hotswap.cache.store import FORMAT_VERSION
+from hotswap.orchestrator.transport import get_attr_value
 
 __all__ = ["cache_key", "environment_stamp"]
 
@@ -51,9 +52,7 @@ def cache_key(gm: torch.fx.GraphModule, inputs: Iterable[Any], grad_enabled: boo
     h = hashlib.sha256()
     h.update(gm.code.encode())
     for node in gm.graph.find_nodes(op="get_attr"):
-        value: Any = gm
-        for part in str(node.target).split("."):
-            value = getattr(value, part)
+        value = get_attr_value(gm, str(node.target))
         if isinstance(value, torch.Tensor):
             h.update(_tensor_digest(value).encode())
     h.update(repr(tuple(inputs)).encode())

@@ -252,7 +252,10 @@ class ArtifactCache:
         return index
 
     def _write_index(self, index: dict[str, dict[str, Any]]) -> None:
-        _write_atomic(self.root / "index.msgpack", msgpack.packb(index, use_bin_type=True))
+        # Atomic but not fsynced: the index is rebuilt from the entries if a crash loses it, and
+        # get() rewrites it on every hit, inside the caller's first call.
+        _write_atomic(self.root / "index.msgpack", msgpack.packb(index, use_bin_type=True),
+                      durable=False)
 
     def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
         if self.max_bytes is None:
@@ -288,13 +291,14 @@ class ArtifactCache:
         return secret
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -3,7 +3,8 @@
     user thread (dynamo)            pool manager thread            loader thread (one per coordinator)
     --------------------            -------------------            -----------------------------------
     Coordinator(gm, inputs)
-      pickle gm, input metadata
+      ship graph, input metadata
+      cache hit? load it  ----------------------------------->   (loads the entry instead)
       submit one job per tier  -->  worker compiles (standalone_compile under the tier's config)
       return GraphRunner (eager)     future done ------------->   CompiledArtifact.load(bytes)
     runner(*args) -> eager                                          runner.swap_in(tier, artifact)
@@ -16,7 +17,6 @@ manager thread nor in the user's call (except in ``subprocess`` mode, where wait
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import queue
@@ -42,7 +42,7 @@ from hotswap.orchestrator.options import Options, Tier
 from hotswap.orchestrator.pools import prewarm_loading, shared_pool
 from hotswap.orchestrator.transport import ship_graph
 
-__all__ = ["Coordinator", "shared_pool"]
+__all__ = ["Coordinator"]
 
 
 class _Request(NamedTuple):
@@ -260,15 +260,21 @@ class Coordinator:
     def _await_other(self, runner: GraphRunner, request: _Request, tier: Tier, key: str) -> None:
         """Background thread: wait until the process compiling ``key`` lets go, then start
         again (its entry is a hit now; if it failed, this process compiles)."""
+        if not self._wait_for_holder(key):
+            self._submit(runner, request, tier, retries=1, key=None)  # too slow: compile here
+            return
+        self._start_tier(runner, request, tier, key)
+
+    def _wait_for_holder(self, key: str) -> bool:
+        """Block until the process holding ``key``'s compile lock lets go (False: timed out)."""
         assert self._cache is not None
         lock = self._cache.compile_lock(key)
         try:
             lock.acquire(timeout=self.options.timeout_s or -1)
         except filelock.Timeout:
-            self._submit(runner, request, tier, retries=1, key=None)  # too slow: compile here
-            return
+            return False
         lock.release()
-        self._start_tier(runner, request, tier, key)
+        return True
 
     def _store(self, key: str | None, result: CompileResult) -> None:
         if self._cache is None or key is None:
@@ -337,11 +343,7 @@ class Coordinator:
             return
         if key is not None and not self._claim(key):
             # Another process is compiling it: this call waits anyway, so wait for its entry.
-            assert self._cache is not None
-            lock = self._cache.compile_lock(key)
-            with contextlib.suppress(filelock.Timeout):
-                lock.acquire(timeout=self.options.timeout_s or -1)
-                lock.release()
+            self._wait_for_holder(key)
             if self._serve_cached_now(runner, tier, key):
                 return
             self._claim(key)

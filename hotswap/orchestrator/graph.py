@@ -157,7 +157,9 @@ class GraphRunner:
 
     def _raiser(self, error: BaseException, then: Fn) -> Fn:
         def raise_once(*args: Any) -> Any:
-            self._fn = then
+            with self._lock:
+                if self._fn is raise_once:  # a swap since the failure stays in place
+                    self._fn = then
             raise error
 
         return raise_once

@@ -7,6 +7,7 @@ import os
 import threading
 
 from hotswap.workers import WorkerPool
+from hotswap.workers.pool import default_workers
 
 __all__ = ["prewarm_loading", "shared_pool"]
 
@@ -19,7 +20,7 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
     with _pools_lock:
         pool = _pools.get(workers)
         if pool is None:
-            size = workers or WorkerPool().num_workers
+            size = workers or default_workers()
             # Inductor's own parallel compile would put several processes per worker on a few
             # cores; share the cores out instead, unless the user chose.
             threads = str(max(1, (os.cpu_count() or 1) // size))

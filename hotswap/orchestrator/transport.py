@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["land_graph", "ship_graph"]
+__all__ = ["get_attr_value", "land_graph", "ship_graph"]
 
 
 def ship_graph(gm: torch.fx.GraphModule) -> bytes:
@@ -28,7 +28,7 @@ def ship_graph(gm: torch.fx.GraphModule) -> bytes:
     for node in graph.nodes:
         node.meta = {}
         if node.op == "get_attr":
-            attrs[node.target] = _get_attr(gm, str(node.target))
+            attrs[node.target] = get_attr_value(gm, str(node.target))
         elif node.op == "call_module":
             attrs[node.target] = gm.get_submodule(str(node.target))
     return pickle.dumps((graph, attrs), protocol=pickle.HIGHEST_PROTOCOL)
@@ -57,7 +57,8 @@ def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.f
     return gm
 
 
-def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+def get_attr_value(gm: torch.nn.Module, target: str) -> Any:
+    """What a ``get_attr`` node with a dotted ``target`` reads from ``gm``."""
     obj: Any = gm
     for part in target.split("."):
         obj = getattr(obj, part)
