@@ -1,0 +1,182 @@
+"""The records a profile is made of: spans, calls, swaps, benchmarks, gate decisions, kernels.
+
+Every record is a frozen dataclass that turns into a plain dict (``to_dict``) with a ``type``
+field, and back (``record_from_dict``): the msgpack record file, the chrome trace and the
+reports all read the same records. Times are ``time.monotonic()`` seconds (system-wide on
+Linux, so a worker's readings and the coordinator's share one axis); durations carry their unit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "BenchResult", "Call", "GateDecision", "KernelBreakdown", "Record", "RunInfo", "Span", "Swap",
+    "TierBench", "record_from_dict",
+]
+
+
+class _Record:
+    type: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        for name, value in data.items():
+            if isinstance(value, _Record):
+                data[name] = value.to_dict()
+        data["type"] = self.type
+        return data
+
+
+@dataclass(frozen=True)
+class RunInfo(_Record):
+    """The first record of a run: where and when it ran."""
+
+    type: ClassVar[str] = "run"
+    started_s: float          # monotonic
+    started_unix_s: float     # wall clock at the same moment (for humans and for merging)
+    pid: int
+    argv: tuple[str, ...] = ()
+    versions: dict[str, str] = field(default_factory=dict)
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class Span(_Record):
+    """A timed stage of one graph's tier: ``name`` is a stage (``queue_wait``, ``load``...) or
+    an inductor event inside a worker's compile (``GraphLowering.run``...); ``category`` groups
+    those (``lowering``, ``autotuning``...). ``track`` names the thread or worker it ran on."""
+
+    type: ClassVar[str] = "span"
+    name: str
+    start_s: float
+    end_s: float
+    graph_id: str
+    tier: str
+    pid: int
+    track: str
+    category: str = ""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Call(_Record):
+    """One user call of a graph and the tier that answered it."""
+
+    type: ClassVar[str] = "call"
+    graph_id: str
+    tier: str
+    start_s: float
+    end_s: float
+    track: str
+    seq: int = 0              # the graph's n-th call (1-based), as marked for torch.profiler
+
+
+@dataclass(frozen=True)
+class Swap(_Record):
+    type: ClassVar[str] = "swap"
+    graph_id: str
+    old_tier: str
+    new_tier: str
+    time_s: float
+    reason: str = ""          # "swap", "kept", "failed", "dropped"
+
+
+@dataclass(frozen=True)
+class BenchResult(_Record):
+    """Timing of one callable: median and the 20th/80th percentiles of ``n`` samples, in ms."""
+
+    type: ClassVar[str] = "bench_result"
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    n: int
+    benchmarker: str = ""
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float], benchmarker: str) -> BenchResult:
+        if not samples_ms:
+            raise ValueError("no samples to summarize")
+        ordered = sorted(samples_ms)
+
+        def pct(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+        return cls(statistics.median(ordered), pct(0.2), pct(0.8), len(ordered), benchmarker)
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: how noisy the measurement was."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms else 0.0
+
+
+@dataclass(frozen=True)
+class TierBench(_Record):
+    """One tier (or ``eager``) of one graph, benchmarked on the same inputs as its siblings."""
+
+    type: ClassVar[str] = "tier_bench"
+    graph_id: str
+    tier: str
+    result: BenchResult
+    speedup_vs_eager: float | None = None
+    device: str = ""
+    purpose: str = "compare"   # "gate" (decided a swap) or "compare" (the profile's table)
+
+
+@dataclass(frozen=True)
+class GateDecision(_Record):
+    """Whether a ready tier replaced the serving one, and the measurements that decided it."""
+
+    type: ClassVar[str] = "gate"
+    graph_id: str
+    candidate: str
+    serving: str
+    adopt: bool
+    reason: str
+    candidate_ms: float
+    serving_ms: float
+    threshold: float
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class KernelBreakdown(_Record):
+    """Device (or CPU) time of one tier by kernel category, from a profiler pass over ``calls``
+    calls. ``busy_pct``: kernel time (overlaps merged) over wall time, inductor's "GPU busy"."""
+
+    type: ClassVar[str] = "kernels"
+    graph_id: str
+    tier: str
+    device: str
+    calls: int
+    wall_ms: float
+    busy_pct: float
+    category_ms: dict[str, float] = field(default_factory=dict)
+    top_kernels: tuple[tuple[str, str, float, int], ...] = ()  # (name, category, total ms, count)
+
+
+Record = RunInfo | Span | Call | Swap | TierBench | GateDecision | KernelBreakdown
+
+_TYPES: dict[str, type[Any]] = {cls.type: cls for cls in (
+    RunInfo, Span, Call, Swap, BenchResult, TierBench, GateDecision, KernelBreakdown)}
+
+
+def record_from_dict(data: dict[str, Any]) -> Any:
+    """The record a ``to_dict`` made (unknown fields are ignored: newer files stay readable)."""
+    cls = _TYPES.get(data.get("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown profile record type {data.get('type')!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    for name, value in kwargs.items():
+        if isinstance(value, dict) and "type" in value:
+            kwargs[name] = record_from_dict(value)
+        elif isinstance(value, list) and name in ("argv", "top_kernels"):
+            kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    return cls(**kwargs)

@@ -1,0 +1,197 @@
+"""The profile's building blocks on hand-made records: no inductor, no workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from hotswap.profiles import (
+    BenchResult,
+    Call,
+    GateDecision,
+    KernelBreakdown,
+    Span,
+    Swap,
+    TierBench,
+    Timeline,
+    category_of,
+    chrome_trace,
+    compare_report,
+    gate_decision,
+    kernel_category,
+    merge_torch_trace,
+    plot_latency,
+    read_records,
+    self_time_by_category,
+    text_report,
+)
+from hotswap.profiles.kernels import summarize_kernels
+from hotswap.profiles.records import record_from_dict
+from hotswap.profiles.trace import call_mark
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _span(name: str, start: float, end: float, category: str = "", tier: str = "default",
+          pid: int = 7) -> Span:
+    return Span(name, start, end, "g1", tier, pid, f"worker {pid}", category)
+
+
+def _run(directory: Path) -> Timeline:
+    timeline = Timeline(directory, argv=["demo"], versions={"torch": "x"})
+    t0 = timeline.info.started_s
+    for record in (
+        _span("inductor_compile", t0 + 1.0, t0 + 3.0),
+        _span("GraphLowering.run", t0 + 1.0, t0 + 1.5, "lowering"),
+        _span("compile_file", t0 + 1.6, t0 + 2.6, "kernel_compile"),
+        Span("load", t0 + 3.1, t0 + 3.3, "g1", "default", os.getpid(), "hotswap-load"),
+        Swap("g1", "eager", "default", t0 + 3.3, "swap"),
+        TierBench("g1", "eager", BenchResult(2.0, 1.9, 2.2, 50), 1.0),
+        TierBench("g1", "default", BenchResult(1.0, 0.9, 1.1, 50), 2.0),
+        GateDecision("g1", "max-autotune", "default", False, "not faster", 1.0, 1.0, 0.02),
+        KernelBreakdown("g1", "default", "cpu", 10, 10.0, 90.0, {"cpp_fused": 6.0, "extern": 3.0},
+                        (("cpp_fused_relu_0", "cpp_fused", 6.0, 10),)),
+    ):
+        timeline.add(record)
+    timeline.add_call("g1", "eager", t0 + 0.5, t0 + 0.502, "MainThread", 1)
+    timeline.add_call("g1", "default", t0 + 3.5, t0 + 3.501, "MainThread", 2)
+    timeline.close()
+    return timeline
+
+
+def test_records_round_trip_through_dicts() -> None:
+    bench = TierBench("g1", "default", BenchResult(1.0, 0.9, 1.2, 40, "x"), 1.5, "cpu", "gate")
+    assert record_from_dict(bench.to_dict()) == bench
+    call = Call("g1", "eager", 1.0, 2.0, "MainThread", 3)
+    assert record_from_dict(json.loads(json.dumps(call.to_dict()))) == call
+    with pytest.raises(ValueError, match="unknown profile record type"):
+        record_from_dict({"type": "nope"})
+
+
+def test_bench_result_percentiles() -> None:
+    result = BenchResult.from_samples([5.0, 1.0, 2.0, 3.0, 4.0], "t")
+    assert (result.median_ms, result.p20_ms, result.p80_ms, result.n) == (3.0, 2.0, 4.0, 5)
+    with pytest.raises(ValueError):
+        BenchResult.from_samples([], "t")
+
+
+def test_self_time_counts_nested_time_once() -> None:
+    spans = [_span("fx_codegen_and_compile", 0.0, 10.0, "lowering"),
+             _span("Scheduler.codegen", 1.0, 5.0, "codegen"),
+             _span("CachingAutotuner.benchmark_all_configs", 2.0, 4.0, "autotuning"),
+             _span("compile_file", 6.0, 9.0, "kernel_compile")]
+    assert self_time_by_category(spans) == {"lowering": 3.0, "codegen": 2.0, "autotuning": 2.0,
+                                            "kernel_compile": 3.0}
+
+
+@pytest.mark.parametrize(("name", "category"), [
+    ("GraphLowering.run", "lowering"), ("compile_file", "kernel_compile"),
+    ("mm_template_autotuning", "autotuning"), ("CachingAutotuner.coordinate_descent_tuning",
+                                               "autotuning"),
+    ("create_aot_dispatcher_function", "aot_autograd"), ("CompiledArtifact.save", "artifact_save"),
+    ("Scheduler.__init__", "codegen"), ("something_new", "inductor_other")])
+def test_inductor_event_categories(name: str, category: str) -> None:
+    assert category_of(name) == category
+
+
+@pytest.mark.parametrize(("name", "category"), [
+    ("triton_poi_fused_add_cos_sin_0", "pointwise"), ("triton_red_fused_sum_1", "reduction"),
+    ("triton_per_fused_softmax_2", "persistent_reduction"), ("triton_tem_fused_mm_3", "template"),
+    ("triton_for_fused_4", "foreach"), ("graph_0_cpp_fused_relu_0", "cpp_fused"),
+    ("sm90_xmma_gemm_bf16", "extern"), ("Memcpy HtoD (Pageable -> Device)", "memory")])
+def test_kernel_categories(name: str, category: str) -> None:
+    assert kernel_category(name) == category
+
+
+def test_kernel_summary_merges_overlaps_for_busy_time() -> None:
+    kb = summarize_kernels("g1", "t", "cuda", 1, 10.0, [
+        ("triton_poi_a", 0.0, 4000.0), ("triton_poi_a", 2000.0, 5000.0), ("gemm", 8000.0, 9000.0)])
+    assert kb.busy_pct == pytest.approx(60.0)
+    assert kb.category_ms == {"pointwise": 7.0, "extern": 1.0}
+    assert kb.top_kernels[0] == ("triton_poi_a", "pointwise", 7.0, 2)
+
+
+def test_gate_decision_threshold() -> None:
+    fast, slow = BenchResult(0.97, 0.9, 1.0, 9), BenchResult(1.0, 0.9, 1.1, 9)
+    kept = gate_decision("g1", candidate="b", candidate_result=fast, serving="a",
+                         serving_result=slow, threshold=0.05)
+    adopted = gate_decision("g1", candidate="b", candidate_result=fast, serving="a",
+                            serving_result=slow, threshold=0.02)
+    assert (kept.adopt, adopted.adopt) == (False, True)
+    assert "0.9700 ms vs 1.0000 ms" in kept.reason
+
+
+def test_record_file_survives_a_truncated_tail(tmp_path: Path) -> None:
+    timeline = _run(tmp_path)
+    assert timeline.path is not None
+    whole = read_records(tmp_path)
+    with open(timeline.path, "ab") as f:
+        f.write(struct.pack("B", 0x85) + b"\xa4type")  # a map cut off mid-record
+    assert read_records(timeline.path) == whole
+    assert sum(isinstance(r, Call) for r in whole) == 2
+
+
+def test_chrome_trace_is_valid_with_tracks_calls_and_swaps(tmp_path: Path) -> None:
+    trace = json.loads(json.dumps(chrome_trace(read_records(_run(tmp_path).path or ""))))
+    events = trace["traceEvents"]
+    for event in events:
+        assert {"ph", "pid", "tid", "name"} <= set(event)
+        if event["ph"] == "X":
+            assert event["dur"] >= 0 and event["ts"] >= 0
+    processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert processes == {"hotswap coordinator", "hotswap worker 7"}
+    threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"worker 7", "hotswap-load", "MainThread"} <= threads
+    calls = [e for e in events if e.get("cat") == "call"]
+    assert [c["name"] for c in calls] == ["g1 [eager]", "g1 [default]"]
+    assert calls[0]["cname"] != calls[1]["cname"]
+    assert any(e["ph"] == "i" and e["name"] == "swap g1: eager -> default" for e in events)
+    assert any(e["ph"] == "i" and e["cat"] == "gate" for e in events)
+
+
+def test_merge_aligns_a_torch_trace_on_call_marks(tmp_path: Path) -> None:
+    ours = chrome_trace(read_records(_run(tmp_path).path or ""))
+    calls = [e for e in ours["traceEvents"] if e.get("cat") == "call"]
+    offset = 5_000_000.0
+    theirs = {"traceEvents": [
+        {"ph": "X", "name": call_mark("g1", c["args"]["seq"]), "pid": 1, "tid": 1,
+         "ts": c["ts"] + offset, "dur": 1.0} for c in calls] + [
+        {"ph": "X", "name": "triton_poi_fused_sin_0", "cat": "kernel", "pid": 0, "tid": 7,
+         "ts": calls[1]["ts"] + offset + 0.5, "dur": 0.3}]}
+    merged = merge_torch_trace(ours, theirs)
+    assert merged["otherData"]["hotswap"]["offset_us"] == offset
+    shifted = [e for e in merged["traceEvents"] if e.get("cat") == "call"]
+    assert [e["ts"] for e in shifted] == [c["ts"] + offset for c in calls]
+    assert any(e["name"] == "triton_poi_fused_sin_0" for e in merged["traceEvents"])
+    with pytest.raises(ValueError, match="no hotswap call marks"):
+        merge_torch_trace(ours, {"traceEvents": []})
+
+
+def test_text_and_compare_reports(tmp_path: Path) -> None:
+    records = read_records(_run(tmp_path).path or "")
+    report = text_report(records)
+    for needle in ("graph g1", "calls served: eager 1, default 1", "inductor_compile",
+                   "  lowering", "kernel_compile", "2.00x", "gate: max-autotune kept out",
+                   "cpp_fused 67%", "cpp_fused_relu_0"):
+        assert needle in report, (needle, report)
+    diff = compare_report(records, records)
+    assert "graph g1" in diff and "1.00x" in diff
+
+
+def test_plot_is_a_png(tmp_path: Path) -> None:
+    records = read_records(_run(tmp_path / "run").path or "")
+    path = tmp_path / "latency.png"
+    assert plot_latency(records, path)
+    assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    records = read_records(_run(tmp_path / "run").path or "")
+    assert plot_latency(records, tmp_path / "latency.png") is False
+    assert not (tmp_path / "latency.png").exists()
