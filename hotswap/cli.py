@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--cache-dir", default=None,
                        help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
     cache.set_defaults(func=_cache)
+    from hotswap import profile_cmd
+
+    profile_cmd.add_parser(sub)
     return parser
 
 

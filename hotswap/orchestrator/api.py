@@ -42,6 +42,9 @@ def compile(
     on_failure: str = "stay",
     dynamic: bool | None = None,
     fullgraph: bool = False,
+    gate: bool = True,
+    gate_threshold: float | None = None,
+    profile_dir: str | None = None,
 ) -> Any:
     """Compile ``model`` (a module or function) like ``torch.compile``, without blocking.
 
@@ -52,12 +55,19 @@ def compile(
           {"name": ..., "config": {inductor config patches}}; HOTSWAP_TIERS as "a,b".
     on_failure: "stay" (a failed tier leaves the graph where it is; see status) or "raise".
     verify: compare a new tier's first output with the previous tier's; reject on mismatch.
+    gate: progressive mode benchmarks each later tier against the serving one (in a worker)
+          and swaps only if it is ``gate_threshold`` faster (default 0.02, i.e. 2 %;
+          HOTSWAP_GATE_THRESHOLD); a tier kept out shows in ``status(...).kept`` with numbers.
+    profile_dir: record a profile of this run there (HOTSWAP_PROFILE_DIR): every stage of every
+          graph and tier, every call, tier benchmarks and kernel breakdowns; read it with
+          ``hotswap profile report DIR``.
     """
     if not callable(model):
         raise ValueError(f"hotswap.compile takes a torch.nn.Module or a function, got {model!r}")
     options = Options.create(mode=mode, tiers=tiers, workers=workers, cache_dir=cache_dir,
                              timeout_s=timeout_s, verify=verify, on_failure=on_failure,
-                             dynamic=dynamic, fullgraph=fullgraph)
+                             dynamic=dynamic, fullgraph=fullgraph, gate=gate,
+                             gate_threshold=gate_threshold, profile_dir=profile_dir)
     coordinator = Coordinator(options)
     compiled = torch.compile(model, backend=coordinator, dynamic=options.dynamic,
                              fullgraph=options.fullgraph)

@@ -6,14 +6,20 @@ and ``CompiledArtifact.save/load(path=..., format="binary")``; keep version chec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["TORCH_VERSION", "artifact_from_bytes", "artifact_to_bytes", "standalone_compile"]
+__all__ = [
+    "TORCH_VERSION", "artifact_from_bytes", "artifact_to_bytes", "dynamo_trace_start",
+    "inductor_events", "standalone_compile", "watch_dynamo_traces",
+]
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
@@ -114,3 +120,68 @@ def restore_files(root: str, files: dict[str, bytes]) -> int:
         os.replace(tmp, path)
         written += 1
     return written
+
+
+@contextlib.contextmanager
+def inductor_events(min_s: float = 1e-4) -> Iterator[list[tuple[str, float, float]]]:
+    """Collect inductor's own timed events (``dynamo_timed``: lowering, codegen, autotuning,
+    C++/triton compiles, artifact save) as ``(name, start_s, end_s)`` on the monotonic clock.
+
+    Every ``dynamo_timed`` block ends in ``ChromiumEventLogger.log_event_end(name, end_ns,
+    metadata, start_ns, ...)``; we observe that call on the process's logger for the duration
+    of the block. Where the logger differs (another torch), nothing is collected.
+    """
+    events: list[tuple[str, float, float]] = []
+    try:
+        from torch._dynamo.utils import get_chromium_event_logger
+
+        logger = get_chromium_event_logger()
+        original = logger.log_event_end
+    except (ImportError, AttributeError):
+        yield events
+        return
+    offset_ns = time.time_ns() - time.monotonic_ns()  # dynamo_timed reads time.time_ns()
+    min_ns = int(min_s * 1e9)
+
+    def log_event_end(event_name: str, time_ns: int, *args: Any, **kwargs: Any) -> Any:
+        start_ns = kwargs.get("start_time_ns", args[1] if len(args) > 1 else None)
+        if isinstance(start_ns, int) and time_ns - start_ns >= min_ns:
+            events.append((str(event_name), (start_ns - offset_ns) / 1e9,
+                           (time_ns - offset_ns) / 1e9))
+        return original(event_name, time_ns, *args, **kwargs)
+
+    logger.log_event_end = log_event_end  # type: ignore[method-assign]
+    try:
+        yield events
+    finally:
+        with contextlib.suppress(AttributeError):
+            del logger.log_event_end  # the class's method shows through again
+
+
+_trace_starts = threading.local()
+_watching = False
+_watch_lock = threading.Lock()
+
+
+def watch_dynamo_traces() -> None:
+    """Note when dynamo starts compiling a frame (per thread), so the backend can time the
+    trace that led to it. Idempotent; a torch without the callback API records nothing."""
+    global _watching
+    with _watch_lock:
+        if _watching:
+            return
+        _watching = True
+    try:
+        from torch._dynamo.callback import on_compile_start
+    except ImportError:
+        return
+
+    def started(*_: Any) -> None:
+        _trace_starts.start_s = time.monotonic()
+
+    on_compile_start(started)
+
+
+def dynamo_trace_start() -> float | None:
+    """When dynamo started the compile now calling the backend in this thread (or None)."""
+    return getattr(_trace_starts, "start_s", None)

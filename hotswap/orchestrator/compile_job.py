@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hotswap.workers import stage
+from hotswap.workers import emit_stage, stage
 
-__all__ = ["CompileRequest", "CompileResult", "InputMeta", "compile_graph"]
+__all__ = ["CompileRequest", "CompileResult", "InputMeta", "compile_graph", "real_inputs"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,6 @@ class CompileResult:
     graph_id: str
     tier: str
     artifact: bytes
-    timings_s: dict[str, float] = field(default_factory=dict)
     # Files the compile added to the worker's inductor cache (compiled C++ kernels above all:
     # inductor bundles triton kernels into the artifact, not C++ ones). Restored where loaded.
     files: dict[str, bytes] = field(default_factory=dict)
@@ -99,6 +98,11 @@ def _make_input(meta: InputMeta) -> Any:
     return t.requires_grad_(meta.requires_grad)
 
 
+def real_inputs(metas: tuple[InputMeta, ...]) -> list[Any]:
+    """Tensors (and ints) at the example sizes: what autotuning and benchmarks run on."""
+    return [m.hint if m.symbol is not None else _make_input(m) for m in metas]
+
+
 def _make_symbolic_inputs(metas: tuple[InputMeta, ...]) -> tuple[list[Any], Any]:
     """Fake inputs whose dynamic dims are the coordinator's symbols, in one fresh ShapeEnv."""
     import torch
@@ -134,8 +138,6 @@ def compile_graph(request: CompileRequest) -> CompileResult:
     from hotswap.orchestrator import compat
     from hotswap.orchestrator.transport import land_graph
 
-    timings: dict[str, float] = {}
-    t = time.monotonic()
     dynamic = any(m.symbols for m in request.inputs)
     with stage("graph_unpickle", tier=request.tier):
         if dynamic:
@@ -143,15 +145,15 @@ def compile_graph(request: CompileRequest) -> CompileResult:
         else:
             inputs, mode = [_make_input(m) for m in request.inputs], None
         gm = land_graph(request.graph_bytes, inputs, mode)
-    timings["graph_unpickle"] = time.monotonic() - t
     global _files_since_s
-    t = time.monotonic()
     started = time.time() - 1.0  # mtime granularity
-    with stage("inductor_compile", tier=request.tier), torch.set_grad_enabled(request.grad_enabled):
+    with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,
+          torch.set_grad_enabled(request.grad_enabled)):
         data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
-    timings["inductor_compile"] = time.monotonic() - t
+    for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
+        emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
         since = started if _files_since_s is None else min(started, _files_since_s)
         files = compat.files_written_since(compat.inductor_cache_dir(), since)
     _files_since_s = None
-    return CompileResult(request.graph_id, request.tier, data, timings, files)
+    return CompileResult(request.graph_id, request.tier, data, files)

@@ -27,20 +27,23 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import filelock
-import msgpack
 import torch
 
 from hotswap.cache import ArtifactCache
 from hotswap.cache.key import cache_key, environment_stamp
 from hotswap.errors import HotswapError, PoolClosed, WorkerCrashed
-from hotswap.orchestrator import compat
+from hotswap.orchestrator.artifacts import load_artifact, load_entry, pack_entry
+from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
 from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
-from hotswap.orchestrator.graph import Gate, GraphRunner, GraphStatus, TierFailed
+from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict, verdict_key
+from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
 from hotswap.orchestrator.inputs import describe_inputs
 from hotswap.orchestrator.options import Options, Tier
 from hotswap.orchestrator.pools import prewarm_loading, shared_pool
+from hotswap.orchestrator.recording import GRAPH_TIER, PROFILE_CONFIG, Recorder
 from hotswap.orchestrator.transport import ship_graph
+from hotswap.workers import JobFuture
 
 __all__ = ["Coordinator"]
 
@@ -55,25 +58,6 @@ log = logging.getLogger("hotswap")
 
 COMPILE_JOB = "hotswap.orchestrator.compile_job:compile_graph"
 _graph_ids = itertools.count(1)
-
-
-def _pack_entry(result: CompileResult) -> bytes:
-    """A cache entry: the artifact plus the kernel files the worker's compile produced."""
-    return msgpack.packb({"artifact": result.artifact, "files": result.files},  # type: ignore[no-any-return]
-                         use_bin_type=True)
-
-
-def _load_artifact(artifact: bytes, files: dict[str, bytes]) -> Any:
-    """Put the worker's compiled kernels where this process's inductor looks (when it lacks
-    them: a separate TORCHINDUCTOR_CACHE_DIR), then load. Saves re-running the C++ compiler."""
-    if files:
-        compat.restore_files(compat.inductor_cache_dir(), files)
-    return compat.artifact_from_bytes(artifact)
-
-
-def _load_entry(entry: bytes) -> Any:
-    unpacked = msgpack.unpackb(entry, raw=False)
-    return _load_artifact(unpacked["artifact"], unpacked.get("files") or {})
 
 
 class _Loader:
@@ -107,14 +91,25 @@ class _Loader:
 
 
 class Coordinator:
-    """A dynamo backend (``torch.compile(m, backend=Coordinator(options))``) and its graphs."""
+    """A dynamo backend (``torch.compile(m, backend=Coordinator(options))``) and its graphs.
 
-    def __init__(self, options: Options, *, gate: Gate | None = None) -> None:
+    ``measure`` runs the gate's and the profile's benchmark requests (default: a worker job);
+    tests pass a fake to decide the gate without timing anything.
+    """
+
+    def __init__(self, options: Options, *, measure: Measure | None = None) -> None:
         self.options = options
-        self.gate = gate
         self.runners: list[GraphRunner] = []
+        self._requests: dict[str, _Request] = {}
         self._cond = threading.Condition()
         self._loader = _Loader()
+        self.recorder = Recorder(options.profile_dir)
+        self.gate = Gate(enabled=options.gate and options.mode == "progressive",
+                         threshold=options.gate_threshold, recorder=self.recorder,
+                         measure=measure or self._bench_in_worker,
+                         run_on_loader=lambda fn, args: self._loader.submit(
+                             self._then_check, fn, args),
+                         notify=self._notify, store_verdict=self._store_verdict)
         self._cache: ArtifactCache | None = None
         self._cache_failed = False
         self._claims: dict[str, filelock.FileLock] = {}  # compile locks this process holds
@@ -133,17 +128,23 @@ class Coordinator:
             wanted = tiers if self.options.mode == "progressive" else tiers[-1:]
         else:
             wanted = tiers[-1:]  # blocking modes compile the best tier asked for, once
-        runner = GraphRunner(graph_id, gm, [t.name for t in wanted], verify=self.options.verify,
-                             raise_failures=self.options.on_failure == "raise", gate=self.gate)
+        if self.recorder.profiling:
+            wanted = [_profiled(t) for t in wanted]
+        runner = self.recorder.runner(graph_id, gm, [t.name for t in wanted],
+                                      verify=self.options.verify,
+                                      raise_failures=self.options.on_failure == "raise")
         runner.pending.update(t.name for t in wanted)
         with self._cond:
             self.runners.append(runner)
+        if self.recorder.profiling:
+            self.recorder.dynamo_trace(runner, t0)
         if self.options.mode == "inprocess":
             self._compile_inprocess(runner, gm, example_inputs, wanted[0])
         else:
             request = self._request(runner, gm, example_inputs, wanted)
             if request is not None:
-                runner.timings_s["serialize"] = time.monotonic() - t0
+                self._requests[graph_id] = request
+                self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())
                 keys = self._cache_keys(gm, request, wanted)
                 if self.options.mode == "subprocess":
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
@@ -179,7 +180,9 @@ class Coordinator:
         if cached is None:
             return False
         try:
-            fn = _load_entry(cached)
+            t = time.monotonic()
+            fn = load_entry(cached)
+            self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
         except Exception as e:
             log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
             return False
@@ -220,21 +223,31 @@ class Coordinator:
     def _start_ladder(self, runner: GraphRunner, request: _Request, wanted: list[Tier],
                       keys: dict[str, str]) -> None:
         """Load the best tier the cache already has; start the tiers above it (lowest first,
-        so the fast tier is ready first); tiers below it are not needed at all."""
+        so the fast tier is ready first); tiers below it are not needed at all. A tier the
+        gate kept out in an earlier run is neither loaded nor compiled again."""
         best, cached = -1, None
+        verdicts: dict[str, str] = {}
         if self._cache is not None:
             for rank in range(len(wanted) - 1, -1, -1):
                 key = keys.get(wanted[rank].name)
+                if key and self.gate.enabled:
+                    verdict = self._cache.get(verdict_key(key))
+                    if verdict is not None:
+                        verdicts[wanted[rank].name] = unpack_verdict(verdict)
+                        continue
                 cached = self._cache.get(key) if key else None
                 if cached is not None:
                     best = rank
                     break
         for rank, tier in enumerate(wanted):
-            if rank < best:
-                runner.skip(tier.name, f"tier {wanted[best].name!r} came from the cache")
+            if tier.name in verdicts:
+                self.recorder.kept(runner, tier.name, verdicts[tier.name])
+            elif rank < best:
+                runner.keep(tier.name, f"tier {wanted[best].name!r} came from the cache")
             elif rank == best and cached is not None:
                 bump("cache_hits")
-                self._loader.submit(self._load_cached, runner, tier, cached)
+                self._loader.submit(self._then_check, self._load_cached,
+                                    (runner, tier, cached, keys.get(tier.name)))
             else:
                 self._start_tier(runner, request, tier, keys.get(tier.name))
 
@@ -255,7 +268,7 @@ class Coordinator:
             self._submit(runner, request, tier, retries=1, key=key)
         else:
             bump("cache_hits")
-            self._loader.submit(self._load_cached, runner, tier, cached)
+            self._loader.submit(self._then_check, self._load_cached, (runner, tier, cached, key))
 
     def _await_other(self, runner: GraphRunner, request: _Request, tier: Tier, key: str) -> None:
         """Background thread: wait until the process compiling ``key`` lets go, then start
@@ -279,22 +292,46 @@ class Coordinator:
     def _store(self, key: str | None, result: CompileResult) -> None:
         if self._cache is None or key is None:
             return
+        self._put(key, pack_entry(result.artifact, result.files), result.tier)
+
+    def _store_verdict(self, key: str, verdict: bytes) -> None:
+        self._put(verdict_key(key), verdict, "gate-verdict")
+
+    def _put(self, key: str, payload: bytes, tier: str) -> None:
+        if self._cache is None:
+            return
         try:
-            self._cache.put(key, _pack_entry(result), tier=result.tier)
+            self._cache.put(key, payload, tier=tier)
         except OSError as e:  # a full disk must not cost the user the tier they already have
             log.warning("hotswap: could not write the artifact cache: %s", e)
 
-    def _load_cached(self, runner: GraphRunner, tier: Tier, artifact: bytes) -> None:
+    def _load_cached(self, runner: GraphRunner, tier: Tier, entry: bytes, key: str | None) -> None:
         """Loader thread: serve a cache hit (no worker involved)."""
         try:
             t = time.monotonic()
-            fn = _load_entry(artifact)
-            runner.timings_s[f"{tier.name}/cache_load"] = time.monotonic() - t
-            runner.swap_in(tier.name, fn)
+            fn = load_entry(entry)
+            self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
         except Exception as e:
             self._fail(runner, tier.name, f"cached artifact failed to load: {type(e).__name__}: {e}")
+            return
+        self.gate.remember(runner, tier.name, entry)
+        self.gate.offer(runner, tier.name, fn, self._requests.get(runner.graph_id),
+                        verdict_key=key)
+
+    def _then_check(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Loader thread: run a load/swap/gate step; then, if its graph has nothing pending,
+        let the gate finish with it (profile comparison, or forgetting its artifacts)."""
+        try:
+            fn(*args)
         finally:
+            runner = args[0]
+            if not runner.pending:
+                self.gate.finished(runner, self._requests.get(runner.graph_id))
             self._notify()
+
+    def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
+        return shared_pool(self.options.workers).submit(BENCH_JOB, request,
+                                                        timeout_s=self.options.timeout_s)
 
     def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
                  wanted: list[Tier]) -> _Request | None:
@@ -327,11 +364,11 @@ class Coordinator:
         except Exception as e:
             self._fail(runner, tier.name, f"inductor raised {type(e).__name__}: {e}")
             return
-        runner.timings_s[f"{tier.name}/inductor_compile"] = time.monotonic() - t
+        self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
         bump("inprocess_compiles")
         runner.serve_now(tier.name, fn)
 
-    def _job(self, runner: GraphRunner, request: _Request, tier: Tier) -> Future[Any]:
+    def _job(self, runner: GraphRunner, request: _Request, tier: Tier) -> JobFuture:
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
                              request.inputs, request.grad_enabled)
         return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
@@ -352,7 +389,11 @@ class Coordinator:
             return
         try:
             try:
-                result = self._job(runner, request, tier).result()
+                submitted = time.monotonic()
+                future = self._job(runner, request, tier)
+                result = future.result()
+                self.recorder.worker_job(runner, tier.name, future.stage_events, submitted,
+                                         time.monotonic())
                 fn = self._load(runner, result)
             except HotswapError as e:
                 self._fail(runner, tier.name, _reason(e))
@@ -370,11 +411,11 @@ class Coordinator:
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
         future.add_done_callback(
-            lambda f: self._loader.submit(self._on_done, runner, request, tier, f, retries,
-                                          submitted, key))
+            lambda f: self._loader.submit(self._then_check, self._on_done, (
+                runner, request, tier, f, retries, submitted, time.monotonic(), key)))
 
-    def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: Future[Any],
-                 retries: int, submitted: float, key: str | None) -> None:
+    def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: JobFuture,
+                 retries: int, submitted: float, done: float, key: str | None) -> None:
         """Loader thread: load a finished tier and swap it in, or record why it failed."""
         retrying = False
         try:
@@ -391,31 +432,27 @@ class Coordinator:
             if error is not None:
                 self._fail(runner, tier.name, _reason(error))
                 return
-            runner.timings_s[f"{tier.name}/queue_and_compile"] = time.monotonic() - submitted
+            self.recorder.worker_job(runner, tier.name, future.stage_events, submitted, done)
             result = future.result()
             try:
                 fn = self._load(runner, result)
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            t = time.monotonic()
-            runner.swap_in(tier.name, fn)
-            runner.timings_s[f"{tier.name}/swap"] = time.monotonic() - t
             self._store(key, result)  # only artifacts that loaded here
+            self.gate.remember(runner, tier.name, pack_entry(result.artifact, result.files))
+            self.gate.offer(runner, tier.name, fn, request, verdict_key=key)
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
         finally:
             if not retrying:
                 self._release(key)  # stored (or failed): processes waiting on us may go on
-            self._notify()
 
     def _load(self, runner: GraphRunner, result: CompileResult) -> Any:
         bump("worker_compiles")
-        for stage_name, seconds in result.timings_s.items():
-            runner.timings_s[f"{result.tier}/{stage_name}"] = seconds
         t = time.monotonic()
-        fn = _load_artifact(result.artifact, result.files)
-        runner.timings_s[f"{result.tier}/load"] = time.monotonic() - t
+        fn = load_artifact(result.artifact, result.files)
+        self.recorder.span(runner, result.tier, "load", t, time.monotonic())
         return fn
 
     def _fail(self, runner: GraphRunner, tier: str, reason: str) -> None:
@@ -437,12 +474,21 @@ class Coordinator:
     def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
-            while any(r.pending for r in self.runners):
+            while any(r.pending for r in self.runners) or not self.gate.idle:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
                 self._cond.wait(remaining)
         return self.status()
+
+
+def _profiled(tier: Tier) -> Tier:
+    """The tier as profiling runs compile it: kernels named for profilers (keys this torch has)."""
+    from torch._inductor import config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    extra = {k: v for k, v in PROFILE_CONFIG.items() if k in known and k not in tier.config}
+    return Tier(tier.name, {**tier.config, **extra})
 
 
 def _reason(error: BaseException) -> str:

@@ -17,6 +17,8 @@ COUNTER_NAMES = (
     "cache_hits",       # artifacts taken from the artifact cache instead of compiling
     "fallbacks",        # a tier failed (compile error, crash, timeout, unserializable graph, bad artifact)
     "graphs",           # graphs dynamo handed to hotswap
+    "gate_benchmarks",  # a ready tier benchmarked against the serving one before a swap
+    "gate_kept",        # ... and kept out because it was not faster by the gate's threshold
 )
 
 _lock = threading.Lock()

@@ -5,12 +5,18 @@ attribute (atomic under the GIL), so a call already running finishes on the old 
 threads never see a half-made swap. A newly swapped tier serves its first call on probation:
 if it raises (or, with ``verify=True``, disagrees with the tier before it), the graph goes back
 to the previous callable, the reason is recorded, and the call is answered by that callable.
+
+Tiers climb by rank (their place in the ladder). The benchmark gate lives in the coordinator:
+it decides before ``swap_in`` is called, and may adopt a lower-ranked tier that measured faster
+(``measured=True``). ``ProfiledGraphRunner`` also records every call and the tier that served it.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,14 +25,17 @@ import torch
 
 from hotswap.errors import HotswapError
 from hotswap.orchestrator.counters import bump
+from hotswap.profiles.timeline import Timeline
+from hotswap.profiles.trace import call_mark
 
-__all__ = ["GraphRunner", "GraphStatus", "TierFailed"]
+__all__ = ["GraphRunner", "GraphStatus", "ProfiledGraphRunner", "TierFailed"]
 
 log = logging.getLogger("hotswap")
 
 Fn = Callable[..., Any]
-# A gate decides whether a ready tier may replace the serving one: (runner, tier) -> (adopt, why).
-Gate = Callable[["GraphRunner", str], tuple[bool, str]]
+# Told of each change of serving tier and each first call on a new tier:
+# (what, tier, previous tier, start_s, end_s); what is "swap", "first_call" or "dropped".
+Observer = Callable[[str, str, str, float, float], None]
 
 
 class TierFailed(HotswapError):
@@ -69,13 +78,13 @@ class GraphRunner:
     """The callable returned to dynamo for one graph. Thread-safe; swaps never block calls."""
 
     def __init__(self, graph_id: str, gm: torch.fx.GraphModule, tiers: list[str], *,
-                 verify: bool = False, raise_failures: bool = False, gate: Gate | None = None):
+                 verify: bool = False, raise_failures: bool = False):
         self.graph_id = graph_id
         self._gm = gm
         self._ranks = {name: i for i, name in enumerate(tiers)}
         self._verify = verify
         self._raise_failures = raise_failures
-        self._gate = gate
+        self.observer: Observer | None = None
         self._lock = threading.Lock()
         self._fn: Fn = self._eager
         # What serves if the current tier fails: (callable, tier name, rank).
@@ -115,32 +124,40 @@ class GraphRunner:
             self._rank = self._ranks.get(tier, 0)
             self.pending.discard(tier)
 
-    def swap_in(self, tier: str, fn: Fn) -> bool:
-        """Adopt a ready tier if it ranks above the serving one and the gate agrees."""
+    def swap_in(self, tier: str, fn: Fn, *, measured: bool = False) -> bool:
+        """Adopt a ready tier if it ranks above the serving one (or, ``measured``, if the gate
+        benchmarked it faster than the serving one, whatever its rank)."""
         with self._lock:
             self.pending.discard(tier)
             rank = self._ranks[tier]
-            if rank <= self._rank:
+            if rank <= self._rank and not measured:
                 self.kept.append((tier, f"tier {self.tier!r} already serves"))
                 return False
-            if self._gate is not None:
-                adopt, why = self._gate(self, tier)
-                if not adopt:
-                    self.kept.append((tier, why))
-                    return False
-            previous = self._fn
+            previous, previous_tier = self._fn, self.tier
             self._fallback = (previous, self.tier, self._rank)
             self._fn = self._probation(tier, fn, previous)
             self.tier, self._rank = tier, rank
         bump("swaps")
         log.info("graph %s: now served by tier %r", self.graph_id, tier)
+        self._observe("swap", tier, previous_tier)
         return True
 
-    def skip(self, tier: str, reason: str) -> None:
-        """A tier that will not be compiled nor loaded (a better one is already on its way)."""
+    def keep(self, tier: str, reason: str) -> None:
+        """A tier that will not serve: not needed (a better one is on its way or came from the
+        cache) or kept out by the gate. It is still on file; ``status().kept`` says why."""
         with self._lock:
             self.pending.discard(tier)
             self.kept.append((tier, reason))
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    def _observe(self, what: str, tier: str, previous: str, start_s: float | None = None,
+                 end_s: float | None = None) -> None:
+        if self.observer is not None:
+            now = time.monotonic()
+            self.observer(what, tier, previous, start_s or now, end_s or now)
 
     def fail(self, tier: str, reason: str, *, level: int = logging.WARNING) -> None:
         """Record a failed tier; the graph stays where it is. Logged once (WARNING by default)."""
@@ -166,7 +183,9 @@ class GraphRunner:
 
     def _probation(self, tier: str, fn: Fn, previous: Fn) -> Fn:
         def first_call(*args: Any) -> Any:
+            start = time.monotonic()
             out = fn(*args)
+            self._observe("first_call", tier, tier, start, time.monotonic())
             if self._verify:
                 ref = previous(*args)
                 if not _close(out, ref):
@@ -186,8 +205,11 @@ class GraphRunner:
 
     def _restore_fallback(self) -> None:
         with self._lock:
+            dropped = self.tier
             self._fn, self.tier, self._rank = self._fallback
             self._fallback = (self._eager, "eager", -1)
+            back = self.tier
+        self._observe("dropped", back, dropped)
 
     def status(self) -> GraphStatus:
         with self._lock:
@@ -201,3 +223,26 @@ class GraphRunner:
                 timings_s=dict(self.timings_s),
                 eager_calls=self.eager_calls,
             )
+
+
+class ProfiledGraphRunner(GraphRunner):
+    """A GraphRunner that records each call (start, end, serving tier, thread) on a timeline,
+    and marks it for torch.profiler when one is recording, so traces can be merged."""
+
+    def __init__(self, *args: Any, timeline: Timeline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timeline = timeline
+        self._seq = itertools.count(1)
+
+    def __call__(self, *args: Any) -> Any:
+        seq = next(self._seq)
+        tier = self.tier
+        start = time.monotonic()
+        try:
+            if torch._C._autograd._profiler_enabled():
+                with torch.profiler.record_function(call_mark(self.graph_id, seq)):
+                    return super().__call__(*args)
+            return super().__call__(*args)
+        finally:
+            self._timeline.add_call(self.graph_id, tier, start, time.monotonic(),
+                                    threading.current_thread().name, seq)

@@ -77,6 +77,13 @@ def _env(name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
+def _path_option(kwargs: dict[str, Any], name: str, env: str) -> str | None:
+    value = kwargs.get(name) or _env(env)
+    if value is not None and not isinstance(value, str | os.PathLike):
+        raise ValueError(f"{name} must be a path or None, got {value!r}")
+    return os.fspath(value) if value is not None else None
+
+
 @dataclass(frozen=True)
 class Options:
     mode: str = "progressive"
@@ -88,6 +95,9 @@ class Options:
     on_failure: str = "stay"
     dynamic: bool | None = None
     fullgraph: bool = False
+    gate: bool = True
+    gate_threshold: float = 0.02
+    profile_dir: str | None = None
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:
@@ -119,25 +129,39 @@ class Options:
         on_failure = kwargs.get("on_failure", "stay")
         if on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {list(ON_FAILURE)}, got {on_failure!r}")
-        for flag in ("verify", "fullgraph"):
+        for flag in ("verify", "fullgraph", "gate"):
             if not isinstance(kwargs.get(flag, False), bool):
                 raise ValueError(f"{flag} must be True or False, got {kwargs[flag]!r}")
         dynamic = kwargs.get("dynamic")
         if dynamic not in (None, True, False):
             raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
-        cache_dir = kwargs.get("cache_dir") or _env("HOTSWAP_CACHE_DIR")
-        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
-            raise ValueError(f"cache_dir must be a path or None, got {cache_dir!r}")
+        cache_dir = _path_option(kwargs, "cache_dir", "HOTSWAP_CACHE_DIR")
+        profile_dir = _path_option(kwargs, "profile_dir", "HOTSWAP_PROFILE_DIR")
+        threshold = kwargs.get("gate_threshold")
+        if threshold is None:
+            threshold = _env("HOTSWAP_GATE_THRESHOLD") or 0.02
+            try:
+                threshold = float(threshold)
+            except ValueError as e:
+                raise ValueError(f"HOTSWAP_GATE_THRESHOLD must be a fraction such as 0.02, got "
+                                 f"{threshold!r}") from e
+        if (isinstance(threshold, bool) or not isinstance(threshold, int | float)
+                or not -1.0 < threshold < 1.0):
+            raise ValueError(f"gate_threshold must be a fraction between -1 and 1 (0.02: a tier "
+                             f"must be 2% faster to replace the serving one), got {threshold!r}")
         return cls(
             mode=mode,
             tiers=parse_tiers(tiers),
             workers=workers,
-            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            cache_dir=cache_dir,
             timeout_s=float(timeout_s) if timeout_s is not None else None,
             verify=kwargs.get("verify", False),
             on_failure=on_failure,
             dynamic=dynamic,
             fullgraph=kwargs.get("fullgraph", False),
+            gate=kwargs.get("gate", True),
+            gate_threshold=float(threshold),
+            profile_dir=profile_dir,
         )
 
     @property

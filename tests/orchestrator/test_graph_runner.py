@@ -91,12 +91,39 @@ def test_on_failure_raise_raises_once_then_serves() -> None:
     assert torch.equal(runner(X)[0], GOOD[0])
 
 
-def test_gate_can_keep_a_ready_tier_out() -> None:
-    runner = _runner(gate=lambda r, tier: (tier != "best", "gate: not faster"))
+def test_keep_records_a_ready_tier_that_will_not_serve() -> None:
+    runner = _runner()
+    runner.pending.update({"fast", "best"})
     assert runner.swap_in("fast", lambda x: GOOD)
-    assert not runner.swap_in("best", lambda x: GOOD)
+    runner.keep("best", "gate: not faster")
     status = runner.status()
     assert status.tier == "fast" and status.kept == (("best", "gate: not faster"),)
+    assert status.final
+
+
+def test_a_measured_swap_may_go_down_the_ladder() -> None:
+    runner = _runner()
+    assert runner.swap_in("best", lambda x: GOOD)
+    assert not runner.swap_in("fast", lambda x: GOOD)  # by rank: refused
+    assert runner.swap_in("fast", lambda x: GOOD, measured=True)
+    assert runner.status().tier == "fast"
+
+
+def test_observer_sees_swaps_first_calls_and_drops() -> None:
+    seen: list[tuple[str, str, str]] = []
+    runner = _runner()
+    runner.observer = lambda what, tier, previous, start, end: seen.append((what, tier, previous))
+
+    def broken(x: torch.Tensor) -> Any:
+        raise RuntimeError("boom")
+
+    runner.swap_in("fast", lambda x: GOOD)
+    runner(X)
+    runner(X)
+    runner.swap_in("best", broken)
+    runner(X)
+    assert seen == [("swap", "fast", "eager"), ("first_call", "fast", "fast"),
+                    ("swap", "best", "fast"), ("dropped", "fast", "best")]
 
 
 def test_final_and_pending() -> None:

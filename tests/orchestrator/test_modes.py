@@ -44,8 +44,10 @@ def test_mode_matches_eager_with_exact_counters(mode: str, model_name: str) -> N
     expected = model(*inputs)
     graphs = 2 if model_name == "graph-break" else 1
     with hotswap.counters_delta() as d:
+        # The gate would keep the no-fusion tier out when it measures slower (tests/profiles
+        # decide it deterministically); here every tier must swap in.
         compiled = hotswap.compile(model, mode=mode, tiers=LADDER if mode == "progressive"
-                                   else None, workers=2, on_failure="stay")
+                                   else None, workers=2, on_failure="stay", gate=False)
         _close(compiled(*inputs), expected)
         statuses = hotswap.wait(compiled, timeout_s=240)
         _close(compiled(*inputs), expected)
@@ -79,7 +81,7 @@ def test_training_step_matches_eager_before_and_after_swap(mode: str) -> None:
         return [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
 
     eager_grads = grads(model)
-    compiled = hotswap.compile(model, mode=mode, workers=2)
+    compiled = hotswap.compile(model, mode=mode, workers=2, gate=False)
     with hotswap.counters_delta() as d:
         first = grads(compiled)  # eager (async modes): autograd through the dynamo graph
         [status] = hotswap.wait(compiled, timeout_s=240)

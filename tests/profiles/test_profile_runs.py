@@ -1,0 +1,251 @@
+"""Profiles of real runs: stage timelines per mode, tier comparisons, the gate, the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
+from hotswap.orchestrator.coordinator import Coordinator
+from hotswap.orchestrator.options import Options
+from hotswap.profiles import (
+    Call,
+    GateDecision,
+    KernelBreakdown,
+    Span,
+    Swap,
+    TierBench,
+    read_records,
+)
+from hotswap.profiles.records import BenchResult
+from tests.orchestrator.models import mlp
+
+REPO = Path(__file__).resolve().parents[2]
+LADDER = ["default", {"name": "no-fusion", "config": {"max_fusion_size": 1}}]
+WORKER_STAGES = ("queue_wait", "worker_deserialize", "graph_unpickle", "inductor_compile",
+                 "collect_files", "transfer", "load")
+EPS = 1e-3  # clocks are shared, but stamps are taken a few instructions apart
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def _serve(compiled: Any, inputs: tuple[torch.Tensor, ...], expected: torch.Tensor) -> None:
+    torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
+    hotswap.wait(compiled, timeout_s=240)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
+
+
+def _records(directory: Path) -> list[Any]:
+    from hotswap.orchestrator.recording import shared_timeline
+
+    shared_timeline(str(directory)).flush()
+    return read_records(directory)
+
+
+def _stage(spans: list[Span], tier: str, name: str) -> Span:
+    [found] = [s for s in spans if s.tier == tier and s.name == name and not s.category]
+    return found
+
+
+MODES = ["inprocess", "subprocess", "async", "progressive"]
+
+
+class _Unseen(torch.nn.Module):
+    """A graph inductor's on-disk cache has never seen (a fresh constant in its code): a cache
+    hit would skip lowering and codegen, whose stages these tests look for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 8)
+        self.salt = float(int.from_bytes(os.urandom(4), "little") % 1000 + 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.lin(x) * self.salt).relu()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> None:
+    model = _Unseen()
+    inputs = (torch.randn(16, 32),)
+    expected = model(*inputs)
+    compiled = hotswap.compile(model, mode=mode, workers=2, profile_dir=str(tmp_path),
+                               tiers=LADDER if mode == "progressive" else None)
+    _serve(compiled, inputs, expected)
+    records = _records(tmp_path)
+    spans = [r for r in records if isinstance(r, Span)]
+    [status] = hotswap.status(compiled)
+    graph_stages = {s.name for s in spans if s.tier == "-"}
+    assert "dynamo_trace" in graph_stages
+    calls = [r for r in records if isinstance(r, Call)]
+    assert len(calls) == 4 and [c.seq for c in calls] == [1, 2, 3, 4]
+    if mode == "inprocess":
+        assert _stage(spans, "default", "inprocess_compile").duration_s > 0
+        assert {c.tier for c in calls} == {"default"}
+        return
+    assert "serialize" in graph_stages
+    tiers = ["default", "no-fusion"] if mode == "progressive" else ["default"]
+    for tier in tiers:
+        stages = [_stage(spans, tier, name) for name in WORKER_STAGES]
+        for before, after in itertools.pairwise(stages):
+            assert before.end_s <= after.start_s + EPS, (tier, before, after)
+        compile_stage = stages[WORKER_STAGES.index("inductor_compile")]
+        inner = [s for s in spans if s.tier == tier and s.category]
+        assert {"lowering", "codegen", "kernel_compile"} <= {s.category for s in inner}
+        assert all(compile_stage.start_s - EPS <= s.start_s and s.end_s <= compile_stage.end_s + EPS
+                   for s in inner)
+        assert {s.pid for s in inner} == {compile_stage.pid} != {os.getpid()}
+    if mode == "subprocess":
+        assert {c.tier for c in calls} == {"default"}
+        return
+    swaps = [r for r in records if isinstance(r, Swap) and r.reason == "swap"]
+    assert [s.new_tier for s in swaps] == tiers[:len(swaps)] and swaps[0].old_tier == "eager"
+    first = _stage(spans, "default", "first_call")
+    assert _stage(spans, "default", "load").end_s <= first.start_s + EPS
+    assert calls[0].tier == "eager" and calls[-1].tier == status.tier
+    if mode == "progressive":
+        # Profiling: every tier and eager compared on the same inputs, kernels broken down,
+        # and the gate's decision agrees with what it measured.
+        compared = {b.tier: b for b in records if isinstance(b, TierBench) and b.purpose == "compare"}
+        assert set(compared) == {"eager", "default", "no-fusion"}
+        assert all(b.result.n > 0 and b.speedup_vs_eager for b in compared.values())
+        kernels = {k.tier: k for k in records if isinstance(k, KernelBreakdown)}
+        assert set(kernels) == {"eager", "default", "no-fusion"}
+        assert "cpp_fused" in kernels["default"].category_ms
+        assert "cpp_fused" not in kernels["eager"].category_ms
+        [decision] = [r for r in records if isinstance(r, GateDecision)]
+        assert decision.adopt == (decision.candidate_ms
+                                  <= decision.serving_ms * (1 - decision.threshold))
+        assert status.tier == (decision.candidate if decision.adopt else decision.serving)
+
+
+def _fake_measure(medians: dict[str, float] | None, seen: list[BenchRequest]) -> Any:
+    def measure(request: BenchRequest) -> Future[BenchReply]:
+        seen.append(request)
+        if medians is None:
+            raise RuntimeError("benchmark worker unavailable")
+        future: Future[BenchReply] = Future()
+        future.set_result(BenchReply([
+            TierBench(request.graph_id, tier, BenchResult(medians[tier], medians[tier],
+                                                          medians[tier], 10, "fake"),
+                      purpose=request.purpose) for tier in request.entries]))
+        return future
+
+    return measure
+
+
+def _gated(medians: dict[str, float] | None, seen: list[BenchRequest]) -> tuple[Any, Any]:
+    model, inputs = mlp()
+    expected = model(*inputs)
+    # One worker: tiers finish in ladder order, so the gate meets them in that order.
+    coordinator = Coordinator(Options.create(mode="progressive", tiers=LADDER, workers=1),
+                              measure=_fake_measure(medians, seen))
+    compiled = torch.compile(model, backend=coordinator)
+    torch.testing.assert_close(compiled(*inputs), expected)
+    [status] = coordinator.wait(timeout_s=240)
+    torch.testing.assert_close(compiled(*inputs), expected)
+    return coordinator, status
+
+
+def test_gate_keeps_a_slower_tier_out_and_a_warm_process_skips_it() -> None:
+    seen: list[BenchRequest] = []
+    with hotswap.counters_delta() as d:
+        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
+    assert status.tier == "default" and status.final and not status.failures
+    [(tier, why)] = status.kept
+    assert tier == "no-fusion" and why.startswith("gate: 1.5000 ms vs 1.0000 ms for 'default'")
+    assert [sorted(r.entries) for r in seen] == [["default", "no-fusion"]]
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"], d["worker_compiles"]) == (1, 1, 1, 2)
+    # Another process (here: a fresh coordinator on the same cache) neither compiles nor
+    # benchmarks the kept tier again: the verdict is on file.
+    torch._dynamo.reset()
+    with hotswap.counters_delta() as d:
+        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
+    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
+    assert "earlier run" in status.kept[0][1]
+    assert (d["worker_compiles"], d["cache_hits"], d["gate_benchmarks"], d["swaps"]) == (0, 1, 0, 1)
+
+
+@pytest.mark.parametrize("medians", [{"default": 1.5, "no-fusion": 1.0}, None],
+                         ids=["faster", "benchmark-fails"])
+def test_gate_adopts_a_faster_tier(medians: dict[str, float] | None) -> None:
+    seen: list[BenchRequest] = []
+    with hotswap.counters_delta() as d:
+        _, status = _gated(medians, seen)
+    assert status.tier == "no-fusion" and status.final and not status.kept
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (2, 1, 0)
+    assert len(seen) == 1
+
+
+def test_gate_off_swaps_without_measuring() -> None:
+    model, inputs = mlp()
+    seen: list[BenchRequest] = []
+    coordinator = Coordinator(Options.create(mode="progressive", tiers=LADDER, workers=1,
+                                             gate=False), measure=_fake_measure({}, seen))
+    compiled = torch.compile(model, backend=coordinator)
+    compiled(*inputs)
+    [status] = coordinator.wait(timeout_s=240)
+    assert status.tier == "no-fusion" and seen == []
+
+
+SCRIPT = """
+import sys
+import torch
+import hotswap
+
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+x = torch.randn(16, 32)
+compiled = hotswap.compile(model, mode="async", workers=1)
+for _ in range(3):
+    compiled(x)
+hotswap.wait(compiled, timeout_s=240)
+for _ in range(5):
+    compiled(x)
+print("served", sys.argv[1:])
+"""
+
+
+def test_profile_cli_on_a_script_then_report_and_compare(tmp_path: Path) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Options go before SCRIPT: everything after it is the script's own argv.
+    done = subprocess.run([sys.executable, "-m", "hotswap.cli", "profile", "--out", str(out),
+                           "--torch-profiler", str(script), "--flag", "--out", "theirs"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "served ['--flag', '--out', 'theirs']" in done.stdout
+    report = (out / "report.txt").read_text()
+    assert "graph g1" in report and "calls served: eager 3, default 5" in report
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e.get("cat") == "call" for e in trace["traceEvents"])
+    merged = json.loads((out / "trace_merged.json").read_text())
+    assert merged["otherData"]["hotswap"]["aligned_calls"] == 8
+    assert any(e.get("name", "").startswith("aten::") for e in merged["traceEvents"])
+    assert (out / "latency.png").read_bytes()[:4] == b"\x89PNG"
+    from hotswap.cli import main
+
+    (out / "report.txt").unlink()
+    assert main(["profile", "report", str(out)]) == 0
+    assert (out / "report.txt").read_text() == report
+    assert main(["profile", "compare", str(out), str(out)]) == 0
+    with pytest.raises(SystemExit, match="SCRIPT to run or --model"):
+        main(["profile"])
