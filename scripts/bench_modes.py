@@ -69,6 +69,20 @@ def _transformer_block() -> Any:
     return Block
 
 
+def _matmul_relu(k: int) -> Any:
+    import torch
+
+    class MatmulRelu(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("y", torch.randn(k, k))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x @ self.y).relu()
+
+    return MatmulRelu()
+
+
 def build(name: str, device: str) -> tuple[Any, Any]:
     import torch
 
@@ -87,8 +101,13 @@ def build(name: str, device: str) -> tuple[Any, Any]:
         d, heads, seq, batch = (1024, 16, 512, 16) if device == "cuda" else (256, 4, 64, 8)
         model = _transformer_block()(d, heads)
         x = torch.randn(batch, seq, d)
+    elif name == "matmul-relu":
+        # PyTorch's own progressive test: (x @ y).relu() on bf16 1152x1024 @ 1024x1024.
+        n, k = (1152, 1024) if device == "cuda" else (288, 256)
+        model = _matmul_relu(k)
+        x = torch.randn(n, k)
     else:
-        raise SystemExit(f"unknown model {name!r}; choose mlp or transformer")
+        raise SystemExit(f"unknown model {name!r}; choose mlp, transformer or matmul-relu")
     return model.to(device, dtype).eval(), x.to(device, dtype)
 
 
@@ -284,7 +303,8 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="mlp", help="mlp or transformer (default mlp)")
+    parser.add_argument("--model", default="mlp",
+                        help="mlp, transformer or matmul-relu (default mlp)")
     parser.add_argument("--models", default=None, help="comma list; runs each (default: --model)")
     parser.add_argument("--rows", default=",".join(ROWS), help="comma list of rows")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
