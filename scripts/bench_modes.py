@@ -38,6 +38,7 @@ ROWS = {
     "hotswap:inprocess": "inductor in this process",
     "torch:default": "torch.compile()",
     "torch:max-autotune": "torch.compile(mode='max-autotune-no-cudagraphs')",
+    "torch:eager-backend": "torch.compile(backend='eager'): dynamo trace + eager call",
     "pytorch:async+subprocess": "TORCHINDUCTOR_FX_COMPILE_MODE",
     "pytorch:progressive+subprocess": "TORCHINDUCTOR_FX_COMPILE_MODE",
 }
@@ -151,6 +152,11 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         def is_final() -> bool:
             statuses = hotswap.status(compiled)
             return bool(statuses) and all(s.final for s in statuses)
+    elif row == "torch:eager-backend":
+        compiled = torch.compile(model, backend="eager")
+
+        def is_final() -> bool:
+            return True
     elif row.startswith("torch:"):
         mode = "max-autotune-no-cudagraphs" if row.endswith("max-autotune") else None
         compiled = torch.compile(model, mode=mode)
@@ -287,6 +293,9 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> No
                "to_final_s", "torch:default", "to_final_s", 1.2)
     ratio_line("progressive time to final vs in-process max-autotune", "hotswap:progressive",
                "to_final_s", "torch:max-autotune", "to_final_s", 1.2)
+    for row in ("hotswap:async", "hotswap:progressive"):
+        ratio_line(f"{row} first output vs dynamo trace + eager call", row, "first_output_s",
+                   "torch:eager-backend", "first_output_s", 1.5)
     for row in ("hotswap:async", "hotswap:progressive"):
         r = by_row.get(row)
         if r and "error" not in r:

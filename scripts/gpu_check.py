@@ -7,8 +7,8 @@ installs hotswap from this checkout with pip --no-index --no-deps (nothing is fe
 each bounded so the whole stays under --budget-s (default 540 s):
   1. pytest tests/gpu           -> DIR/gpu_tests.log, DIR/gpu_tests.xml
   2. quick benchmark            -> DIR/bench.log, DIR/bench.json   (scripts/bench_modes.py on
-     PyTorch's matmul+relu: hotswap async/progressive, torch max-autotune, PyTorch's
-     progressive+subprocess; 75 s per row at most)
+     PyTorch's matmul+relu: hotswap async/progressive, torch.compile with the eager backend
+     and with max-autotune, PyTorch's progressive+subprocess; 75 s per row at most)
   3. hotswap profile --model    -> DIR/profile/ (report.txt, trace.json, records)
 DIR/summary.json holds the outcome of each step; DIR/gpu_check.log everything printed.
 Exit status: 0 when the tests passed and every step finished.
@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH_ROWS = "hotswap:async,hotswap:progressive,torch:max-autotune,pytorch:progressive+subprocess"
+BENCH_ROWS = ("hotswap:async,hotswap:progressive,torch:eager-backend,torch:max-autotune,"
+              "pytorch:progressive+subprocess")
 
 
 class Log:
