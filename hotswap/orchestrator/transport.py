@@ -5,33 +5,63 @@ re-tracing its generated Python code, which changes nodes (``operator.mul`` beco
 ``call_method``) and drops node meta. AOTAutograd then refuses to cache the graph ("Unsupported
 call_method target ...") and ``CompiledArtifact.save`` finds nothing to save.
 
-Instead the ``fx.Graph`` itself is pickled with its node meta stripped (meta holds FakeTensors
-and weak references, which do not pickle), together with the real values of the tensors the
-graph reads through ``get_attr``. In the worker, fake-tensor propagation over inputs built from
-metadata restores ``meta["val"]`` / ``meta["example_value"]`` on every node.
+Instead the graph travels as a flat list of node records (op, name, target, args, kwargs;
+arguments that are nodes become references by name), together with the real values of the
+tensors the graph reads through ``get_attr``. Node meta stays behind (it holds FakeTensors and
+weak references, which do not pickle). Not the ``fx.Graph`` object either: its nodes form a
+linked list that pickle walks recursively, and a 500-node chain overflows the C stack guard.
+In the worker, fake-tensor propagation over inputs built from metadata restores
+``meta["val"]`` / ``meta["example_value"]`` on every node.
 """
 
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.fx.node import map_aggregate
 
 __all__ = ["get_attr_value", "land_graph", "ship_graph"]
 
 
+@dataclass(frozen=True)
+class _Ref:
+    """An argument that is another node of the graph, by name (not a tuple: map_aggregate
+    would walk into one)."""
+
+    name: str
+
+
 def ship_graph(gm: torch.fx.GraphModule) -> bytes:
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
+    records = []
     attrs: dict[str, Any] = {}
-    for node in graph.nodes:
-        node.meta = {}
+    for node in gm.graph.nodes:
+        def ref(a: Any) -> Any:
+            return _Ref(a.name) if isinstance(a, torch.fx.Node) else a
+
+        records.append((node.op, node.name, node.target, map_aggregate(node.args, ref),
+                        map_aggregate(node.kwargs, ref)))
         if node.op == "get_attr":
             attrs[node.target] = get_attr_value(gm, str(node.target))
         elif node.op == "call_module":
             attrs[node.target] = gm.get_submodule(str(node.target))
-    return pickle.dumps((graph, attrs), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((records, attrs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _rebuild(records: list[tuple[Any, ...]]) -> torch.fx.Graph:
+    graph = torch.fx.Graph()
+    nodes: dict[str, torch.fx.Node] = {}
+
+    def node_of(a: Any) -> Any:
+        return nodes[a.name] if isinstance(a, _Ref) else a
+
+    for op, name, target, args, kwargs in records:
+        node = graph.create_node(op, target, map_aggregate(args, node_of),
+                                 map_aggregate(kwargs, node_of), name=name)
+        nodes[name] = node
+    return graph
 
 
 def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.fx.GraphModule:
@@ -41,7 +71,8 @@ def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.f
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    graph, attrs = pickle.loads(data)
+    records, attrs = pickle.loads(data)
+    graph = _rebuild(records)
     root = torch.nn.Module()
     for target, value in attrs.items():
         _set_attr(root, target, value)
