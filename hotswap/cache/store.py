@@ -21,6 +21,7 @@ import logging
 import os
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -94,6 +95,8 @@ class ArtifactCache:
         self._lock = filelock.FileLock(str(self.root / "index.lock"))
         self._secret = self._load_secret()
         self._warned: set[str] = set()
+        self.rejected = 0  # entries refused (and removed) by get() so far
+        self._count_lock = threading.Lock()
 
     # ------------------------------------------------------------------ entries
 
@@ -107,6 +110,8 @@ class ArtifactCache:
         try:
             header, payload = self._verify(data, key)
         except EntryRejected as e:
+            with self._count_lock:
+                self.rejected += 1
             self._reject(key, e.reason)
             return None
         with self._lock:
@@ -185,6 +190,10 @@ class ArtifactCache:
         return filelock.FileLock(str(locks / f"{key}.lock"), thread_local=False)
 
     # ------------------------------------------------------------------ helpers
+
+    def entry_path(self, key: str) -> Path:
+        """Where ``key``'s entry lives (whether or not it exists)."""
+        return self._path(key)
 
     def _path(self, key: str) -> Path:
         if not key or not all(c in "0123456789abcdef" for c in key):

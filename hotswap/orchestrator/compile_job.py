@@ -7,6 +7,7 @@ never travel. Constants the graph holds (get_attr tensors) travel inside the pic
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ class CompileRequest:
     graph_bytes: bytes           # transport.ship_graph(); unpickled only here, in the worker
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
+    fault: str | None = None     # hotswap.testing: a fault to carry out instead of (or before)
+    slow_s: float = 0.0          # compiling; never set outside tests and stress runs
 
 
 @dataclass(frozen=True)
@@ -132,12 +135,46 @@ def _make_symbolic_inputs(metas: tuple[InputMeta, ...]) -> tuple[list[Any], Any]
     return inputs, mode
 
 
+def _carry_out(fault: str, slow_s: float) -> Any:
+    """hotswap.testing's job faults, with the pool's own fault jobs. Returns a result to send
+    instead of compiling (``unpicklable``), or None to go on compiling."""
+    from hotswap.workers import faults
+
+    if fault == "crash":
+        faults.sigkill()
+    elif fault == "hang":
+        faults.hang()
+    elif fault == "oom":
+        # Grow past the pool's limit a block at a time (one huge request would only raise
+        # MemoryError); the pool's RSS watch kills the worker on the way. Without a limit this
+        # would take the machine's memory, so refuse.
+        limit = int(os.environ.get("HOTSWAP_WORKER_RSS_LIMIT_BYTES") or 0)
+        if limit <= 0:
+            raise RuntimeError("the oom fault needs HOTSWAP_WORKER_RSS_LIMIT_BYTES set when "
+                               "the pool starts")
+        blocks: list[bytearray] = []
+        while len(blocks) * (64 << 20) < 2 * limit:
+            block = bytearray(64 << 20)
+            block[::4096] = b"\1" * len(range(0, len(block), 4096))
+            blocks.append(block)
+        faults.hang()
+    elif fault == "unpicklable":
+        return faults.unpicklable_result()
+    elif fault == "slow":
+        faults.sleep(slow_s)
+    return None
+
+
 def compile_graph(request: CompileRequest) -> CompileResult:
     import torch
 
     from hotswap.orchestrator import compat
     from hotswap.orchestrator.transport import land_graph
 
+    if request.fault is not None:
+        instead = _carry_out(request.fault, request.slow_s)
+        if instead is not None:
+            return instead  # type: ignore[no-any-return]
     dynamic = any(m.symbols for m in request.inputs)
     with stage("graph_unpickle", tier=request.tier):
         if dynamic:

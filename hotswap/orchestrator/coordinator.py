@@ -26,17 +26,23 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-import filelock
 import torch
 
-from hotswap.cache import ArtifactCache
-from hotswap.cache.key import cache_key, environment_stamp
-from hotswap.errors import HotswapError, PoolClosed, WorkerCrashed
+from hotswap import testing
+from hotswap.errors import (
+    HotswapError,
+    JobTimeout,
+    MemoryLimitExceeded,
+    PoolClosed,
+    SerializationFailed,
+    WorkerCrashed,
+)
 from hotswap.orchestrator.artifacts import load_artifact, load_entry, pack_entry
 from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
+from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
-from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict, verdict_key
+from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
 from hotswap.orchestrator.inputs import describe_inputs
 from hotswap.orchestrator.options import Options, Tier
@@ -109,10 +115,9 @@ class Coordinator:
                          measure=measure or self._bench_in_worker,
                          run_on_loader=lambda fn, args: self._loader.submit(
                              self._then_check, fn, args),
-                         notify=self._notify, store_verdict=self._store_verdict)
-        self._cache: ArtifactCache | None = None
-        self._cache_failed = False
-        self._claims: dict[str, filelock.FileLock] = {}  # compile locks this process holds
+                         notify=self._notify,
+                         store_verdict=lambda key, v: self.cache.store_verdict(key, v))
+        self.cache = CacheAccess(options.cache_dir, options.timeout_s)
         self._prewarmed = False
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
@@ -145,7 +150,7 @@ class Coordinator:
             if request is not None:
                 self._requests[graph_id] = request
                 self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())
-                keys = self._cache_keys(gm, request, wanted)
+                keys = self.cache.keys(gm, request.inputs, request.grad_enabled, wanted)
                 if self.options.mode == "subprocess":
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
@@ -157,26 +162,9 @@ class Coordinator:
         self._notify()
         return runner
 
-    def _cache_keys(self, gm: torch.fx.GraphModule, request: _Request,
-                    wanted: list[Tier]) -> dict[str, str]:
-        """Cache key per tier; opens the cache on first use. No cache, no keys."""
-        if self._cache is None and not self._cache_failed:
-            devices = {m.device for m in request.inputs}
-            try:
-                self._cache = ArtifactCache(self.options.cache_dir,
-                                            stamp=environment_stamp(devices))
-            except (OSError, ValueError) as e:
-                self._cache_failed = True
-                log.warning("hotswap: artifact cache disabled: %s", e)
-        if self._cache is None or self._cache.stamp is None:
-            return {}
-        stamp = self._cache.stamp
-        return {t.name: cache_key(gm, request.inputs, request.grad_enabled, t.config, stamp)
-                for t in wanted}
-
     def _serve_cached_now(self, runner: GraphRunner, tier: Tier, key: str | None) -> bool:
         """Blocking modes: load a hit before the call returns. False on a miss."""
-        cached = self._cache.get(key) if self._cache and key else None
+        cached = self.cache.get(key)
         if cached is None:
             return False
         try:
@@ -190,36 +178,6 @@ class Coordinator:
         runner.serve_now(tier.name, fn)
         return True
 
-    def _claim(self, key: str) -> bool:
-        """Take the cross-process compile lock for ``key`` without waiting; False if taken.
-
-        Callers re-check the cache after a successful claim: another process may have stored
-        the entry and released the lock between our miss and our claim.
-        """
-        assert self._cache is not None
-        lock = self._cache.compile_lock(key)
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
-            return False
-        with self._cond:
-            self._claims[key] = lock
-        return True
-
-    def _claimed_hit(self, key: str) -> bytes | None:
-        """After a claim: the entry if it appeared meanwhile (the claim is then released)."""
-        assert self._cache is not None
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._release(key)
-        return cached
-
-    def _release(self, key: str | None) -> None:
-        with self._cond:
-            lock = self._claims.pop(key, None) if key is not None else None
-        if lock is not None:
-            lock.release()
-
     def _start_ladder(self, runner: GraphRunner, request: _Request, wanted: list[Tier],
                       keys: dict[str, str]) -> None:
         """Load the best tier the cache already has; start the tiers above it (lowest first,
@@ -227,15 +185,15 @@ class Coordinator:
         gate kept out in an earlier run is neither loaded nor compiled again."""
         best, cached = -1, None
         verdicts: dict[str, str] = {}
-        if self._cache is not None:
+        if self.cache.enabled:
             for rank in range(len(wanted) - 1, -1, -1):
                 key = keys.get(wanted[rank].name)
                 if key and self.gate.enabled:
-                    verdict = self._cache.get(verdict_key(key))
+                    verdict = self.cache.verdict(key)
                     if verdict is not None:
                         verdicts[wanted[rank].name] = unpack_verdict(verdict)
                         continue
-                cached = self._cache.get(key) if key else None
+                cached = self.cache.get(key)
                 if cached is not None:
                     best = rank
                     break
@@ -256,14 +214,14 @@ class Coordinator:
         """Background modes: serve a cache hit, wait for another process compiling the same
         tier, or compile it. In the user's call: a miss costs one stat() and a lock try."""
         cached = None
-        if self._cache is not None and key is not None:
-            cached = self._cache.get(key)
+        if self.cache.enabled and key is not None:
+            cached = self.cache.get(key)
             if cached is None:
-                if not self._claim(key):
+                if not self.cache.claim(key):
                     threading.Thread(target=self._await_other, daemon=True, name="hotswap-wait",
                                      args=(runner, request, tier, key)).start()
                     return
-                cached = self._claimed_hit(key)
+                cached = self.cache.claimed_hit(key)
         if cached is None:
             self._submit(runner, request, tier, retries=1, key=key)
         else:
@@ -273,37 +231,10 @@ class Coordinator:
     def _await_other(self, runner: GraphRunner, request: _Request, tier: Tier, key: str) -> None:
         """Background thread: wait until the process compiling ``key`` lets go, then start
         again (its entry is a hit now; if it failed, this process compiles)."""
-        if not self._wait_for_holder(key):
+        if not self.cache.wait_for_holder(key):
             self._submit(runner, request, tier, retries=1, key=None)  # too slow: compile here
             return
         self._start_tier(runner, request, tier, key)
-
-    def _wait_for_holder(self, key: str) -> bool:
-        """Block until the process holding ``key``'s compile lock lets go (False: timed out)."""
-        assert self._cache is not None
-        lock = self._cache.compile_lock(key)
-        try:
-            lock.acquire(timeout=self.options.timeout_s or -1)
-        except filelock.Timeout:
-            return False
-        lock.release()
-        return True
-
-    def _store(self, key: str | None, result: CompileResult) -> None:
-        if self._cache is None or key is None:
-            return
-        self._put(key, pack_entry(result.artifact, result.files), result.tier)
-
-    def _store_verdict(self, key: str, verdict: bytes) -> None:
-        self._put(verdict_key(key), verdict, "gate-verdict")
-
-    def _put(self, key: str, payload: bytes, tier: str) -> None:
-        if self._cache is None:
-            return
-        try:
-            self._cache.put(key, payload, tier=tier)
-        except OSError as e:  # a full disk must not cost the user the tier they already have
-            log.warning("hotswap: could not write the artifact cache: %s", e)
 
     def _load_cached(self, runner: GraphRunner, tier: Tier, entry: bytes, key: str | None) -> None:
         """Loader thread: serve a cache hit (no worker involved)."""
@@ -369,8 +300,11 @@ class Coordinator:
         runner.serve_now(tier.name, fn)
 
     def _job(self, runner: GraphRunner, request: _Request, tier: Tier) -> JobFuture:
+        plan = testing.active()
+        fault = plan.draw_job_fault() if plan is not None else None
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
-                             request.inputs, request.grad_enabled)
+                             request.inputs, request.grad_enabled, fault=fault,
+                             slow_s=plan.slow_s if plan is not None else 0.0)
         return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
                                                         timeout_s=self.options.timeout_s)
 
@@ -378,33 +312,48 @@ class Coordinator:
                           key: str | None) -> None:
         if self._serve_cached_now(runner, tier, key):
             return
-        if key is not None and not self._claim(key):
+        if key is not None and not self.cache.claim(key):
             # Another process is compiling it: this call waits anyway, so wait for its entry.
-            self._wait_for_holder(key)
+            self.cache.wait_for_holder(key)
             if self._serve_cached_now(runner, tier, key):
                 return
-            self._claim(key)
+            self.cache.claim(key)
         elif key is not None and self._serve_cached_now(runner, tier, key):
-            self._release(key)  # stored by another process between our miss and our claim
+            self.cache.release(key)  # stored by another process between our miss and our claim
             return
         try:
             try:
-                submitted = time.monotonic()
-                future = self._job(runner, request, tier)
-                result = future.result()
-                self.recorder.worker_job(runner, tier.name, future.stage_events, submitted,
-                                         time.monotonic())
+                result = self._compile_and_wait(runner, request, tier, retries=1)
                 fn = self._load(runner, result)
             except HotswapError as e:
+                _count_error(e)
                 self._fail(runner, tier.name, _reason(e))
                 return
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            self._store(key, result)
+            self.cache.store(key, result)
             runner.serve_now(tier.name, fn)
         finally:
-            self._release(key)  # waiting processes go on (and compile themselves if we failed)
+            self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)
+
+    def _compile_and_wait(self, runner: GraphRunner, request: _Request, tier: Tier,
+                          retries: int) -> CompileResult:
+        """Blocking modes: one compile job, waited for here; a crashed worker is retried."""
+        submitted = time.monotonic()
+        future = self._job(runner, request, tier)
+        try:
+            result: CompileResult = future.result()
+        except WorkerCrashed as e:
+            if retries <= 0:
+                raise
+            _count_error(e)
+            log.info("graph %s: worker crashed compiling %r; retrying once", runner.graph_id,
+                     tier.name)
+            return self._compile_and_wait(runner, request, tier, retries - 1)
+        self.recorder.worker_job(runner, tier.name, future.stage_events, submitted,
+                                 time.monotonic())
+        return result
 
     def _submit(self, runner: GraphRunner, request: _Request, tier: Tier, retries: int,
                 key: str | None) -> None:
@@ -420,6 +369,7 @@ class Coordinator:
         retrying = False
         try:
             error = future.exception()
+            _count_error(error)
             if isinstance(error, WorkerCrashed) and retries > 0:
                 log.info("graph %s: worker crashed compiling %r; retrying once",
                          runner.graph_id, tier.name)
@@ -439,14 +389,14 @@ class Coordinator:
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            self._store(key, result)  # only artifacts that loaded here
+            self.cache.store(key, result)  # only artifacts that loaded here
             self.gate.remember(runner, tier.name, pack_entry(result.artifact, result.files))
             self.gate.offer(runner, tier.name, fn, request, verdict_key=key)
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
         finally:
             if not retrying:
-                self._release(key)  # stored (or failed): processes waiting on us may go on
+                self.cache.release(key)  # stored (or failed): processes waiting on us may go on
 
     def _load(self, runner: GraphRunner, result: CompileResult) -> Any:
         bump("worker_compiles")
@@ -489,6 +439,18 @@ def _profiled(tier: Tier) -> Tier:
     known = inductor_config.get_config_copy()
     extra = {k: v for k, v in PROFILE_CONFIG.items() if k in known and k not in tier.config}
     return Tier(tier.name, {**tier.config, **extra})
+
+
+_ERROR_COUNTERS = ((WorkerCrashed, "worker_crashes"), (JobTimeout, "job_timeouts"),
+                   (MemoryLimitExceeded, "memory_limit_kills"),
+                   (SerializationFailed, "serialization_failures"))
+
+
+def _count_error(error: BaseException | None) -> None:
+    for kind, counter in _ERROR_COUNTERS:
+        if isinstance(error, kind):
+            bump(counter)
+            return
 
 
 def _reason(error: BaseException) -> str:

@@ -19,6 +19,12 @@ COUNTER_NAMES = (
     "graphs",           # graphs dynamo handed to hotswap
     "gate_benchmarks",  # a ready tier benchmarked against the serving one before a swap
     "gate_kept",        # ... and kept out because it was not faster by the gate's threshold
+    # What went wrong with compile jobs and cache reads (retried or not):
+    "worker_crashes",          # WorkerCrashed: the worker died mid-job (segfault, SIGKILL, exit)
+    "job_timeouts",            # JobTimeout: over timeout_s; the worker was killed
+    "memory_limit_kills",      # MemoryLimitExceeded: over HOTSWAP_WORKER_RSS_LIMIT_BYTES
+    "serialization_failures",  # SerializationFailed: a payload or result would not (un)pickle
+    "cache_rejects",           # cache entries refused (checksum, signature, stamp) and removed
 )
 
 _lock = threading.Lock()

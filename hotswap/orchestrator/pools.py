@@ -26,7 +26,8 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
             threads = str(max(1, (os.cpu_count() or 1) // size))
             env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
                 "TORCHINDUCTOR_COMPILE_THREADS": threads}
-            pool = WorkerPool(size, worker_env=env, nice=_worker_nice(), warm_modules=(
+            pool = WorkerPool(size, worker_env=env, nice=_worker_nice(),
+                              rss_limit_bytes=_rss_limit(), warm_modules=(
                 "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job:warm_worker"))
             pool.start()
             _pools[workers] = pool
@@ -43,6 +44,21 @@ def _worker_nice() -> int:
         value = -1
     if not 0 <= value <= 19:
         raise ValueError(f"HOTSWAP_WORKER_NICE must be a whole number from 0 to 19, got {raw!r}")
+    return value
+
+
+def _rss_limit() -> int | None:
+    """A worker whose memory passes HOTSWAP_WORKER_RSS_LIMIT_BYTES is killed and its job fails
+    with MemoryLimitExceeded (default: no limit)."""
+    raw = os.environ.get("HOTSWAP_WORKER_RSS_LIMIT_BYTES", "")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"HOTSWAP_WORKER_RSS_LIMIT_BYTES must be a number of bytes > 0, got {raw!r}")
     return value
 
 

@@ -1,0 +1,139 @@
+"""The coordinator's use of the artifact cache: keys, reads, writes and compile claims.
+
+    Coordinator ---keys()----> one key per (graph, tier), from the graph, inputs and tier config
+                ---get()-----> a verified entry or None (a refused entry counts in cache_rejects)
+                ---claim()---> this process compiles key; others wait_for_holder(), then re-read
+                ---store()---> entries of artifacts that loaded here; gate verdicts beside them
+
+Opened lazily on the first graph (the stamp needs the graph's devices); a cache that cannot be
+opened (unwritable directory, say) is logged once and hotswap runs without one. Locks held by
+this process live in ``_claims``: taken in the user's call, released on the loader thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import filelock
+import torch
+
+from hotswap import testing
+from hotswap.cache import ArtifactCache
+from hotswap.cache.key import cache_key, environment_stamp
+from hotswap.orchestrator.artifacts import pack_entry
+from hotswap.orchestrator.compile_job import CompileResult
+from hotswap.orchestrator.counters import bump
+from hotswap.orchestrator.gate import verdict_key
+from hotswap.orchestrator.options import Tier
+
+__all__ = ["CacheAccess"]
+
+log = logging.getLogger("hotswap")
+
+
+class CacheAccess:
+    def __init__(self, cache_dir: str | None, timeout_s: float | None) -> None:
+        self._cache_dir = cache_dir
+        self._timeout_s = timeout_s
+        self._cache: ArtifactCache | None = None
+        self._failed = False
+        self._lock = threading.Lock()
+        self._claims: dict[str, filelock.FileLock] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self._cache is not None
+
+    def keys(self, gm: torch.fx.GraphModule, inputs: tuple[Any, ...], grad_enabled: bool,
+             wanted: list[Tier]) -> dict[str, str]:
+        """Cache key per tier; opens the cache on first use. No cache, no keys."""
+        with self._lock:
+            if self._cache is None and not self._failed:
+                devices = {m.device for m in inputs}
+                try:
+                    self._cache = ArtifactCache(self._cache_dir,
+                                                stamp=environment_stamp(devices))
+                except (OSError, ValueError) as e:
+                    self._failed = True
+                    log.warning("hotswap: artifact cache disabled: %s", e)
+        if self._cache is None or self._cache.stamp is None:
+            return {}
+        stamp = self._cache.stamp
+        return {t.name: cache_key(gm, inputs, grad_enabled, t.config, stamp) for t in wanted}
+
+    def get(self, key: str | None) -> bytes | None:
+        """An entry, if the cache has a valid one; a refused entry counts in cache_rejects.
+        (hotswap.testing's corrupt-cache fault lands here, just before the read.)"""
+        if self._cache is None or key is None:
+            return None
+        plan = testing.active()
+        if plan is not None and plan.draw_cache_fault() and testing.corrupt_entry(self._cache, key):
+            plan.count("corrupt-cache")
+        rejected = self._cache.rejected
+        entry = self._cache.get(key)
+        if self._cache.rejected != rejected:
+            bump("cache_rejects")
+        return entry
+
+    def verdict(self, key: str) -> bytes | None:
+        """The gate's verdict on ``key``'s tier in an earlier run, if any."""
+        return self._cache.get(verdict_key(key)) if self._cache is not None else None
+
+    def store(self, key: str | None, result: CompileResult) -> None:
+        if key is not None:
+            self._put(key, pack_entry(result.artifact, result.files), result.tier)
+
+    def store_verdict(self, key: str, verdict: bytes) -> None:
+        self._put(verdict_key(key), verdict, "gate-verdict")
+
+    def _put(self, key: str, payload: bytes, tier: str) -> None:
+        if self._cache is None:
+            return
+        try:
+            self._cache.put(key, payload, tier=tier)
+        except OSError as e:  # a full disk must not cost the user the tier they already have
+            log.warning("hotswap: could not write the artifact cache: %s", e)
+
+    # ------------------------------------------------------------------ compile claims
+
+    def claim(self, key: str) -> bool:
+        """Take the cross-process compile lock for ``key`` without waiting; False if taken.
+
+        Callers re-check the cache after a successful claim: another process may have stored
+        the entry and released the lock between our miss and our claim.
+        """
+        assert self._cache is not None
+        lock = self._cache.compile_lock(key)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        with self._lock:
+            self._claims[key] = lock
+        return True
+
+    def claimed_hit(self, key: str) -> bytes | None:
+        """After a claim: the entry if it appeared meanwhile (the claim is then released)."""
+        cached = self.get(key)
+        if cached is not None:
+            self.release(key)
+        return cached
+
+    def release(self, key: str | None) -> None:
+        with self._lock:
+            lock = self._claims.pop(key, None) if key is not None else None
+        if lock is not None:
+            lock.release()
+
+    def wait_for_holder(self, key: str) -> bool:
+        """Block until the process holding ``key``'s compile lock lets go (False: timed out)."""
+        assert self._cache is not None
+        lock = self._cache.compile_lock(key)
+        try:
+            lock.acquire(timeout=self._timeout_s or -1)
+        except filelock.Timeout:
+            return False
+        lock.release()
+        return True

@@ -1,0 +1,114 @@
+"""Testing hooks: inject faults into hotswap's own machinery, never into user code.
+
+    with hotswap.testing.inject(FaultPlan({"crash": 0.2, "corrupt-cache": 0.5}, seed=1)) as plan:
+        ...                      # compile jobs and cache reads draw faults from the plan
+    plan.injected                # Counter: how many of each were actually injected
+
+Where each fault lands, and what hotswap must make of it:
+
+    crash          the compile job kills its worker (SIGKILL)      -> WorkerCrashed, one retry
+    hang           the compile job sleeps forever                  -> JobTimeout (needs timeout_s)
+    oom            the compile job allocates until the pool's      -> MemoryLimitExceeded (needs
+                   RSS limit kills it                                 HOTSWAP_WORKER_RSS_LIMIT_BYTES)
+    unpicklable    the compile job returns a lambda                -> SerializationFailed
+    slow           the compile job sleeps ``slow_s`` first         -> nothing fails, later swap
+    corrupt-cache  a byte of the entry about to be read flips      -> entry refused, recompiled
+
+Job faults ride on the compile request (the worker carries them out with the jobs of
+``hotswap.workers.faults``); cache faults corrupt the file on disk before the read. Each is
+counted the moment it is injected, so a stress run can hold what it injected against what
+hotswap observed (``hotswap.counters()``: worker_crashes, job_timeouts, memory_limit_kills,
+serialization_failures, cache_rejects).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CACHE_FAULTS", "FAULT_KINDS", "JOB_FAULTS", "FaultPlan", "active", "corrupt_entry",
+           "inject"]
+
+JOB_FAULTS = ("crash", "hang", "oom", "unpicklable", "slow")
+CACHE_FAULTS = ("corrupt-cache",)
+FAULT_KINDS = JOB_FAULTS + CACHE_FAULTS
+
+
+@dataclass
+class FaultPlan:
+    """Per-kind probabilities, drawn once per compile job (job faults, at most one per job) or
+    per cache read of an existing entry (cache faults)."""
+
+    rates: dict[str, float]
+    seed: int = 0
+    slow_s: float = 0.2
+    injected: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.rates) - set(FAULT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kind(s) {unknown}; kinds are {list(FAULT_KINDS)}")
+        bad = {k: v for k, v in self.rates.items() if not 0.0 <= v <= 1.0}
+        if bad:
+            raise ValueError(f"fault rates are probabilities from 0 to 1, got {bad}")
+        if sum(self.rates.get(k, 0.0) for k in JOB_FAULTS) > 1.0:
+            raise ValueError("job fault rates add up to more than 1 (one fault per job at most)")
+        self._random = random.Random(self.seed)
+        self._lock = threading.Lock()
+
+    def draw_job_fault(self) -> str | None:
+        with self._lock:
+            roll = self._random.random()
+            for kind in JOB_FAULTS:
+                roll -= self.rates.get(kind, 0.0)
+                if roll < 0:
+                    self.injected[kind] += 1
+                    return kind
+        return None
+
+    def draw_cache_fault(self) -> bool:
+        with self._lock:
+            return self._random.random() < self.rates.get("corrupt-cache", 0.0)
+
+    def count(self, kind: str) -> None:
+        with self._lock:
+            self.injected[kind] += 1
+
+
+_active: FaultPlan | None = None
+
+
+def active() -> FaultPlan | None:
+    """The plan in force, or None (the common case: one global read)."""
+    return _active
+
+
+@contextlib.contextmanager
+def inject(plan: FaultPlan) -> Iterator[FaultPlan]:
+    """Install ``plan`` process-wide for the ``with`` block."""
+    global _active
+    previous, _active = _active, plan
+    try:
+        yield plan
+    finally:
+        _active = previous
+
+
+def corrupt_entry(cache: Any, key: str) -> bool:
+    """Flip one byte in the middle of ``key``'s entry file; False if there is no entry."""
+    path = Path(cache.entry_path(key))
+    try:
+        data = bytearray(path.read_bytes())
+    except FileNotFoundError:
+        return False
+    if not data:
+        return False
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return True
