@@ -1,18 +1,22 @@
-"""Benchmark: hotswap's modes vs torch.compile and PyTorch's own async/progressive subprocess modes.
+"""``hotswap bench``: hotswap's modes vs torch.compile and PyTorch's own subprocess modes.
 
-Every row runs in a fresh process with empty inductor and triton cache directories (cold), and
-serves the model in a loop (one call every --interval-ms) until the final tier serves:
+Every row runs in a fresh process with empty inductor, triton and hotswap caches (cold; with
+``--warm`` each row also runs a second time on the caches its first run left, and reports
+that), and serves a zoo model in a loop (one call every --interval-ms) until the final tier
+serves:
   first output      the first call's latency (dynamo trace + eager run, or + compile)
   to final tier     first call start -> the final tier is serving
   largest call      the slowest call after the first one (did a compile or a swap stall a call?)
-  steady            median latency once final (CPU: timer over many calls; CUDA: do_bench)
-hotswap rows start their worker pool and let it pre-warm before the first call ("warm pool");
-its caches are as cold as everyone else's. PyTorch's modes run with the cache switches their
-tests use (fx_graph_cache, autotune_local_cache and autograd cache off).
+  steady            median latency once final (CPU: wall-clock median; CUDA: do_bench)
+  peak RSS          the row's process plus its compile workers, sampled every 50 ms
+hotswap rows start their worker pool and let it pre-warm before the first call ("warm pool").
+PyTorch's modes run with the cache switches their tests use (fx_graph_cache,
+autotune_local_cache and autograd cache off). ``torch:eager-backend`` (dynamo trace + eager
+call) is the baseline for first output.
 
-Targets (issue): async first output <= 0.1x PyTorch async's first call; with a warm pool, time
-to final tier <= 1.2x the in-process compile of that tier; largest call <= 2x eager + 10 ms;
-dispatch overhead over calling the artifact directly <= 2 us.
+Targets: async first output <= 0.1x PyTorch async's first call and <= 1.5x dynamo trace + eager
+call; with a warm pool, time to final tier <= 1.2x the in-process compile of that tier; largest
+call <= 2x eager + 10 ms; dispatch overhead over calling the artifact directly <= 2 us.
 """
 
 from __future__ import annotations
@@ -20,16 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
-
-# Runs from a checkout as it is (e.g. on a GPU machine without network): hotswap is one level up.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROWS = {
     "hotswap:async": "eager at once, then the default tier",
@@ -44,88 +43,24 @@ ROWS = {
 }
 
 
-def _transformer_block() -> Any:
-    import torch
-
-    class Block(torch.nn.Module):
-        """Pre-norm transformer block: attention through scaled_dot_product_attention, MLP."""
-
-        def __init__(self, d: int, heads: int) -> None:
-            super().__init__()
-            self.heads = heads
-            self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-            self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
-                                           torch.nn.Linear(4 * d, d))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, t, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                       for z in (q, k, v))
-            attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
-            return x + self.mlp(self.ln2(x))
-
-    return Block
+BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "pointwise")
 
 
-def _matmul_relu(k: int) -> Any:
-    import torch
+def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
+    """A zoo model in inference (bf16 on CUDA, float32 on CPU) and its inputs."""
+    from hotswap import zoo
 
-    class MatmulRelu(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("y", torch.randn(k, k))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (x @ self.y).relu()
-
-    return MatmulRelu()
+    if name not in BENCH_MODELS:
+        raise SystemExit(f"unknown bench model {name!r}; choose from {list(BENCH_MODELS)}")
+    workload = zoo.make(name, device=device, dtype="bfloat16" if device == "cuda" else "float32")
+    return workload.target, workload.inputs(0)
 
 
-def build(name: str, device: str) -> tuple[Any, Any]:
-    import torch
+def _timer(fn: Any, device: str, budget_ms: float = 300.0) -> float:
+    """Median latency in ms: do_bench on CUDA, torch.utils.benchmark on CPU."""
+    from hotswap.profiles.bench import benchmark
 
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if name == "mlp":
-        width, depth, batch = (4096, 8, 512) if device == "cuda" else (512, 4, 64)
-        layers: list[torch.nn.Module] = []
-        for _ in range(depth):
-            layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
-        model = torch.nn.Sequential(*layers)
-        x = torch.randn(batch, width)
-    elif name == "transformer":
-        # Written out (not nn.TransformerEncoderLayer, whose fused inference fast path leaves
-        # inductor almost nothing to compile).
-        d, heads, seq, batch = (1024, 16, 512, 16) if device == "cuda" else (256, 4, 64, 8)
-        model = _transformer_block()(d, heads)
-        x = torch.randn(batch, seq, d)
-    elif name == "matmul-relu":
-        # PyTorch's own progressive test: (x @ y).relu() on bf16 1152x1024 @ 1024x1024.
-        n, k = (1152, 1024) if device == "cuda" else (288, 256)
-        model = _matmul_relu(k)
-        x = torch.randn(n, k)
-    else:
-        raise SystemExit(f"unknown model {name!r}; choose mlp, transformer or matmul-relu")
-    return model.to(device, dtype).eval(), x.to(device, dtype)
-
-
-def _timer(fn: Any, device: str, n: int = 200) -> float:
-    """Median latency in ms: do_bench on CUDA, a wall-clock median on CPU."""
-    if device == "cuda":
-        from triton.testing import do_bench
-
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return benchmark(fn, device=device, budget_ms=budget_ms).median_ms
 
 
 def run_row(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,10 +68,11 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     row = args.row
-    model, x = build(args.model, args.device)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    model, inputs = build(args.model, args.device)
+    rss = _PeakRss()
+    sync: Any = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     with torch.no_grad():
-        eager_ms = _timer(lambda: model(x), args.device, 50)
+        eager_ms = _timer(lambda: model(*inputs), args.device, 100.0)
     stats: Any = None
     import hotswap
 
@@ -191,23 +127,55 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         while time.perf_counter() < deadline:
             t = time.perf_counter()
-            compiled(x)
+            compiled(*inputs)
             sync()
             durations.append(time.perf_counter() - t)
             if is_final():
                 final_s = time.perf_counter() - start
                 break
             time.sleep(args.interval_ms / 1e3)
-        steady_ms = _timer(lambda: compiled(x), args.device) if final_s is not None else None
+        steady_ms = (_timer(lambda: compiled(*inputs), args.device)
+                     if final_s is not None else None)
     return {
         "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
         "first_output_s": durations[0], "to_final_s": final_s,
         "largest_call_ms": max(durations[1:], default=0.0) * 1e3, "calls": len(durations),
-        "steady_ms": steady_ms,
+        "steady_ms": steady_ms, "peak_rss_mib": rss.stop() / 2**20,
         "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
                       if row.startswith("hotswap:") else {}),
         "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
     }
+
+
+class _PeakRss:
+    """Peak RSS of this process plus its children (the compile workers), sampled."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        import threading
+
+        import psutil
+
+        self.peak = 0
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            me = psutil.Process()
+            while not self._stop.wait(interval_s):
+                total = 0
+                for proc in [me, *me.children(recursive=True)]:
+                    try:
+                        total += proc.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak = max(self.peak, total)
+
+        self._thread = threading.Thread(target=sample, daemon=True, name="hotswap-bench-rss")
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=1)
+        return self.peak
 
 
 def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
@@ -233,30 +201,31 @@ def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
             "overhead_ns": (via - raw) * 1e9}
 
 
-def spawn_row(row: str, args: argparse.Namespace,
-              extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one row in a fresh process with empty inductor, triton and hotswap caches
-    (``extra_env`` may point HOTSWAP_CACHE_DIR at a shared one)."""
+def spawn_row(row: str, args: argparse.Namespace, *, warm: bool = False) -> dict[str, Any]:
+    """Run one row in a fresh process with empty inductor, triton and hotswap caches; with
+    ``warm``, run it twice on the same caches and report the second run."""
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="hotswap-bench-") as cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
         env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
         env["HOTSWAP_CACHE_DIR"] = os.path.join(cache, "hotswap")
-        env.update(extra_env or {})
         if row.startswith("pytorch:"):
             env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
-        cmd = [sys.executable, __file__, "--row", row, "--model", args.model, "--device",
-               args.device, "--workers", str(args.workers), "--timeout-s", str(args.timeout_s),
-               "--interval-ms", str(args.interval_ms)]
-        try:
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                 timeout=args.timeout_s + 120)
-        except subprocess.TimeoutExpired:
-            return {"row": row, "error": f"no result within {args.timeout_s + 120:g} s"}
+        cmd = [sys.executable, "-m", "hotswap.benchmark", "--row", row, "--model", args.model,
+               "--device", args.device, "--workers", str(args.workers), "--timeout-s",
+               str(args.timeout_s), "--interval-ms", str(args.interval_ms)]
+        label = f"{row} (warm)" if warm else row
+        for _ in range(2 if warm else 1):
+            try:
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                     timeout=args.timeout_s + 120)
+            except subprocess.TimeoutExpired:
+                return {"row": label, "error": f"no result within {args.timeout_s + 120:g} s"}
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
-        return {"row": row, "error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        return {"row": label, "error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
     result: dict[str, Any] = json.loads(lines[-1])
+    result["row"] = label
     return result
 
 
@@ -264,29 +233,30 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> None:
+def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> list[str]:
+    """The table and the targets, as lines (printed, and written into BENCHMARKS.md)."""
     by_row = {r["row"]: r for r in results}
-    print(f"\n{'row':<32}{'first out s':>12}{'to final s':>12}{'largest ms':>12}"
-          f"{'steady ms':>11}{'eager ms':>10}")
+    lines = [f"{'row':<36}{'first out s':>12}{'to final s':>12}{'largest ms':>12}"
+             f"{'steady ms':>11}{'eager ms':>10}{'peak RSS MiB':>14}"]
     for r in results:
         if "error" in r:
-            print(f"{r['row']:<32}  failed: {r['error']}")
+            lines.append(f"{r['row']:<36}  failed: {r['error']}")
             continue
-        print(f"{r['row']:<32}{_fmt(r['first_output_s'], 1, 3):>12}{_fmt(r['to_final_s']):>12}"
-              f"{_fmt(r['largest_call_ms'], 1, 1):>12}{_fmt(r['steady_ms'], 1, 3):>11}"
-              f"{_fmt(r['eager_ms'], 1, 3):>10}")
+        lines.append(f"{r['row']:<36}{_fmt(r['first_output_s'], 1, 3):>12}"
+                     f"{_fmt(r['to_final_s']):>12}{_fmt(r['largest_call_ms'], 1, 1):>12}"
+                     f"{_fmt(r['steady_ms'], 1, 3):>11}{_fmt(r['eager_ms'], 1, 3):>10}"
+                     f"{_fmt(r.get('peak_rss_mib'), 1, 0):>14}")
 
     def ratio_line(label: str, a: str, a_key: str, b: str, b_key: str, target: float) -> None:
-        ra, rb = by_row.get(a, {}), by_row.get(b, {})
-        va, vb = ra.get(a_key), rb.get(b_key)
+        va, vb = by_row.get(a, {}).get(a_key), by_row.get(b, {}).get(b_key)
         if va is None or vb is None:
-            print(f"  {label}: not measured")
+            lines.append(f"  {label}: not measured")
             return
         ratio = va / vb
-        print(f"  {label}: {va:.3f} / {vb:.3f} = {ratio:.3f}x (target <= {target}x) "
-              f"{'met' if ratio <= target else 'MISSED'}")
+        lines.append(f"  {label}: {va:.3f} / {vb:.3f} = {ratio:.3f}x (target <= {target}x) "
+                     f"{'met' if ratio <= target else 'MISSED'}")
 
-    print("\ntargets")
+    lines += ["", "targets"]
     ratio_line("async first output vs PyTorch async first call", "hotswap:async",
                "first_output_s", "pytorch:async+subprocess", "first_output_s", 0.1)
     ratio_line("async time to final vs in-process default compile", "hotswap:async",
@@ -296,59 +266,157 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> No
     for row in ("hotswap:async", "hotswap:progressive"):
         ratio_line(f"{row} first output vs dynamo trace + eager call", row, "first_output_s",
                    "torch:eager-backend", "first_output_s", 1.5)
+    for row in ("async", "progressive"):
+        ratio_line(f"{row}: hotswap time to final vs PyTorch's {row}+subprocess",
+                   f"hotswap:{row}", "to_final_s", f"pytorch:{row}+subprocess", "to_final_s", 1.0)
     for row in ("hotswap:async", "hotswap:progressive"):
-        r = by_row.get(row)
-        if r and "error" not in r:
+        found = by_row.get(row)
+        if found and "error" not in found:
+            r = found
             limit = 2 * r["eager_ms"] + 10
-            print(f"  {row} largest call {r['largest_call_ms']:.1f} ms vs 2x eager + 10 ms = "
-                  f"{limit:.1f} ms {'met' if r['largest_call_ms'] <= limit else 'MISSED'}")
+            lines.append(f"  {row} largest call {r['largest_call_ms']:.1f} ms vs 2x eager + 10 ms"
+                         f" = {limit:.1f} ms {'met' if r['largest_call_ms'] <= limit else 'MISSED'}")
     if dispatch is not None:
         over = dispatch["overhead_ns"] / 1e3
-        print(f"  dispatch overhead: {dispatch['runner_ns']:.0f} ns via hotswap vs "
-              f"{dispatch['direct_ns']:.0f} ns direct = {over:.2f} us (target <= 2 us) "
-              f"{'met' if over <= 2 else 'MISSED'}")
+        lines.append(f"  dispatch overhead: {dispatch['runner_ns']:.0f} ns via hotswap vs "
+                     f"{dispatch['direct_ns']:.0f} ns direct = {over:.2f} us (target <= 2 us) "
+                     f"{'met' if over <= 2 else 'MISSED'}")
+    return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="mlp",
-                        help="mlp, transformer or matmul-relu (default mlp)")
-    parser.add_argument("--models", default=None, help="comma list; runs each (default: --model)")
-    parser.add_argument("--rows", default=",".join(ROWS), help="comma list of rows")
-    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    parser.add_argument("--workers", type=int, default=2)
+QUICK = {"models": "matmul-relu", "timeout_s": 45.0,
+         "rows": "hotswap:async,hotswap:progressive,torch:eager-backend,torch:default,"
+                 "torch:max-autotune,pytorch:async+subprocess,pytorch:progressive+subprocess"}
+
+
+def machine() -> dict[str, str]:
+    import platform
+
+    import torch
+
+    info = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
+            "torch": torch.__version__, "cpus": str(os.cpu_count())}
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            pass
+    else:
+        info["device"] = platform.processor() or platform.machine()
+    return info
+
+
+def write_markdown(path: str, device: str, sections: list[tuple[str, list[str]]],
+                   info: dict[str, str], command: str) -> None:
+    """Replace (or append) this device's ``hotswap bench`` section of ``path``."""
+    begin, end = f"<!-- hotswap bench: {device} -->", f"<!-- end hotswap bench: {device} -->"
+    body = [begin, f"### `hotswap bench` on {info.get('device')} ({device}), {info['date']}", "",
+            "torch " + info["torch"] + (f", triton {info['triton']}" if "triton" in info else "")
+            + f", Python {info['python']}, {info['cpus']} CPUs. Command: `{command}`", ""]
+    for title, lines in sections:
+        body += [f"{title}:", "", "```", *lines, "```", ""]
+    body.append(end)
+    text = "# Benchmarks\n"
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + "\n".join(body) + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(body) + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default="mlp",
+                        help=f"comma list of zoo models (default mlp); one of {list(BENCH_MODELS)}")
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma list of rows (default all)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--workers", type=int, default=2, help="hotswap pool size (default 2)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per row (default 300)")
     parser.add_argument("--interval-ms", type=float, default=5.0,
                         help="pause between served calls (default 5)")
+    parser.add_argument("--warm", action="store_true",
+                        help="also run each hotswap and torch row a second time on the caches "
+                             "its first run left (rows marked 'warm')")
+    parser.add_argument("--quick", action="store_true",
+                        help="the GPU-in-10-minutes preset: " + ", ".join(
+                            f"{k}={v}" for k, v in QUICK.items()))
     parser.add_argument("--json", default=None, help="also write all results to this file")
+    parser.add_argument("--write-md", default=None, metavar="PATH",
+                        help="write the tables into PATH (e.g. BENCHMARKS.md), replacing this "
+                             "device's earlier section")
     parser.add_argument("--row", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.device is None:
+        args.device = "cuda" if _cuda() else "cpu"
     if args.row == "hotswap:dispatch":
         print(json.dumps(dispatch_overhead(args)))
-        return
+        return 0
     if args.row:
         print(json.dumps(run_row(args)))
-        return
+        return 0
+    if args.quick:
+        args.models, args.rows, args.timeout_s = QUICK["models"], QUICK["rows"], QUICK["timeout_s"]
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
-    everything: dict[str, Any] = {"rows": []}
-    for model in (args.models or args.model).split(","):
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in BENCH_MODELS]
+    if bad:
+        raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)}")
+    everything: dict[str, Any] = {"machine": machine(), "rows": [], "dispatch": {}}
+    sections: list[tuple[str, list[str]]] = []
+    for model in models:
         args.model = model
         print(f"\n== {model} on {args.device} (each row a fresh process, cold caches) ==")
         results = []
         for row in rows:
             print(f"  running {row} ...", flush=True)
             results.append(spawn_row(row, args))
+            if args.warm and not row.startswith("pytorch:"):
+                print(f"  running {row} (warm) ...", flush=True)
+                results.append(spawn_row(row, args, warm=True))
         dispatch = spawn_row("hotswap:dispatch", args)
-        report(results, dispatch if "error" not in dispatch else None)
+        lines = report(results, dispatch if "error" not in dispatch else None)
+        print("\n" + "\n".join(lines))
+        sections.append((f"{model} ({args.device})", lines))
         everything["rows"] += results
-        everything["dispatch"] = dispatch
+        everything["dispatch"][model] = dispatch
     if args.json:
         with open(args.json, "w") as f:
             json.dump(everything, f, indent=2)
+    if args.write_md:
+        command = "hotswap bench " + " ".join(
+            a for a in sys.argv[1:] if not a.startswith("--write-md") and a != args.write_md)
+        write_markdown(args.write_md, args.device, sections, everything["machine"],
+                       command.replace("hotswap bench bench", "hotswap bench"))
+        print(f"\nwrote the {args.device} section of {args.write_md}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("bench", help="hotswap's modes vs torch.compile and PyTorch's modes",
+                            description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hotswap bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 def _cuda() -> bool:
@@ -361,4 +429,4 @@ def _cuda() -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -79,9 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--cache-dir", default=None,
                        help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
     cache.set_defaults(func=_cache)
-    from hotswap import profile_cmd
+    from hotswap import benchmark, profile_cmd, stress
 
     profile_cmd.add_parser(sub)
+    stress.add_parser(sub)
+    benchmark.add_parser(sub)
     return parser
 
 

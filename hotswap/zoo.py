@@ -110,6 +110,10 @@ def graph_break(x: torch.Tensor) -> torch.Tensor:
     return (y.softmax(-1) @ x).tanh()
 
 
+def matmul_relu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x @ y).relu()
+
+
 def adds500(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """PyTorch's own async-compile test: a long chain of adds (forward and backward)."""
     for _ in range(500):
@@ -167,6 +171,14 @@ def _pointwise(device: str, dtype: torch.dtype) -> Workload:
     n = 1 << 16 if device == "cpu" else 1 << 24
     return _function("pointwise", pointwise, _fixed(_rand(n, device=device, dtype=dtype),
                                                      _rand(n, device=device, dtype=dtype)), dtype)
+
+
+def _matmul_relu(device: str, dtype: torch.dtype) -> Workload:
+    """PyTorch's own progressive-compile test: (x @ y).relu(), x 1152x1024, y 1024x1024."""
+    n, k = (288, 256) if device == "cpu" else (1152, 1024)
+    return _function("matmul-relu", matmul_relu, _fixed(_rand(n, k, device=device, dtype=dtype),
+                                                        _rand(k, k, device=device, dtype=dtype)),
+                     dtype)
 
 
 def _graph_break(device: str, dtype: torch.dtype) -> Workload:
@@ -237,6 +249,7 @@ MODELS: dict[str, Callable[[str, torch.dtype], Workload]] = {
     "transformer": _transformer,
     "reductions": _reductions,
     "pointwise": _pointwise,
+    "matmul-relu": _matmul_relu,
     "graph-break": _graph_break,
     "training": _training,
     "dynamic": _dynamic,

@@ -6,9 +6,8 @@ Uses the Python it runs under (torch, triton, psutil, msgpack, filelock preinsta
 installs hotswap from this checkout with pip --no-index --no-deps (nothing is fetched). Steps,
 each bounded so the whole stays under --budget-s (default 540 s):
   1. pytest tests/gpu           -> DIR/gpu_tests.log, DIR/gpu_tests.xml
-  2. quick benchmark            -> DIR/bench.log, DIR/bench.json   (scripts/bench_modes.py on
-     PyTorch's matmul+relu: hotswap async/progressive, torch.compile with the eager backend
-     and with max-autotune, PyTorch's progressive+subprocess; 75 s per row at most)
+  2. hotswap bench --quick      -> DIR/bench.log, DIR/bench.json, DIR/BENCHMARKS.md (the
+     repository's, with its GPU section replaced by this run's: copy it back to keep it)
   3. hotswap profile --model    -> DIR/profile/ (report.txt, trace.json, records)
 DIR/summary.json holds the outcome of each step; DIR/gpu_check.log everything printed.
 Exit status: 0 when the tests passed and every step finished.
@@ -27,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH_ROWS = ("hotswap:async,hotswap:progressive,torch:eager-backend,torch:max-autotune,"
-              "pytorch:progressive+subprocess")
 
 
 class Log:
@@ -134,10 +131,11 @@ def main() -> int:
         summary["steps"]["tests"] = step
         log(f"  tests: {step['results']}")
     if "bench" not in skip:
-        step = _run([*env_py, "scripts/bench_modes.py", "--device", "cuda", "--models",
-                     "matmul-relu", "--rows", BENCH_ROWS, "--timeout-s", "75",
-                     "--json", str(out / "bench.json")], out / "bench.log", left(reserve_s=80),
-                    log)
+        if (REPO / "BENCHMARKS.md").exists():
+            (out / "BENCHMARKS.md").write_text((REPO / "BENCHMARKS.md").read_text())
+        step = _run([*env_py, "-m", "hotswap.benchmark", "--quick", "--device", "cuda",
+                     "--json", str(out / "bench.json"), "--write-md", str(out / "BENCHMARKS.md")],
+                    out / "bench.log", left(reserve_s=60), log)
         if (out / "bench.json").exists():
             step["results"] = json.loads((out / "bench.json").read_text())
         summary["steps"]["bench"] = step

@@ -311,3 +311,19 @@ def test_on_failure_raise_in_subprocess_mode_raises_at_the_first_call() -> None:
         error = getattr(error, "inner_exception", None) or error.__cause__
     failed = [e for e in chain if isinstance(e, hotswap.TierFailed)]
     assert failed and failed[0].tier == "broken" and "C++ compiler" in failed[0].reason
+
+
+def test_a_500_node_chain_travels_and_compiles_forward_and_backward() -> None:
+    """PyTorch's async test graph: deep enough that pickling an fx.Graph (a linked list of
+    nodes) overflows the stack guard; hotswap ships node records instead."""
+    from hotswap import zoo
+
+    workload = zoo.make("adds500")
+    compiled = hotswap.compile(workload.target, mode="async", workers=2)
+    with hotswap.counters_delta() as d:
+        for step in range(2):
+            _close(workload.step(compiled, step), workload.reference(step))
+        [status] = hotswap.wait(compiled, timeout_s=240)
+        _close(workload.step(compiled, 2), workload.reference(2))
+    assert status.tier == "default" and not status.failures, status
+    assert d["worker_compiles"] == 1 and d["eager_calls"] == 2

@@ -1,0 +1,51 @@
+"""``hotswap bench`` on a tiny preset: the structure of what it measures and writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hotswap import benchmark
+
+ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
+            "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters"}
+
+
+def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out, md = tmp_path / "bench.json", tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\nhand-written notes stay\n")
+    argv = ["--models", "pointwise", "--rows", "hotswap:async,torch:eager-backend",
+            "--device", "cpu", "--timeout-s", "90", "--json", str(out), "--write-md", str(md)]
+    assert benchmark.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert [r["row"] for r in data["rows"]] == ["hotswap:async", "torch:eager-backend"]
+    for row in data["rows"]:
+        assert set(row) >= ROW_KEYS, row
+        assert row["to_final_s"] is not None and row["peak_rss_mib"] > 0
+    assert data["rows"][0]["counters"]["worker_compiles"] == 1
+    assert "dispatch" in data and "torch" in data["machine"]
+    printed = capsys.readouterr().out
+    assert "hotswap:async first output vs dynamo trace + eager call" in printed
+    text = md.read_text()
+    assert text.startswith("# Benchmarks\n\nhand-written notes stay")
+    assert text.count("<!-- hotswap bench: cpu -->") == 1 and "pointwise (cpu)" in text
+
+
+def test_markdown_section_is_replaced_not_repeated(tmp_path: Path) -> None:
+    md = tmp_path / "B.md"
+    info = {"date": "d", "torch": "t", "python": "p", "cpus": "2", "device": "x"}
+    for n in (1, 2):
+        benchmark.write_markdown(str(md), "cpu", [("m", [f"run {n}"])], info, "hotswap bench")
+    benchmark.write_markdown(str(md), "cuda", [("m", ["gpu"])], info, "hotswap bench")
+    text = md.read_text()
+    assert "run 1" not in text and text.count("run 2") == 1 and "gpu" in text
+
+
+def test_bad_rows_and_models() -> None:
+    with pytest.raises(SystemExit, match="unknown rows"):
+        benchmark.main(["--rows", "hotswap:warp", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="unknown bench models"):
+        benchmark.main(["--models", "training", "--device", "cpu"])
