@@ -8,6 +8,7 @@ the tier's config, and the environment stamp (torch build, triton, devices, form
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 from collections.abc import Iterable
@@ -18,18 +19,24 @@ import torch
 from hotswap.cache.store import FORMAT_VERSION
 from hotswap.orchestrator.transport import get_attr_value
 
-__all__ = ["cache_key", "environment_stamp"]
+__all__ = ["cache_key", "environment_stamp", "prepare_stamp"]
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_version() -> str | None:
+    """From the package metadata (a scan of sys.path: tens of ms, so once per process)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def environment_stamp(devices: Iterable[str] = ()) -> dict[str, Any]:
     """What an artifact was built for; an entry with another stamp is never loaded. Cheap on
     purpose (it runs in the user's first call): versions and the build commit, not a source hash."""
-    from importlib import metadata
-
-    try:
-        triton_version: str | None = metadata.version("triton")
-    except metadata.PackageNotFoundError:
-        triton_version = None
+    triton_version = _triton_version()
     gpus = []
     for device in sorted(set(devices)):
         if device.startswith("cuda") and torch.cuda.is_available():
@@ -39,6 +46,11 @@ def environment_stamp(devices: Iterable[str] = ()) -> dict[str, Any]:
     return {"format": FORMAT_VERSION, "torch": torch.__version__,
             "torch_build": torch.version.git_version, "cuda": torch.version.cuda,
             "triton": triton_version, "gpus": gpus}
+
+
+def prepare_stamp() -> None:
+    """Look the versions up ahead of the first graph (call it off the user's thread)."""
+    _triton_version()
 
 
 def _tensor_digest(t: torch.Tensor) -> str:

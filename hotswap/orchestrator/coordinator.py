@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 
 from hotswap import testing
+from hotswap.cache.key import prepare_stamp
 from hotswap.errors import (
     HotswapError,
     JobTimeout,
@@ -121,6 +122,8 @@ class Coordinator:
         self._prewarmed = False
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
+            # The cache stamp's version lookups, off the user's first call.
+            threading.Thread(target=prepare_stamp, daemon=True, name="hotswap-stamp").start()
 
     # ------------------------------------------------------------------ backend entry
 
