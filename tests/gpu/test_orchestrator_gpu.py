@@ -126,3 +126,47 @@ def test_dynamic_batch_on_gpu() -> None:
             x = torch.randn(n, 64, device="cuda")
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
     assert d["eager_calls"] == 0
+
+
+def test_worker_killed_during_autotuning_is_retried_and_the_ladder_completes() -> None:
+    import os
+    import signal
+    import threading
+
+    from hotswap.orchestrator.pools import shared_pool
+
+    torch._dynamo.reset()
+    x, y = matmul_relu_inputs()
+    salt = float(int.from_bytes(os.urandom(2), "little") % 97 + 2)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return matmul_relu(a, b) * salt  # a graph no cache has seen: it really autotunes
+
+    top = TIERS[-1]
+    pool = shared_pool(2)
+    pool.wait_ready(300)
+    killed: list[int] = []
+
+    def on_stage(event: object) -> None:
+        # graph_unpickle of the max-autotune job: that worker is about to autotune. Kill it
+        # a moment in, while autotuning benchmarks its kernel choices.
+        if (getattr(event, "name", "") == "graph_unpickle" and not killed
+                and getattr(event, "attrs", {}).get("tier") == top):
+            pid = event.pid  # type: ignore[attr-defined]
+            killed.append(pid)
+            threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+
+    unsubscribe = pool.subscribe(on_stage)
+    restarts = pool.restarts
+    try:
+        with hotswap.counters_delta() as d:
+            compiled = hotswap.compile(f, mode="progressive", fullgraph=True, tiers=TIERS,
+                                       workers=2)
+            served = _serve_until_final(compiled, lambda: compiled(x, y))
+    finally:
+        unsubscribe()
+    [status] = hotswap.status(compiled)
+    assert killed and d["worker_crashes"] == 1 and pool.restarts == restarts + 1
+    assert not status.failures, status  # the retry compiled it
+    assert status.tier in TIERS and served["eager"] >= 1
+    torch.testing.assert_close(compiled(x, y), f(x, y), rtol=2e-2, atol=2e-2)
