@@ -38,6 +38,7 @@ from hotswap.errors import (
     SerializationFailed,
     WorkerCrashed,
 )
+from hotswap.orchestrator import compat
 from hotswap.orchestrator.artifacts import load_artifact, load_entry, pack_entry
 from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
 from hotswap.orchestrator.cache_access import CacheAccess
@@ -246,7 +247,15 @@ class Coordinator:
             fn = load_entry(entry)
             self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
         except Exception as e:
-            self._fail(runner, tier.name, f"cached artifact failed to load: {type(e).__name__}: {e}")
+            request = self._requests.get(runner.graph_id)
+            if request is None:
+                self._fail(runner, tier.name,
+                           f"cached artifact failed to load: {type(e).__name__}: {e}")
+                return
+            # As in the blocking modes: compile it again (its result replaces the entry).
+            log.warning("hotswap: cached artifact of graph %s tier %r failed to load (%s: %s); "
+                        "compiling it again", runner.graph_id, tier.name, type(e).__name__, e)
+            self._submit(runner, request, tier, retries=1, key=key)
             return
         self.gate.remember(runner, tier.name, entry)
         self.gate.offer(runner, tier.name, fn, self._requests.get(runner.graph_id),
@@ -290,17 +299,42 @@ class Coordinator:
 
     def _compile_inprocess(self, runner: GraphRunner, gm: torch.fx.GraphModule,
                            example_inputs: list[Any], tier: Tier) -> None:
-        from torch._inductor.compile_fx import compile_fx
-
+        """Inductor right here. With a cache: serve a hit, or compile saveably and store."""
+        described = describe_inputs(gm, example_inputs)
+        key = None
+        if not isinstance(described, str):
+            key = self.cache.keys(gm, described, torch.is_grad_enabled(), [tier]).get(tier.name)
+        if key is not None and self._serve_cached_now(runner, tier, key):
+            return
         t = time.monotonic()
         try:
-            fn: Any = compile_fx(gm, example_inputs, config_patches=dict(tier.config))
+            if key is None:
+                from torch._inductor.compile_fx import compile_fx
+
+                fn: Any = compile_fx(gm, example_inputs, config_patches=dict(tier.config))
+            else:
+                assert not isinstance(described, str)
+                fn = self._compile_inprocess_and_store(runner, gm, example_inputs, tier, key,
+                                                       described)
         except Exception as e:
             self._fail(runner, tier.name, f"inductor raised {type(e).__name__}: {e}")
             return
         self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
         bump("inprocess_compiles")
         runner.serve_now(tier.name, fn)
+
+    def _compile_inprocess_and_store(self, runner: GraphRunner, gm: torch.fx.GraphModule,
+                                     example_inputs: list[Any], tier: Tier, key: str,
+                                     inputs: tuple[InputMeta, ...]) -> Any:
+        """standalone_compile (inductor's compile plus a saveable artifact), stored like a
+        worker's result, kernel files included."""
+        started = time.time() - 1.0  # mtime granularity
+        artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
+                                             dynamic=any(m.symbols for m in inputs))
+        files = compat.files_written_since(compat.inductor_cache_dir(), started)
+        self.cache.store(key, CompileResult(runner.graph_id, tier.name,
+                                            compat.artifact_to_bytes(artifact), files))
+        return artifact
 
     def _job(self, runner: GraphRunner, request: _Request, tier: Tier) -> JobFuture:
         plan = testing.active()

@@ -46,14 +46,36 @@ def _run(mode: str, cache_dir: Path, inductor_dir: Path | None = None) -> dict[s
     return result
 
 
-@pytest.mark.parametrize("mode", ["async", "subprocess"])
+@pytest.mark.parametrize("mode", ["async", "subprocess", "inprocess"])
 def test_second_process_hits_the_cache(tmp_path: Path, mode: str) -> None:
+    compiles = "inprocess_compiles" if mode == "inprocess" else "worker_compiles"
     cold = _run(mode, tmp_path / "cache")
     warm = _run(mode, tmp_path / "cache")
     for run in (cold, warm):
         assert run["ok"] and run["tier"] == "default" and not run["failures"], run
-    assert cold["delta"]["worker_compiles"] == 1 and cold["delta"]["cache_hits"] == 0  # type: ignore[index]
-    assert warm["delta"]["worker_compiles"] == 0 and warm["delta"]["cache_hits"] == 1  # type: ignore[index]
+    assert cold["delta"][compiles] == 1 and cold["delta"]["cache_hits"] == 0  # type: ignore[index]
+    assert warm["delta"][compiles] == 0 and warm["delta"]["cache_hits"] == 1  # type: ignore[index]
+
+
+def test_modes_share_entries_and_an_unloadable_entry_is_compiled_again(tmp_path: Path) -> None:
+    """An entry written in-process serves a worker mode; an entry that verifies but whose
+    artifact will not load is compiled again in the background modes (and replaced)."""
+    from hotswap.cache import ArtifactCache
+    from hotswap.orchestrator.artifacts import pack_entry
+
+    cache_dir = tmp_path / "cache"
+    assert _run("inprocess", cache_dir)["delta"]["inprocess_compiles"] == 1  # type: ignore[index]
+    shared = _run("async", cache_dir)
+    assert shared["delta"]["cache_hits"] == 1 and shared["delta"]["worker_compiles"] == 0  # type: ignore[index]
+    stamp = environment_stamp({"cpu"})
+    cache = ArtifactCache(cache_dir, stamp=stamp)
+    [entry] = cache.entries()
+    cache.put(entry.key, pack_entry(b"not an artifact", {}), tier=entry.tier)  # signed, unloadable
+    again = _run("async", cache_dir)
+    assert again["ok"] and again["tier"] == "default" and not again["failures"], again
+    assert again["delta"]["cache_hits"] == 1 and again["delta"]["worker_compiles"] == 1  # type: ignore[index]
+    healed = _run("async", cache_dir)
+    assert healed["delta"]["cache_hits"] == 1 and healed["delta"]["worker_compiles"] == 0  # type: ignore[index]
 
 
 def test_key_changes_with_each_of_its_parts() -> None:
