@@ -305,8 +305,11 @@ def parse_faults(spec: str, *, seed: int = 0, slow_s: float = 0.2) -> testing.Fa
 def add_parser(sub: Any) -> None:
     from hotswap import zoo
 
+    import argparse
+
     stress = sub.add_parser("stress", help="zoo models x modes x concurrency x injected faults",
-                            description=__doc__)
+                            description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     stress.add_argument("--models", default=",".join(zoo.MODELS),
                         help=f"comma list (default: all of {','.join(zoo.MODELS)})")
     stress.add_argument("--modes", default=",".join(MODES), help="comma list (default: all four)")
