@@ -303,9 +303,9 @@ def parse_faults(spec: str, *, seed: int = 0, slow_s: float = 0.2) -> testing.Fa
 
 
 def add_parser(sub: Any) -> None:
-    from hotswap import zoo
-
     import argparse
+
+    from hotswap import zoo
 
     stress = sub.add_parser("stress", help="zoo models x modes x concurrency x injected faults",
                             description=__doc__,
