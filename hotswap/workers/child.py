@@ -211,6 +211,22 @@ def _watch_parent(parent_pid: int) -> None:
     _kill_own_group_and_exit()
 
 
+def _lower_priority(nice: int) -> None:
+    """Background compile work must not slow the user's process down: lower our priority
+    (inherited by the compiler subprocesses we start) before any real work.
+
+    A niceness alone is not enough on Linux. We lead a session of our own, and with autogroup
+    scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default) the CPU is shared
+    between sessions first and by niceness only within one: a niced worker still got half the
+    CPU against the user's session, and the user's calls stalled while it compiled. The
+    session's own niceness (``/proc/self/autogroup``, see sched(7)) is what makes it yield.
+    """
+    with contextlib.suppress(OSError):
+        os.nice(nice)
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+        f.write(str(nice))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hotswap.workers")
     parser.add_argument("--read-fd", type=int, required=True)
@@ -235,10 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     init = decode_control(init_frame.payload)
     if init.get("nice"):
-        # Background compile work must not slow the user's process down: lower our priority
-        # (inherited by the compiler subprocesses we start) before any real work.
-        with contextlib.suppress(OSError):
-            os.nice(int(init["nice"]))
+        _lower_priority(int(init["nice"]))
     for entry in reversed(init.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -27,3 +27,12 @@ def pid(_: Any = None) -> int:
 
 def niceness(_: Any = None) -> int:
     return os.nice(0)
+
+
+def autogroup_nice(_: Any = None) -> int | None:
+    """The niceness of this process's autogroup (None where the kernel has no autogroups)."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            return int(f.read().split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return None

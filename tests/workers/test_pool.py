@@ -24,6 +24,7 @@ from hotswap.errors import (
 from hotswap.workers import JobFuture, StageEvent, WorkerPool
 from hotswap.workers.faults import FailsToUnpickle
 from tests.conftest import gone, wait_gone
+from tests.workers import jobs
 
 F = "hotswap.workers.faults:"
 J = "tests.workers.jobs:"
@@ -194,6 +195,10 @@ def test_worker_env_hook_per_slot() -> None:
 def test_nice_lowers_worker_priority() -> None:
     with WorkerPool(1, warm_modules=(), nice=5) as pool:
         assert pool.submit(J + "niceness").result(timeout=30) == os.nice(0) + 5
+        # Workers lead their own session: with autogroup scheduling its niceness is what
+        # decides the CPU share against the caller's session.
+        if jobs.autogroup_nice() is not None:
+            assert pool.submit(J + "autogroup_nice").result(timeout=30) == 5
 
 
 def test_workers_prewarm_torch_by_default() -> None:
