@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from hotswap._env import env_number
 from hotswap.errors import PoolClosed, SerializationFailed
 from hotswap.workers.child import resolve_job
 from hotswap.workers.manager import Inbox, Job, Manager, PoolConfig, WorkerEnv
@@ -31,17 +32,9 @@ DEFAULT_WARM_MODULES: tuple[str, ...] = ("torch", "torch._inductor.compile_fx")
 
 def default_workers() -> int:
     """``HOTSWAP_WORKERS`` if set, else ``min(4, os.cpu_count())``."""
-    raw = os.environ.get("HOTSWAP_WORKERS")
-    if raw is None or raw.strip() == "":
-        return max(1, min(4, os.cpu_count() or 1))
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"HOTSWAP_WORKERS must be a whole number >= 1, got {raw!r}; unset it "
-                         "to use min(4, cpu count)")
-    return value
+    value = env_number("HOTSWAP_WORKERS", int, lambda v: v >= 1,
+                       "a whole number >= 1 (unset it to use min(4, cpu count))")
+    return value if value is not None else max(1, min(4, os.cpu_count() or 1))
 
 
 class JobFuture(Future[Any]):
