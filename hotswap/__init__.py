@@ -20,7 +20,7 @@ from hotswap.orchestrator.counters import counters, counters_delta
 from hotswap.workers import StageEvent, WorkerPool
 
 if TYPE_CHECKING:
-    from hotswap.orchestrator.api import backend, compile, status, wait
+    from hotswap.orchestrator.api import backend, compile, prepare, status, wait
     from hotswap.orchestrator.graph import GraphStatus, TierFailed
 
 __version__ = "0.1.0"
@@ -43,6 +43,7 @@ __all__ = [
     "compile",
     "counters",
     "counters_delta",
+    "prepare",
     "status",
     "wait",
 ]
@@ -50,6 +51,7 @@ __all__ = [
 _LAZY = {
     "backend": "hotswap.orchestrator.api",
     "compile": "hotswap.orchestrator.api",
+    "prepare": "hotswap.orchestrator.api",
     "status": "hotswap.orchestrator.api",
     "wait": "hotswap.orchestrator.api",
     "GraphStatus": "hotswap.orchestrator.graph",

@@ -9,7 +9,8 @@ serves:
   largest call      the slowest call after the first one (did a compile or a swap stall a call?)
   steady            median latency once final (CPU: wall-clock median; CUDA: do_bench)
   peak RSS          the row's process plus its compile workers, sampled every 50 ms
-hotswap rows start their worker pool and let it pre-warm before the first call ("warm pool").
+hotswap rows call ``hotswap.prepare(wait=True)`` before the first call: workers started and
+pre-warmed, this process's load path warmed ("warm pool").
 PyTorch's modes run with the cache switches their tests use (fx_graph_cache,
 autotune_local_cache and autograd cache off). ``torch:eager-backend`` (dynamo trace + eager
 call) is the baseline for first output.
@@ -77,11 +78,9 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     import hotswap
 
     if row.startswith("hotswap:"):
-        from hotswap.orchestrator.pools import shared_pool
-
         mode = row.split(":")[1]
-        if mode != "inprocess":
-            shared_pool(args.workers).wait_ready(300)
+        if mode != "inprocess":  # the workers ready and this process's load path warm
+            hotswap.prepare(workers=args.workers, devices=[args.device], wait=True, timeout_s=300)
         tiers = ["default", "max-autotune-no-cudagraphs"] if mode == "progressive" else None
         compiled = hotswap.compile(model, mode=mode, tiers=tiers, workers=args.workers)
 
@@ -136,10 +135,14 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.interval_ms / 1e3)
         steady_ms = (_timer(lambda: compiled(*inputs), args.device)
                      if final_s is not None else None)
+    later = sorted(durations[1:])
+    limit_s = (2 * eager_ms + 10) / 1e3
     return {
         "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
         "first_output_s": durations[0], "to_final_s": final_s,
-        "largest_call_ms": max(durations[1:], default=0.0) * 1e3, "calls": len(durations),
+        "largest_call_ms": max(later, default=0.0) * 1e3, "calls": len(durations),
+        "p99_call_ms": later[int(0.99 * (len(later) - 1))] * 1e3 if later else 0.0,
+        "calls_over_limit": sum(d > limit_s for d in later),
         "steady_ms": steady_ms, "peak_rss_mib": rss.stop() / 2**20,
         "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
                       if row.startswith("hotswap:") else {}),
@@ -274,8 +277,11 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> li
         if found and "error" not in found:
             r = found
             limit = 2 * r["eager_ms"] + 10
-            lines.append(f"  {row} largest call {r['largest_call_ms']:.1f} ms vs 2x eager + 10 ms"
-                         f" = {limit:.1f} ms {'met' if r['largest_call_ms'] <= limit else 'MISSED'}")
+            over = (f" (p99 {r['p99_call_ms']:.1f} ms; {r['calls_over_limit']} of "
+                    f"{r['calls'] - 1} calls over)" if "p99_call_ms" in r else "")
+            lines.append(f"  {row} largest call {r['largest_call_ms']:.1f} ms{over} vs 2x eager "
+                         f"+ 10 ms = {limit:.1f} ms "
+                         f"{'met' if r['largest_call_ms'] <= limit else 'MISSED'}")
     if dispatch is not None:
         over = dispatch["overhead_ns"] / 1e3
         lines.append(f"  dispatch overhead: {dispatch['runner_ns']:.0f} ns via hotswap vs "

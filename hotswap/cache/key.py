@@ -60,7 +60,8 @@ def _tensor_digest(t: torch.Tensor) -> str:
 
 
 def cache_key(gm: torch.fx.GraphModule, inputs: Iterable[Any], grad_enabled: bool,
-              tier_config: dict[str, Any], stamp: dict[str, Any]) -> str:
+              tier_config: dict[str, Any], stamp: dict[str, Any],
+              num_threads: int | None = None) -> str:
     h = hashlib.sha256()
     h.update(gm.code.encode())
     for node in gm.graph.find_nodes(op="get_attr"):
@@ -68,6 +69,8 @@ def cache_key(gm: torch.fx.GraphModule, inputs: Iterable[Any], grad_enabled: boo
         if isinstance(value, torch.Tensor):
             h.update(_tensor_digest(value).encode())
     h.update(repr(tuple(inputs)).encode())
-    h.update(json.dumps({"grad": grad_enabled, "config": tier_config, "stamp": stamp},
-                        sort_keys=True, default=repr).encode())
+    described = {"grad": grad_enabled, "config": tier_config, "stamp": stamp}
+    if num_threads is not None:  # CPU graphs: C++ kernels are generated for a thread count
+        described["threads"] = num_threads
+    h.update(json.dumps(described, sort_keys=True, default=repr).encode())
     return h.hexdigest()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
+import time
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -11,8 +14,10 @@ import torch
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.graph import GraphStatus
 from hotswap.orchestrator.options import Options
+from hotswap.orchestrator.pools import shared_pool
+from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 
-__all__ = ["backend", "compile", "hotswap_backend", "status", "wait"]
+__all__ = ["backend", "compile", "hotswap_backend", "prepare", "status", "wait"]
 
 _by_compiled: weakref.WeakKeyDictionary[Any, Coordinator] = weakref.WeakKeyDictionary()
 _all: weakref.WeakSet[Coordinator] = weakref.WeakSet()
@@ -75,6 +80,39 @@ def compile(
         _by_compiled[compiled] = coordinator
         _all.add(coordinator)
     return compiled
+
+
+def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
+            wait: bool = False, timeout_s: float | None = None) -> bool:
+    """Start the compile workers and warm this process's load path now, so that the first
+    swap neither waits for nor competes with one-time costs (about 1.5 s of imports, a hash of
+    torch's sources, on CPU inductor's vector-ISA probe). Call it at start-up, before serving;
+    ``hotswap.compile`` does the same on its own, later.
+
+    workers: the pool to start (as ``hotswap.compile(workers=...)``). devices: those the
+    graphs will run on (default "cpu", plus "cuda" when available). wait: block until the
+    workers are ready and the warm-up is done, or ``timeout_s`` passes. Returns whether
+    everything is ready (always True without ``wait``).
+    """
+    Options.create(workers=workers)  # the same checks as compile()
+    if devices is None:
+        devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    devices = [str(d) for d in devices]
+    unknown = [d for d in devices if d.split(":")[0] not in ("cpu", "cuda")]
+    if unknown:
+        raise ValueError(f"devices must be 'cpu' or 'cuda[:N]', got {unknown}")
+    pool = shared_pool(workers)
+    importlib.import_module("torch._dynamo")  # here, before the warm-up thread (warmup.py)
+    start_warmup(devices)
+    if not wait:
+        return True
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def remaining() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    ready = pool.wait_ready(remaining())
+    return wait_warmup(devices, remaining()) and ready
 
 
 def hotswap_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,

@@ -30,6 +30,7 @@ class BenchRequest:
     budget_ms: float = 200.0         # per tier
     purpose: str = "compare"         # "gate" or "compare"
     breakdown: bool = False          # also profile each tier's kernels
+    num_threads: int | None = None   # the caller's intra-op threads: time what it will run
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class BenchReply:
 def bench_tiers(request: BenchRequest) -> BenchReply:
     import torch
 
+    from hotswap.orchestrator import compat
     from hotswap.orchestrator.artifacts import load_entry
     from hotswap.orchestrator.compile_job import real_inputs
     from hotswap.orchestrator.transport import land_graph
@@ -61,7 +63,8 @@ def bench_tiers(request: BenchRequest) -> BenchReply:
                 calls[tier] = _bind(load_entry(entry), inputs)
             except Exception as e:
                 errors[tier] = f"failed to load: {type(e).__name__}: {e}"
-    with stage("bench", graph=request.graph_id), torch.set_grad_enabled(request.grad_enabled):
+    with (stage("bench", graph=request.graph_id), torch.set_grad_enabled(request.grad_enabled),
+          compat.intra_op_threads(request.num_threads)):
         benches = compare_tiers(request.graph_id, calls, device=device,
                                 budget_ms=request.budget_ms, purpose=request.purpose,
                                 errors=errors)

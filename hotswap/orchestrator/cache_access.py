@@ -47,7 +47,7 @@ class CacheAccess:
         return self._cache is not None
 
     def keys(self, gm: torch.fx.GraphModule, inputs: tuple[Any, ...], grad_enabled: bool,
-             wanted: list[Tier]) -> dict[str, str]:
+             wanted: list[Tier], num_threads: int | None = None) -> dict[str, str]:
         """Cache key per tier; opens the cache on first use. No cache, no keys."""
         with self._lock:
             if self._cache is None and not self._failed:
@@ -61,7 +61,8 @@ class CacheAccess:
         if self._cache is None or self._cache.stamp is None:
             return {}
         stamp = self._cache.stamp
-        return {t.name: cache_key(gm, inputs, grad_enabled, t.config, stamp) for t in wanted}
+        return {t.name: cache_key(gm, inputs, grad_enabled, t.config, stamp, num_threads)
+                for t in wanted}
 
     def get(self, key: str | None) -> bytes | None:
         """An entry, if the cache has a valid one; a refused entry counts in cache_rejects.

@@ -18,7 +18,7 @@ import torch
 
 __all__ = [
     "TORCH_VERSION", "artifact_from_bytes", "artifact_to_bytes", "dynamo_trace_start",
-    "inductor_events", "standalone_compile", "watch_dynamo_traces",
+    "inductor_events", "intra_op_threads", "standalone_compile", "watch_dynamo_traces",
 ]
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -66,6 +66,22 @@ def artifact_from_bytes(data: bytes) -> Callable[..., Any]:
             f.write(data)
         loaded: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
         return loaded
+
+
+@contextlib.contextmanager
+def intra_op_threads(num_threads: int | None) -> Iterator[None]:
+    """Run with the caller's intra-op thread count. Inductor's C++ code generation reads it
+    (a kernel for one thread is not parallelized; one for fewer threads than cores hardcodes
+    ``num_threads``), and CPU benchmarks must time what the caller will run."""
+    if num_threads is None or num_threads == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def inductor_cache_dir() -> str:

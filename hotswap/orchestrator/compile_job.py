@@ -48,6 +48,7 @@ class CompileRequest:
     graph_bytes: bytes           # transport.ship_graph(); unpickled only here, in the worker
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
+    num_threads: int | None = None  # the caller's intra-op threads (CPU graphs; C++ codegen)
     fault: str | None = None     # hotswap.testing: a fault to carry out instead of (or before)
     slow_s: float = 0.0          # compiling; never set outside tests and stress runs
 
@@ -185,7 +186,8 @@ def compile_graph(request: CompileRequest) -> CompileResult:
     global _files_since_s
     started = time.time() - 1.0  # mtime granularity
     with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,
-          torch.set_grad_enabled(request.grad_enabled)):
+          torch.set_grad_enabled(request.grad_enabled),
+          compat.intra_op_threads(request.num_threads)):
         data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)

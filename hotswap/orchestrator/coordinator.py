@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -47,10 +46,12 @@ from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
 from hotswap.orchestrator.inputs import describe_inputs
+from hotswap.orchestrator.loader import Loader
 from hotswap.orchestrator.options import Options, Tier
-from hotswap.orchestrator.pools import prewarm_loading, shared_pool
+from hotswap.orchestrator.pools import shared_pool
 from hotswap.orchestrator.recording import GRAPH_TIER, PROFILE_CONFIG, Recorder
 from hotswap.orchestrator.transport import ship_graph
+from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.workers import JobFuture
 
 __all__ = ["Coordinator"]
@@ -60,42 +61,15 @@ class _Request(NamedTuple):
     graph_bytes: bytes
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
+    num_threads: int | None  # the caller's intra-op threads, for graphs that run on the CPU
 
 
 log = logging.getLogger("hotswap")
 
 COMPILE_JOB = "hotswap.orchestrator.compile_job:compile_graph"
+# How long a load waits for the process warm-up of its devices (warmup.py) before it goes on.
+_WARMUP_WAIT_S = 60.0
 _graph_ids = itertools.count(1)
-
-
-class _Loader:
-    """One daemon thread that runs loads and swaps in order.
-
-    Not a ThreadPoolExecutor: those threads are joined at interpreter exit, so exiting would
-    wait for a load nobody will use. A daemon thread is simply dropped.
-    """
-
-    def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = (
-            queue.SimpleQueue())
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hotswap-load",
-                                                daemon=True)
-                self._thread.start()
-        self._tasks.put((fn, args))
-
-    def _run(self) -> None:
-        while True:
-            fn, args = self._tasks.get()
-            try:
-                fn(*args)
-            except Exception:  # _on_done records its own failures; this is a last resort
-                log.exception("hotswap loader task %r failed", fn)
 
 
 class Coordinator:
@@ -110,7 +84,7 @@ class Coordinator:
         self.runners: list[GraphRunner] = []
         self._requests: dict[str, _Request] = {}
         self._cond = threading.Condition()
-        self._loader = _Loader()
+        self._loader = Loader()
         self.recorder = Recorder(options.profile_dir)
         self.gate = Gate(enabled=options.gate and options.mode == "progressive",
                          threshold=options.gate_threshold, recorder=self.recorder,
@@ -120,7 +94,6 @@ class Coordinator:
                          notify=self._notify,
                          store_verdict=lambda key, v: self.cache.store_verdict(key, v))
         self.cache = CacheAccess(options.cache_dir, options.timeout_s)
-        self._prewarmed = False
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
             # The cache stamp's version lookups, off the user's first call.
@@ -154,15 +127,13 @@ class Coordinator:
             if request is not None:
                 self._requests[graph_id] = request
                 self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())
-                keys = self.cache.keys(gm, request.inputs, request.grad_enabled, wanted)
+                keys = self.cache.keys(gm, request.inputs, request.grad_enabled, wanted,
+                                       request.num_threads)
+                start_warmup(_devices(request))  # this process's load path (warmup.py)
                 if self.options.mode == "subprocess":
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
                     self._start_ladder(runner, request, wanted, keys)
-                    if not self._prewarmed:
-                        self._prewarmed = True
-                        devices = {m.device.split(":")[0] for m in request.inputs}
-                        self._loader.submit(prewarm_loading, devices)
         self._notify()
         return runner
 
@@ -172,6 +143,7 @@ class Coordinator:
         if cached is None:
             return False
         try:
+            self._await_warmup(runner)
             t = time.monotonic()
             fn = load_entry(cached)
             self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
@@ -243,6 +215,7 @@ class Coordinator:
     def _load_cached(self, runner: GraphRunner, tier: Tier, entry: bytes, key: str | None) -> None:
         """Loader thread: serve a cache hit (no worker involved)."""
         try:
+            self._await_warmup(runner)
             t = time.monotonic()
             fn = load_entry(entry)
             self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
@@ -293,7 +266,7 @@ class Coordinator:
         assert not isinstance(described, str)
         inputs = described
         # The caller's grad mode decides whether AOTAutograd builds a backward graph.
-        return _Request(graph_bytes, inputs, torch.is_grad_enabled())
+        return _Request(graph_bytes, inputs, torch.is_grad_enabled(), _cpu_threads(inputs))
 
     # ------------------------------------------------------------------ the three paths
 
@@ -303,7 +276,8 @@ class Coordinator:
         described = describe_inputs(gm, example_inputs)
         key = None
         if not isinstance(described, str):
-            key = self.cache.keys(gm, described, torch.is_grad_enabled(), [tier]).get(tier.name)
+            key = self.cache.keys(gm, described, torch.is_grad_enabled(), [tier],
+                                  _cpu_threads(described)).get(tier.name)
         if key is not None and self._serve_cached_now(runner, tier, key):
             return
         t = time.monotonic()
@@ -340,7 +314,7 @@ class Coordinator:
         plan = testing.active()
         fault = plan.draw_job_fault() if plan is not None else None
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
-                             request.inputs, request.grad_enabled, fault=fault,
+                             request.inputs, request.grad_enabled, request.num_threads, fault=fault,
                              slow_s=plan.slow_s if plan is not None else 0.0)
         return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
                                                         timeout_s=self.options.timeout_s)
@@ -437,10 +411,25 @@ class Coordinator:
 
     def _load(self, runner: GraphRunner, result: CompileResult) -> Any:
         bump("worker_compiles")
+        self._await_warmup(runner)
         t = time.monotonic()
         fn = load_artifact(result.artifact, result.files)
         self.recorder.span(runner, result.tier, "load", t, time.monotonic())
         return fn
+
+    def _await_warmup(self, runner: GraphRunner) -> None:
+        """Let the process warm-up of this graph's devices finish first (it does the load's
+        one-time work at a lower priority; loading now would redo it, competing with the
+        user's calls). The wait shows as the tier's ``warmup_wait`` stage."""
+        if self.options.mode == "inprocess":
+            return  # no warm-up: the compile right here paid for everything
+        request = self._requests.get(runner.graph_id)
+        t = time.monotonic()
+        if not wait_warmup(_devices(request) if request else (), timeout_s=_WARMUP_WAIT_S):
+            log.info("hotswap: warm-up still running after %.0f s; loading anyway",
+                     _WARMUP_WAIT_S)
+        if time.monotonic() - t > 1e-3:
+            self.recorder.span(runner, GRAPH_TIER, "warmup_wait", t, time.monotonic())
 
     def _fail(self, runner: GraphRunner, tier: str, reason: str) -> None:
         runner.fail(tier, reason)
@@ -467,6 +456,17 @@ class Coordinator:
                     break
                 self._cond.wait(remaining)
         return self.status()
+
+
+def _devices(request: _Request) -> set[str]:
+    return {m.device for m in request.inputs if m.symbol is None}
+
+
+def _cpu_threads(inputs: tuple[InputMeta, ...]) -> int | None:
+    """The caller's intra-op thread count when the graph runs on the CPU (what its C++
+    kernels are generated for); None for device graphs, whose artifacts do not depend on it."""
+    devices = {m.device.split(":")[0] for m in inputs if m.symbol is None}
+    return torch.get_num_threads() if not devices or "cpu" in devices else None
 
 
 def _profiled(tier: Tier) -> Tier:

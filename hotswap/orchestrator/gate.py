@@ -120,7 +120,8 @@ class Gate:
         bump("gate_benchmarks")
         bench = BenchRequest(runner.graph_id, pair, request.inputs, request.grad_enabled,
                              graph_bytes=request.graph_bytes if self._recorder.profiling else b"",
-                             budget_ms=self.budget_ms, purpose="gate")
+                             budget_ms=self.budget_ms, purpose="gate",
+                             num_threads=request.num_threads)
         self._submit(bench, self._decide, runner, candidate, serving, request)
 
     def _decide(self, runner: GraphRunner, candidate: _Candidate, serving: str, request: Any,
@@ -196,7 +197,7 @@ class Gate:
             self._comparisons += 1
         bench = BenchRequest(runner.graph_id, entries, request.inputs, request.grad_enabled,
                              graph_bytes=request.graph_bytes, budget_ms=self.budget_ms,
-                             purpose="compare", breakdown=True)
+                             purpose="compare", breakdown=True, num_threads=request.num_threads)
         self._submit(bench, self._compared, runner)
 
     def _submit(self, bench: BenchRequest, then: Callable[..., None], *args: Any) -> None:

@@ -6,10 +6,11 @@ import atexit
 import os
 import threading
 
+from hotswap._env import env_number
 from hotswap.workers import WorkerPool
 from hotswap.workers.pool import default_workers
 
-__all__ = ["prewarm_loading", "shared_pool"]
+__all__ = ["shared_pool"]
 
 _pools: dict[int | None, WorkerPool] = {}
 _pools_lock = threading.Lock()
@@ -35,46 +36,20 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
 
 
 def _worker_nice() -> int:
-    """Compile workers yield the CPU to the user's process: niceness +10 unless
-    HOTSWAP_WORKER_NICE says otherwise (0 keeps the caller's priority)."""
-    raw = os.environ.get("HOTSWAP_WORKER_NICE", "10")
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 19:
-        raise ValueError(f"HOTSWAP_WORKER_NICE must be a whole number from 0 to 19, got {raw!r}")
-    return value
+    """Compile workers yield the CPU to the user's process: niceness 19 (the lowest priority:
+    a worker gets what the user's threads leave) unless HOTSWAP_WORKER_NICE says otherwise
+    (0 keeps the caller's priority)."""
+    nice = env_number("HOTSWAP_WORKER_NICE", int, lambda v: 0 <= v <= 19,
+                      "a whole number from 0 to 19", default=19)
+    assert nice is not None
+    return nice
 
 
 def _rss_limit() -> int | None:
     """A worker whose memory passes HOTSWAP_WORKER_RSS_LIMIT_BYTES is killed and its job fails
     with MemoryLimitExceeded (default: no limit)."""
-    raw = os.environ.get("HOTSWAP_WORKER_RSS_LIMIT_BYTES", "")
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(f"HOTSWAP_WORKER_RSS_LIMIT_BYTES must be a number of bytes > 0, got {raw!r}")
-    return value
-
-
-def prewarm_loading(devices: set[str]) -> None:
-    """Pay the load path's one-time costs (imports; on CPU, inductor's vector-ISA probe, which
-    runs the C++ compiler) on the loader thread while workers compile, not during the swap."""
-    import torch._functorch._aot_autograd.autograd_cache
-    import torch._inductor.codecache
-    import torch._inductor.standalone_compile
-
-    if "cpu" in devices:
-        from torch._inductor import cpu_vec_isa
-
-        cpu_vec_isa.pick_vec_isa()
-    if any(d.startswith("cuda") for d in devices):
-        import torch._inductor.runtime.triton_heuristics  # noqa: F401
+    return env_number("HOTSWAP_WORKER_RSS_LIMIT_BYTES", int, lambda v: v > 0,
+                      "a number of bytes > 0")
 
 
 @atexit.register

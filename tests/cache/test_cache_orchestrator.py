@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import hotswap
 from hotswap.cache.key import cache_key, environment_stamp
 from hotswap.orchestrator.inputs import describe_inputs
 
@@ -108,6 +109,7 @@ def test_key_changes_with_each_of_its_parts() -> None:
         cache_key(gm_f, inputs_f, False, {}, {**stamp, "torch": "2.11.0"}),  # torch version
         cache_key(gm_f, inputs_f, False, {}, {**stamp, "gpus": ["H200 sm_90"]}),  # device
         cache_key(gm_f, inputs_f, False, {}, {**stamp, "format": 99}),       # format version
+        cache_key(gm_f, inputs_f, False, {}, stamp, num_threads=1),           # CPU threads
     ]
     assert len({base, *variants}) == len(variants) + 1
 
@@ -137,3 +139,23 @@ def test_warm_process_with_its_own_inductor_cache_receives_the_kernels(tmp_path:
     shipped = {p.name for p in (tmp_path / "inductor-cold").rglob("*.so")}
     received = {p.name for p in (tmp_path / "inductor-warm").rglob("*.so")}
     assert shipped and shipped <= received  # the C++ kernels came with the entry
+
+
+def test_cpu_graphs_compile_for_the_callers_thread_count() -> None:
+    """C++ kernels are generated for the caller's intra-op threads: the worker compiles with
+    them, and another thread count is another cache entry (not a hit of the wrong code)."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    before = torch.get_num_threads()
+    deltas = []
+    try:
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            torch._dynamo.reset()
+            with hotswap.counters_delta() as d:
+                compiled = hotswap.compile(model, mode="subprocess", workers=1)
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+            deltas.append((d["worker_compiles"], d["cache_hits"]))
+    finally:
+        torch.set_num_threads(before)
+    assert deltas == [(1, 0), (1, 0), (0, 1)]

@@ -1,0 +1,137 @@
+"""Warming this process's load path before the first artifact arrives.
+
+A first load in a process pays once for what every later load reuses: inductor's runtime
+imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU), a hash of
+torch's sources, and on CPU inductor's vector-ISA probe (g++ and a Python subprocess per ISA,
+over a second of CPU). Paid during the swap, that is seconds of delay; paid while the user's
+calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
+process, on a daemon thread of its own, in steps per device kind:
+
+    common   imports; then, at the lowest priority, the source hash
+    cpu      at the lowest priority: the vector-ISA probe, and a first (tiny) C++ kernel
+             loaded as inductor loads its own, which preprocesses its precompiled header
+    cuda     triton's runtime imports
+
+``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
+before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
+then), and loads wait for the step of their device so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from hotswap.orchestrator.loader import at_lowest_priority, quick_gil_handoff
+
+__all__ = ["start_warmup", "wait_warmup"]
+
+log = logging.getLogger("hotswap")
+
+
+def _common() -> None:
+    # Dynamo first: it and inductor import each other, and two threads entering that cycle
+    # at different modules at once get a half-initialized module and an ImportError (one of
+    # them could be the user's first call). Entering at dynamo, as the user's thread does,
+    # makes one thread wait for the other instead.
+    import torch._dynamo
+    import torch._functorch._aot_autograd.autograd_cache
+    import torch._inductor.codecache
+    import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
+    import torch._inductor.standalone_compile
+
+    torch_key = getattr(torch._inductor.codecache, "torch_key", None)  # one file hash per process
+    if torch_key is not None:
+        at_lowest_priority(torch_key)
+
+
+# A vectorized C++ kernel as inductor generates them: loading it does the first-load work of
+# every such kernel (vector-ISA probe, preprocessing inductor's precompiled C++ header).
+_TINY_CPU_KERNEL = r"""
+#include <torch/csrc/inductor/cpp_prefix.h>
+extern "C"  void  kernel(float* in_out_ptr0)
+{
+    auto tmp0 = at::vec::Vectorized<float>::loadu(in_out_ptr0, static_cast<int64_t>(1));
+    (tmp0 + tmp0).store(in_out_ptr0, static_cast<int64_t>(1));
+}
+"""
+
+
+def _cpu() -> None:
+    def first_kernel() -> None:
+        from torch._inductor import codecache, cpu_vec_isa
+
+        cpu_vec_isa.pick_vec_isa()
+        codecache.CppPythonBindingsCodeCache.load_pybinding(["float*"], _TINY_CPU_KERNEL)
+
+    at_lowest_priority(first_kernel)
+
+
+def _cuda() -> None:
+    import torch._inductor.runtime.triton_heuristics  # noqa: F401
+
+
+_STEPS: dict[str, Callable[[], None]] = {"common": _common, "cpu": _cpu, "cuda": _cuda}
+
+
+def _steps_for(devices: Iterable[str]) -> list[str]:
+    kinds = {d.split(":")[0] for d in devices}
+    return ["common", *(k for k in _STEPS if k != "common" and k in kinds)]
+
+
+class _Warmup:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: dict[str, threading.Event] = {}
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self, devices: Iterable[str]) -> list[threading.Event]:
+        events = []
+        with self._lock:
+            for step in _steps_for(devices):
+                if step not in self._done:
+                    self._done[step] = threading.Event()
+                    self._queue.put(step)
+                events.append(self._done[step])
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hotswap-warmup",
+                                                daemon=True)
+                self._thread.start()
+        return events
+
+    def _run(self) -> None:
+        while True:
+            step = self._queue.get()
+            t = time.monotonic()
+            try:
+                with quick_gil_handoff:
+                    _STEPS[step]()
+            except Exception as e:  # a load pays for it later, that is all
+                log.info("hotswap: warming the load path (%s) failed: %s: %s", step,
+                         type(e).__name__, e)
+            finally:
+                log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
+                self._done[step].set()
+
+
+_warmup = _Warmup()
+
+
+def start_warmup(devices: Iterable[str] = ()) -> None:
+    """Warm this process's load path for ``devices`` ("cpu", "cuda:0", ...) in the
+    background; steps already done or under way are not repeated."""
+    _warmup.start(devices)
+
+
+def wait_warmup(devices: Iterable[str] = (), timeout_s: float | None = None) -> bool:
+    """Start (if needed) and wait for the warm-up of ``devices``; False on timeout."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    for event in _warmup.start(devices):
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not event.wait(remaining):
+            return False
+    return True
