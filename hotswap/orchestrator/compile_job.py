@@ -69,7 +69,8 @@ _files_since_s: float | None = None
 
 def warm_worker(_: Any = None) -> None:
     """Run once per worker before it reports ready: pay every per-process cost of the first
-    compile (imports, the CPU vector-ISA probe, the CUDA context, inductor's compile pool)."""
+    compile (imports, the CPU vector-ISA probe, the CUDA context, inductor's compile pool, and
+    one tiny compile of the worker's device)."""
     global _files_since_s
     _files_since_s = time.time() - 1.0  # the first job also ships what warming up compiled
     import torch
@@ -79,6 +80,7 @@ def warm_worker(_: Any = None) -> None:
     from torch._inductor import cpu_vec_isa
 
     cpu_vec_isa.pick_vec_isa()
+    device = "cpu"
     if torch.cuda.is_available():
         torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.empty(1, device="cuda")
@@ -87,6 +89,25 @@ def warm_worker(_: Any = None) -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.warm_pool()
+        device = "cuda"
+    _compile_once(device)
+
+
+def _compile_once(device: str) -> None:
+    """One tiny compile end to end (graph -> AOTAutograd -> inductor -> kernels). The first
+    compile in a process pays lazy set-up that imports do not (decomposition tables, fake
+    tensor and codegen machinery): 0.5 s of AOTAutograd alone in a first real job (CPU and
+    H200), now paid before the worker reports ready."""
+    import torch
+
+    from hotswap.orchestrator import compat
+
+    def tiny(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + 1).relu()
+
+    with torch.no_grad():
+        compat.standalone_compile(torch.fx.symbolic_trace(tiny),
+                                  [torch.randn(64, device=device)], {})
 
 
 def _make_input(meta: InputMeta) -> Any:

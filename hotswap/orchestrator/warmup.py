@@ -10,7 +10,8 @@ process, on a daemon thread of its own, in steps per device kind:
     common   imports; then, at the lowest priority, the source hash
     cpu      at the lowest priority: the vector-ISA probe, and a first (tiny) C++ kernel
              loaded as inductor loads its own, which preprocesses its precompiled header
-    cuda     triton's runtime imports
+    cuda     triton's runtime imports; at the lowest priority triton's source hash and
+             driver start
 
 ``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
 before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
@@ -71,7 +72,13 @@ def _cpu() -> None:
 
 
 def _cuda() -> None:
-    import torch._inductor.runtime.triton_heuristics  # noqa: F401
+    import torch._inductor.runtime.triton_heuristics
+    import torch.utils._triton
+
+    # Triton's hash of its own sources and its driver's start: 0.5 s of the first CUDA load.
+    triton_hash = getattr(torch.utils._triton, "triton_hash_with_backend", None)
+    if triton_hash is not None:
+        at_lowest_priority(triton_hash)
 
 
 _STEPS: dict[str, Callable[[], None]] = {"common": _common, "cpu": _cpu, "cuda": _cuda}
