@@ -13,8 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_modes import _cuda, spawn_row
+# Runs from a checkout as it is (e.g. on a GPU machine without network): hotswap is one level up.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hotswap.benchmark import _cuda, spawn_row
 
 
 def main() -> None:
@@ -33,8 +34,8 @@ def main() -> None:
         args.model = model
         with tempfile.TemporaryDirectory(prefix="hotswap-bench-cache-") as shared:
             env = {"HOTSWAP_CACHE_DIR": shared}
-            cold = spawn_row(f"hotswap:{args.mode}", args, env)
-            warm = spawn_row(f"hotswap:{args.mode}", args, env)
+            cold = spawn_row(f"hotswap:{args.mode}", args, env=env)
+            warm = spawn_row(f"hotswap:{args.mode}", args, env=env)
         if "error" in cold or "error" in warm or not cold["to_final_s"] or not warm["to_final_s"]:
             print(f"{model:<14} failed: {cold.get('error') or warm.get('error') or 'no final'}")
             continue
