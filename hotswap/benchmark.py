@@ -120,6 +120,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
 
     before = hotswap.counters()
     durations: list[float] = []
+    offsets: list[float] = []
     final_s = None
     start = time.perf_counter()
     deadline = start + args.timeout_s
@@ -129,21 +130,27 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
             compiled(*inputs)
             sync()
             durations.append(time.perf_counter() - t)
+            offsets.append(t - start)
             if is_final():
                 final_s = time.perf_counter() - start
                 break
             time.sleep(args.interval_ms / 1e3)
+        peak_rss = rss.stop()  # its sampling thread takes the GIL: not during the steady timing
         steady_ms = (_timer(lambda: compiled(*inputs), args.device)
                      if final_s is not None else None)
     later = sorted(durations[1:])
     limit_s = (2 * eager_ms + 10) / 1e3
+    slowest = sorted(range(1, len(durations)), key=durations.__getitem__)[-5:][::-1]
     return {
         "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
         "first_output_s": durations[0], "to_final_s": final_s,
         "largest_call_ms": max(later, default=0.0) * 1e3, "calls": len(durations),
         "p99_call_ms": later[int(0.99 * (len(later) - 1))] * 1e3 if later else 0.0,
         "calls_over_limit": sum(d > limit_s for d in later),
-        "steady_ms": steady_ms, "peak_rss_mib": rss.stop() / 2**20,
+        # when the slowest calls started (s after the first call) and took (ms): matched
+        # against the stage timings, they say what stalled them
+        "slowest_calls": [(round(offsets[i], 3), round(durations[i] * 1e3, 2)) for i in slowest],
+        "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20,
         "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
                       if row.startswith("hotswap:") else {}),
         "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
@@ -233,6 +240,16 @@ def spawn_row(row: str, args: argparse.Namespace, *, warm: bool = False,
         return {"row": label, "error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
     result: dict[str, Any] = json.loads(lines[-1])
     result["row"] = label
+    return result
+
+
+def _timed_row(row: str, args: argparse.Namespace, *, warm: bool) -> dict[str, Any]:
+    label = f"{row} (warm)" if warm else row
+    print(f"  running {label} ...", end="", flush=True)
+    start = time.monotonic()
+    result = spawn_row(row, args, warm=warm)
+    print(f" {time.monotonic() - start:.0f} s{' (failed)' if 'error' in result else ''}",
+          flush=True)
     return result
 
 
@@ -391,11 +408,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n== {model} on {args.device} (each row a fresh process, cold caches) ==")
         results = []
         for row in rows:
-            print(f"  running {row} ...", flush=True)
-            results.append(spawn_row(row, args))
+            results.append(_timed_row(row, args, warm=False))
             if args.warm and not row.startswith("pytorch:"):
-                print(f"  running {row} (warm) ...", flush=True)
-                results.append(spawn_row(row, args, warm=True))
+                results.append(_timed_row(row, args, warm=True))
         dispatch = spawn_row("hotswap:dispatch", args)
         lines = report(results, dispatch if "error" not in dispatch else None)
         print("\n" + "\n".join(lines))

@@ -3,12 +3,13 @@
     python3 scripts/gpu_check.py --out DIR        (or scripts/gpu_check --out DIR)
 
 Uses the Python it runs under (torch, triton, psutil, msgpack, filelock preinstalled) and
-installs hotswap from this checkout with pip --no-index --no-deps (nothing is fetched). Steps,
-each bounded so the whole stays under --budget-s (default 540 s):
-  1. pytest tests/gpu           -> DIR/gpu_tests.log, DIR/gpu_tests.xml
-  2. hotswap bench --quick      -> DIR/bench.log, DIR/bench.json, DIR/BENCHMARKS.md (the
-     repository's, with its GPU section replaced by this run's: copy it back to keep it)
-  3. hotswap profile --model    -> DIR/profile/ (report.txt, trace.json, records)
+installs hotswap from this checkout with pip --no-index --no-deps (nothing is fetched). Steps
+(--steps, default tests,bench), each bounded so the whole stays under --budget-s (default 540 s):
+  tests    pytest tests/gpu           -> DIR/gpu_tests.log, DIR/gpu_tests.xml
+  bench    hotswap bench --quick      -> DIR/bench.log, DIR/bench.json, DIR/BENCHMARKS.md (the
+           repository's, with its GPU section replaced by this run's: copy it back to keep it)
+  profile  hotswap profile --model    -> DIR/profile/ (report.txt, trace.json, records); not in
+           the default set: tests and bench take most of the ten minutes on a fresh machine
 DIR/summary.json holds the outcome of each step; DIR/gpu_check.log everything printed.
 Exit status: 0 when the tests passed and every step finished.
 """
@@ -88,17 +89,21 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="directory for logs and summary.json")
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="wall-clock budget for all steps (default 540)")
-    parser.add_argument("--skip", default="", help="comma list of steps to skip: "
-                                                   "tests,bench,profile")
+    parser.add_argument("--steps", default="tests,bench",
+                        help="comma list of steps to run, from tests,bench,profile "
+                             "(default tests,bench)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     log = Log(out / "gpu_check.log")
     start = time.monotonic()
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    steps = {s.strip() for s in args.steps.split(",") if s.strip()}
+    unknown = steps - {"tests", "bench", "profile"}
+    if unknown or not steps:
+        parser.error(f"--steps: unknown {sorted(unknown)}; choose from tests, bench, profile")
 
     def left(reserve_s: float = 0.0) -> float:
-        return args.budget_s - (time.monotonic() - start) - reserve_s
+        return float(args.budget_s) - (time.monotonic() - start) - reserve_s
 
     _ensure_installed(log)
     import torch
@@ -123,23 +128,23 @@ def main() -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         return 2
     env_py = [sys.executable]
-    if "tests" not in skip:
+    if "tests" in steps:
         step = _run([*env_py, "-m", "pytest", "tests/gpu", "-q", "-s", "-p", "no:cacheprovider",
-                     f"--junitxml={out / 'gpu_tests.xml'}"], out / "gpu_tests.log",
-                    left(reserve_s=200), log)
+                     "--durations=0", f"--junitxml={out / 'gpu_tests.xml'}"], out / "gpu_tests.log",
+                    left(reserve_s=320 if "bench" in steps else 0), log)
         step["results"] = _junit(out / "gpu_tests.xml")
         summary["steps"]["tests"] = step
         log(f"  tests: {step['results']}")
-    if "bench" not in skip:
+    if "bench" in steps:
         if (REPO / "BENCHMARKS.md").exists():
             (out / "BENCHMARKS.md").write_text((REPO / "BENCHMARKS.md").read_text())
         step = _run([*env_py, "-m", "hotswap.benchmark", "--quick", "--device", "cuda",
                      "--json", str(out / "bench.json"), "--write-md", str(out / "BENCHMARKS.md")],
-                    out / "bench.log", left(reserve_s=60), log)
+                    out / "bench.log", left(reserve_s=60 if "profile" in steps else 0), log)
         if (out / "bench.json").exists():
             step["results"] = json.loads((out / "bench.json").read_text())
         summary["steps"]["bench"] = step
-    if "profile" not in skip:
+    if "profile" in steps:
         summary["steps"]["profile"] = _run(
             [*env_py, "-m", "hotswap.cli", "profile", "--model", "mlp", "--device", "cuda",
              "--dtype", "bfloat16", "--duration-s", str(max(10, int(left(30) - 30))),
@@ -147,8 +152,7 @@ def main() -> int:
             out / "profile.log", left(), log)
     summary["elapsed_s"] = round(time.monotonic() - start, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    steps = summary["steps"].values()
-    ok = all(s["rc"] == 0 for s in steps)
+    ok = all(s["rc"] == 0 for s in summary["steps"].values())
     log(f"done in {summary['elapsed_s']} s: {'all steps passed' if ok else 'SOME STEPS FAILED'}"
         f"; summary in {out / 'summary.json'}")
     return 0 if ok else 1

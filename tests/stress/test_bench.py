@@ -10,7 +10,8 @@ import pytest
 from hotswap import benchmark
 
 ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
-            "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters"}
+            "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters",
+            "slowest_calls"}
 
 
 def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
@@ -25,9 +26,18 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
     for row in data["rows"]:
         assert set(row) >= ROW_KEYS, row
         assert row["to_final_s"] is not None and row["peak_rss_mib"] > 0
+        # the slowest calls after the first, slowest first, the largest call among them
+        slowest = row["slowest_calls"]
+        assert len(slowest) == min(5, row["calls"] - 1)
+        ms = [took for _, took in slowest]
+        assert ms == sorted(ms, reverse=True)
+        if slowest:
+            assert ms[0] == pytest.approx(row["largest_call_ms"], abs=0.01)
+            assert all(0 < at <= row["to_final_s"] for at, _ in slowest)
     assert data["rows"][0]["counters"]["worker_compiles"] == 1
     assert "dispatch" in data and "torch" in data["machine"]
     printed = capsys.readouterr().out
+    assert "running hotswap:async ..." in printed and " s\n" in printed  # each row's wall time
     assert "hotswap:async first output vs dynamo trace + eager call" in printed
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\nhand-written notes stay")
