@@ -11,8 +11,9 @@
     runner(*args) -> compiled tier  <------------- atomic swap ---  (or runner.fail(tier, reason))
 
 In ``inprocess`` mode the graph is compiled right there by inductor; in ``subprocess`` mode the
-first call waits for the worker's artifact. Loading takes seconds, so it never runs on the pool's
-manager thread nor in the user's call (except in ``subprocess`` mode, where waiting is the point).
+first call waits for the worker's artifact (both in blocking.py). Loading takes seconds, so it
+never runs on the pool's manager thread nor in the user's call (except in ``subprocess`` mode,
+where waiting is the point).
 """
 
 from __future__ import annotations
@@ -23,25 +24,18 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from hotswap import testing
 from hotswap.cache.key import prepare_stamp
-from hotswap.errors import (
-    HotswapError,
-    JobTimeout,
-    MemoryLimitExceeded,
-    PoolClosed,
-    SerializationFailed,
-    WorkerCrashed,
-)
-from hotswap.orchestrator import compat
+from hotswap.errors import PoolClosed, WorkerCrashed
 from hotswap.orchestrator.artifacts import load_artifact, load_entry, pack_entry
 from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
+from hotswap.orchestrator.blocking import BlockingModes
 from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, InputMeta
+from hotswap.orchestrator.compile_job import CompileRequest, CompileResult
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
@@ -50,18 +44,18 @@ from hotswap.orchestrator.loader import Loader
 from hotswap.orchestrator.options import Options, Tier
 from hotswap.orchestrator.pools import shared_pool
 from hotswap.orchestrator.recording import GRAPH_TIER, PROFILE_CONFIG, Recorder
+from hotswap.orchestrator.request import (
+    GraphRequest,
+    count_error,
+    cpu_threads,
+    devices_of,
+    reason_of,
+)
 from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.workers import JobFuture
 
 __all__ = ["Coordinator"]
-
-
-class _Request(NamedTuple):
-    graph_bytes: bytes
-    inputs: tuple[InputMeta, ...]
-    grad_enabled: bool
-    num_threads: int | None  # the caller's intra-op threads, for graphs that run on the CPU
 
 
 log = logging.getLogger("hotswap")
@@ -72,7 +66,7 @@ _WARMUP_WAIT_S = 60.0
 _graph_ids = itertools.count(1)
 
 
-class Coordinator:
+class Coordinator(BlockingModes):
     """A dynamo backend (``torch.compile(m, backend=Coordinator(options))``) and its graphs.
 
     ``measure`` runs the gate's and the profile's benchmark requests (default: a worker job);
@@ -82,7 +76,7 @@ class Coordinator:
     def __init__(self, options: Options, *, measure: Measure | None = None) -> None:
         self.options = options
         self.runners: list[GraphRunner] = []
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, GraphRequest] = {}
         self._cond = threading.Condition()
         self._loader = Loader()
         self.recorder = Recorder(options.profile_dir)
@@ -129,7 +123,7 @@ class Coordinator:
                 self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())
                 keys = self.cache.keys(gm, request.inputs, request.grad_enabled, wanted,
                                        request.num_threads)
-                start_warmup(_devices(request))  # this process's load path (warmup.py)
+                start_warmup(devices_of(request))  # this process's load path (warmup.py)
                 if self.options.mode == "subprocess":
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
@@ -137,24 +131,7 @@ class Coordinator:
         self._notify()
         return runner
 
-    def _serve_cached_now(self, runner: GraphRunner, tier: Tier, key: str | None) -> bool:
-        """Blocking modes: load a hit before the call returns. False on a miss."""
-        cached = self.cache.get(key)
-        if cached is None:
-            return False
-        try:
-            self._await_warmup(runner)
-            t = time.monotonic()
-            fn = load_entry(cached)
-            self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
-        except Exception as e:
-            log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
-            return False
-        bump("cache_hits")
-        runner.serve_now(tier.name, fn)
-        return True
-
-    def _start_ladder(self, runner: GraphRunner, request: _Request, wanted: list[Tier],
+    def _start_ladder(self, runner: GraphRunner, request: GraphRequest, wanted: list[Tier],
                       keys: dict[str, str]) -> None:
         """Load the best tier the cache already has; start the tiers above it (lowest first,
         so the fast tier is ready first); tiers below it are not needed at all. A tier the
@@ -185,7 +162,7 @@ class Coordinator:
             else:
                 self._start_tier(runner, request, tier, keys.get(tier.name))
 
-    def _start_tier(self, runner: GraphRunner, request: _Request, tier: Tier,
+    def _start_tier(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
                     key: str | None) -> None:
         """Background modes: serve a cache hit, wait for another process compiling the same
         tier, or compile it. In the user's call: a miss costs one stat() and a lock try."""
@@ -204,7 +181,7 @@ class Coordinator:
             bump("cache_hits")
             self._loader.submit(self._then_check, self._load_cached, (runner, tier, cached, key))
 
-    def _await_other(self, runner: GraphRunner, request: _Request, tier: Tier, key: str) -> None:
+    def _await_other(self, runner: GraphRunner, request: GraphRequest, tier: Tier, key: str) -> None:
         """Background thread: wait until the process compiling ``key`` lets go, then start
         again (its entry is a hit now; if it failed, this process compiles)."""
         if not self.cache.wait_for_holder(key):
@@ -215,10 +192,7 @@ class Coordinator:
     def _load_cached(self, runner: GraphRunner, tier: Tier, entry: bytes, key: str | None) -> None:
         """Loader thread: serve a cache hit (no worker involved)."""
         try:
-            self._await_warmup(runner)
-            t = time.monotonic()
-            fn = load_entry(entry)
-            self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
+            fn = self._cache_load(runner, tier, entry)
         except Exception as e:
             request = self._requests.get(runner.graph_id)
             if request is None:
@@ -233,6 +207,14 @@ class Coordinator:
         self.gate.remember(runner, tier.name, entry)
         self.gate.offer(runner, tier.name, fn, self._requests.get(runner.graph_id),
                         verdict_key=key)
+
+    def _cache_load(self, runner: GraphRunner, tier: Tier, entry: bytes) -> Any:
+        """Load a cache entry once the warm-up is done; timed as the tier's cache_load."""
+        self._await_warmup(runner)
+        t = time.monotonic()
+        fn = load_entry(entry)
+        self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
+        return fn
 
     def _then_check(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Loader thread: run a load/swap/gate step; then, if its graph has nothing pending,
@@ -250,7 +232,7 @@ class Coordinator:
                                                         timeout_s=self.options.timeout_s)
 
     def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
-                 wanted: list[Tier]) -> _Request | None:
+                 wanted: list[Tier]) -> GraphRequest | None:
         described = describe_inputs(gm, example_inputs)
         reason = described if isinstance(described, str) else None
         graph_bytes = b""
@@ -266,51 +248,11 @@ class Coordinator:
         assert not isinstance(described, str)
         inputs = described
         # The caller's grad mode decides whether AOTAutograd builds a backward graph.
-        return _Request(graph_bytes, inputs, torch.is_grad_enabled(), _cpu_threads(inputs))
+        return GraphRequest(graph_bytes, inputs, torch.is_grad_enabled(), cpu_threads(inputs))
 
-    # ------------------------------------------------------------------ the three paths
+    # ------------------------------------------------------------------ worker jobs
 
-    def _compile_inprocess(self, runner: GraphRunner, gm: torch.fx.GraphModule,
-                           example_inputs: list[Any], tier: Tier) -> None:
-        """Inductor right here. With a cache: serve a hit, or compile saveably and store."""
-        described = describe_inputs(gm, example_inputs)
-        key = None
-        if not isinstance(described, str):
-            key = self.cache.keys(gm, described, torch.is_grad_enabled(), [tier],
-                                  _cpu_threads(described)).get(tier.name)
-        if key is not None and self._serve_cached_now(runner, tier, key):
-            return
-        t = time.monotonic()
-        try:
-            if key is None:
-                from torch._inductor.compile_fx import compile_fx
-
-                fn: Any = compile_fx(gm, example_inputs, config_patches=dict(tier.config))
-            else:
-                assert not isinstance(described, str)
-                fn = self._compile_inprocess_and_store(runner, gm, example_inputs, tier, key,
-                                                       described)
-        except Exception as e:
-            self._fail(runner, tier.name, f"inductor raised {type(e).__name__}: {e}")
-            return
-        self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
-        bump("inprocess_compiles")
-        runner.serve_now(tier.name, fn)
-
-    def _compile_inprocess_and_store(self, runner: GraphRunner, gm: torch.fx.GraphModule,
-                                     example_inputs: list[Any], tier: Tier, key: str,
-                                     inputs: tuple[InputMeta, ...]) -> Any:
-        """standalone_compile (inductor's compile plus a saveable artifact), stored like a
-        worker's result, kernel files included."""
-        started = time.time() - 1.0  # mtime granularity
-        artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
-                                             dynamic=any(m.symbols for m in inputs))
-        files = compat.files_written_since(compat.inductor_cache_dir(), started)
-        self.cache.store(key, CompileResult(runner.graph_id, tier.name,
-                                            compat.artifact_to_bytes(artifact), files))
-        return artifact
-
-    def _job(self, runner: GraphRunner, request: _Request, tier: Tier) -> JobFuture:
+    def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> JobFuture:
         plan = testing.active()
         fault = plan.draw_job_fault() if plan is not None else None
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
@@ -319,54 +261,7 @@ class Coordinator:
         return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
                                                         timeout_s=self.options.timeout_s)
 
-    def _compile_blocking(self, runner: GraphRunner, request: _Request, tier: Tier,
-                          key: str | None) -> None:
-        if self._serve_cached_now(runner, tier, key):
-            return
-        if key is not None and not self.cache.claim(key):
-            # Another process is compiling it: this call waits anyway, so wait for its entry.
-            self.cache.wait_for_holder(key)
-            if self._serve_cached_now(runner, tier, key):
-                return
-            self.cache.claim(key)
-        elif key is not None and self._serve_cached_now(runner, tier, key):
-            self.cache.release(key)  # stored by another process between our miss and our claim
-            return
-        try:
-            try:
-                result = self._compile_and_wait(runner, request, tier, retries=1)
-                fn = self._load(runner, result)
-            except HotswapError as e:
-                _count_error(e)
-                self._fail(runner, tier.name, _reason(e))
-                return
-            except Exception as e:
-                self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
-                return
-            self.cache.store(key, result)
-            runner.serve_now(tier.name, fn)
-        finally:
-            self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)
-
-    def _compile_and_wait(self, runner: GraphRunner, request: _Request, tier: Tier,
-                          retries: int) -> CompileResult:
-        """Blocking modes: one compile job, waited for here; a crashed worker is retried."""
-        submitted = time.monotonic()
-        future = self._job(runner, request, tier)
-        try:
-            result: CompileResult = future.result()
-        except WorkerCrashed as e:
-            if retries <= 0:
-                raise
-            _count_error(e)
-            log.info("graph %s: worker crashed compiling %r; retrying once", runner.graph_id,
-                     tier.name)
-            return self._compile_and_wait(runner, request, tier, retries - 1)
-        self.recorder.worker_job(runner, tier.name, future.stage_events, submitted,
-                                 time.monotonic())
-        return result
-
-    def _submit(self, runner: GraphRunner, request: _Request, tier: Tier, retries: int,
+    def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier, retries: int,
                 key: str | None) -> None:
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
@@ -374,13 +269,13 @@ class Coordinator:
             lambda f: self._loader.submit(self._then_check, self._on_done, (
                 runner, request, tier, f, retries, submitted, time.monotonic(), key)))
 
-    def _on_done(self, runner: GraphRunner, request: _Request, tier: Tier, future: JobFuture,
+    def _on_done(self, runner: GraphRunner, request: GraphRequest, tier: Tier, future: JobFuture,
                  retries: int, submitted: float, done: float, key: str | None) -> None:
         """Loader thread: load a finished tier and swap it in, or record why it failed."""
         retrying = False
         try:
             error = future.exception()
-            _count_error(error)
+            count_error(error)
             if isinstance(error, WorkerCrashed) and retries > 0:
                 log.info("graph %s: worker crashed compiling %r; retrying once",
                          runner.graph_id, tier.name)
@@ -388,10 +283,10 @@ class Coordinator:
                 self._submit(runner, request, tier, retries - 1, key)
                 return
             if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
-                runner.fail(tier.name, _reason(error), level=logging.DEBUG)
+                runner.fail(tier.name, reason_of(error), level=logging.DEBUG)
                 return
             if error is not None:
-                self._fail(runner, tier.name, _reason(error))
+                self._fail(runner, tier.name, reason_of(error))
                 return
             self.recorder.worker_job(runner, tier.name, future.stage_events, submitted, done)
             result = future.result()
@@ -425,7 +320,7 @@ class Coordinator:
             return  # no warm-up: the compile right here paid for everything
         request = self._requests.get(runner.graph_id)
         t = time.monotonic()
-        if not wait_warmup(_devices(request) if request else (), timeout_s=_WARMUP_WAIT_S):
+        if not wait_warmup(devices_of(request) if request else (), timeout_s=_WARMUP_WAIT_S):
             log.info("hotswap: warm-up still running after %.0f s; loading anyway",
                      _WARMUP_WAIT_S)
         if time.monotonic() - t > 1e-3:
@@ -458,17 +353,6 @@ class Coordinator:
         return self.status()
 
 
-def _devices(request: _Request) -> set[str]:
-    return {m.device for m in request.inputs if m.symbol is None}
-
-
-def _cpu_threads(inputs: tuple[InputMeta, ...]) -> int | None:
-    """The caller's intra-op thread count when the graph runs on the CPU (what its C++
-    kernels are generated for); None for device graphs, whose artifacts do not depend on it."""
-    devices = {m.device.split(":")[0] for m in inputs if m.symbol is None}
-    return torch.get_num_threads() if not devices or "cpu" in devices else None
-
-
 def _profiled(tier: Tier) -> Tier:
     """The tier as profiling runs compile it: kernels named for profilers (keys this torch has)."""
     from torch._inductor import config as inductor_config
@@ -476,19 +360,3 @@ def _profiled(tier: Tier) -> Tier:
     known = inductor_config.get_config_copy()
     extra = {k: v for k, v in PROFILE_CONFIG.items() if k in known and k not in tier.config}
     return Tier(tier.name, {**tier.config, **extra})
-
-
-_ERROR_COUNTERS = ((WorkerCrashed, "worker_crashes"), (JobTimeout, "job_timeouts"),
-                   (MemoryLimitExceeded, "memory_limit_kills"),
-                   (SerializationFailed, "serialization_failures"))
-
-
-def _count_error(error: BaseException | None) -> None:
-    for kind, counter in _ERROR_COUNTERS:
-        if isinstance(error, kind):
-            bump(counter)
-            return
-
-
-def _reason(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,154 @@
+"""The blocking modes: ``inprocess`` (inductor in the caller's process) and ``subprocess`` (a
+worker compiles while the first call waits). Both serve a cache hit before the call returns and
+store what they compile, so the background modes and other processes can start warm.
+
+``BlockingModes`` is a mixin of the Coordinator: its methods need what ``_Host`` lists.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+import torch
+
+from hotswap.errors import HotswapError, WorkerCrashed
+from hotswap.orchestrator import compat
+from hotswap.orchestrator.cache_access import CacheAccess
+from hotswap.orchestrator.compile_job import CompileResult, InputMeta
+from hotswap.orchestrator.counters import bump
+from hotswap.orchestrator.graph import GraphRunner
+from hotswap.orchestrator.inputs import describe_inputs
+from hotswap.orchestrator.options import Tier
+from hotswap.orchestrator.recording import Recorder
+from hotswap.orchestrator.request import GraphRequest, count_error, cpu_threads, reason_of
+from hotswap.workers import JobFuture
+
+__all__ = ["BlockingModes"]
+
+log = logging.getLogger("hotswap")
+
+
+class _Host(Protocol):
+    """What the blocking paths use of their coordinator."""
+
+    cache: CacheAccess
+    recorder: Recorder
+
+    def _fail(self, runner: GraphRunner, tier: str, reason: str) -> None: ...
+    def _await_warmup(self, runner: GraphRunner) -> None: ...
+    def _cache_load(self, runner: GraphRunner, tier: Tier, entry: bytes) -> Any: ...
+    def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> JobFuture: ...
+    def _load(self, runner: GraphRunner, result: CompileResult) -> Any: ...
+    def _serve_cached_now(self, runner: GraphRunner, tier: Tier, key: str | None) -> bool: ...
+    def _compile_inprocess_and_store(self, runner: GraphRunner, gm: torch.fx.GraphModule,
+                                     example_inputs: list[Any], tier: Tier, key: str,
+                                     inputs: tuple[InputMeta, ...]) -> Any: ...
+    def _compile_and_wait(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                          retries: int) -> CompileResult: ...
+
+
+class BlockingModes:
+    """The inprocess and subprocess paths of the Coordinator."""
+
+    def _serve_cached_now(self: _Host, runner: GraphRunner, tier: Tier, key: str | None) -> bool:
+        """Blocking modes: load a hit before the call returns. False on a miss."""
+        cached = self.cache.get(key)
+        if cached is None:
+            return False
+        try:
+            fn = self._cache_load(runner, tier, cached)
+        except Exception as e:
+            log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
+            return False
+        bump("cache_hits")
+        runner.serve_now(tier.name, fn)
+        return True
+
+    def _compile_inprocess(self: _Host, runner: GraphRunner, gm: torch.fx.GraphModule,
+                           example_inputs: list[Any], tier: Tier) -> None:
+        """Inductor right here. With a cache: serve a hit, or compile saveably and store."""
+        described = describe_inputs(gm, example_inputs)
+        key = None
+        if not isinstance(described, str):
+            key = self.cache.keys(gm, described, torch.is_grad_enabled(), [tier],
+                                  cpu_threads(described)).get(tier.name)
+        if key is not None and self._serve_cached_now(runner, tier, key):
+            return
+        t = time.monotonic()
+        try:
+            if key is None:
+                from torch._inductor.compile_fx import compile_fx
+
+                fn: Any = compile_fx(gm, example_inputs, config_patches=dict(tier.config))
+            else:
+                assert not isinstance(described, str)
+                fn = self._compile_inprocess_and_store(runner, gm, example_inputs, tier, key,
+                                                       described)
+        except Exception as e:
+            self._fail(runner, tier.name, f"inductor raised {type(e).__name__}: {e}")
+            return
+        self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
+        bump("inprocess_compiles")
+        runner.serve_now(tier.name, fn)
+
+    def _compile_inprocess_and_store(self: _Host, runner: GraphRunner, gm: torch.fx.GraphModule,
+                                     example_inputs: list[Any], tier: Tier, key: str,
+                                     inputs: tuple[InputMeta, ...]) -> Any:
+        """standalone_compile (inductor's compile plus a saveable artifact), stored like a
+        worker's result, kernel files included."""
+        started = time.time() - 1.0  # mtime granularity
+        artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
+                                             dynamic=any(m.symbols for m in inputs))
+        files = compat.files_written_since(compat.inductor_cache_dir(), started)
+        self.cache.store(key, CompileResult(runner.graph_id, tier.name,
+                                            compat.artifact_to_bytes(artifact), files))
+        return artifact
+
+    def _compile_blocking(self: _Host, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                          key: str | None) -> None:
+        if self._serve_cached_now(runner, tier, key):
+            return
+        if key is not None and not self.cache.claim(key):
+            # Another process is compiling it: this call waits anyway, so wait for its entry.
+            self.cache.wait_for_holder(key)
+            if self._serve_cached_now(runner, tier, key):
+                return
+            self.cache.claim(key)
+        elif key is not None and self._serve_cached_now(runner, tier, key):
+            self.cache.release(key)  # stored by another process between our miss and our claim
+            return
+        try:
+            try:
+                result = self._compile_and_wait(runner, request, tier, retries=1)
+                fn = self._load(runner, result)
+            except HotswapError as e:
+                count_error(e)
+                self._fail(runner, tier.name, reason_of(e))
+                return
+            except Exception as e:
+                self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
+                return
+            self.cache.store(key, result)
+            runner.serve_now(tier.name, fn)
+        finally:
+            self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)
+
+    def _compile_and_wait(self: _Host, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                          retries: int) -> CompileResult:
+        """Blocking modes: one compile job, waited for here; a crashed worker is retried."""
+        submitted = time.monotonic()
+        future = self._job(runner, request, tier)
+        try:
+            result: CompileResult = future.result()
+        except WorkerCrashed as e:
+            if retries <= 0:
+                raise
+            count_error(e)
+            log.info("graph %s: worker crashed compiling %r; retrying once", runner.graph_id,
+                     tier.name)
+            return self._compile_and_wait(runner, request, tier, retries - 1)
+        self.recorder.worker_job(runner, tier.name, future.stage_events, submitted,
+                                 time.monotonic())
+        return result

@@ -1,0 +1,50 @@
+"""What the coordinator keeps per graph to compile it again, and how job errors are told."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from hotswap.errors import JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
+from hotswap.orchestrator.compile_job import InputMeta
+from hotswap.orchestrator.counters import bump
+
+__all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "reason_of"]
+
+
+class GraphRequest(NamedTuple):
+    """A graph as its compile jobs ship it (built once, in the user's call)."""
+
+    graph_bytes: bytes
+    inputs: tuple[InputMeta, ...]
+    grad_enabled: bool
+    num_threads: int | None  # the caller's intra-op threads, for graphs that run on the CPU
+
+
+def devices_of(request: GraphRequest) -> set[str]:
+    return {m.device for m in request.inputs if m.symbol is None}
+
+
+def cpu_threads(inputs: tuple[InputMeta, ...]) -> int | None:
+    """The caller's intra-op thread count when the graph runs on the CPU (what its C++
+    kernels are generated for); None for device graphs, whose artifacts do not depend on it."""
+    devices = {m.device.split(":")[0] for m in inputs if m.symbol is None}
+    return torch.get_num_threads() if not devices or "cpu" in devices else None
+
+
+_ERROR_COUNTERS = ((WorkerCrashed, "worker_crashes"), (JobTimeout, "job_timeouts"),
+                   (MemoryLimitExceeded, "memory_limit_kills"),
+                   (SerializationFailed, "serialization_failures"))
+
+
+def count_error(error: BaseException | None) -> None:
+    """Bump the counter of a job's failure kind (none for other errors)."""
+    for kind, counter in _ERROR_COUNTERS:
+        if isinstance(error, kind):
+            bump(counter)
+            return
+
+
+def reason_of(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
