@@ -52,7 +52,14 @@ def compile_saveable(gm: torch.fx.GraphModule, inputs: list[Any],
 def artifact_to_bytes(artifact: Any) -> bytes:
     with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
         path = os.path.join(tmp, "artifact.bin")
-        artifact.save(path=path, format="binary")
+        try:
+            artifact.save(path=path, format="binary")
+        except RuntimeError as e:
+            if "no artifact to save" not in str(e) and "no aot_autograd artifacts" not in str(e):
+                raise
+            raise RuntimeError(f"inductor compiled this graph but AOTAutograd kept nothing to "
+                               f"save, so it cannot travel back from a worker (torch: {e})"
+                               ) from e
         with open(path, "rb") as f:
             return f.read()
 

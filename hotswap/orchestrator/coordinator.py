@@ -51,7 +51,7 @@ from hotswap.orchestrator.request import (
     devices_of,
     reason_of,
 )
-from hotswap.orchestrator.transport import ship_graph
+from hotswap.orchestrator.transport import mutated_attributes, ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.workers import JobFuture
 
@@ -235,6 +235,11 @@ class Coordinator(BlockingModes):
                  wanted: list[Tier]) -> GraphRequest | None:
         described = describe_inputs(gm, example_inputs)
         reason = described if isinstance(described, str) else None
+        mutated = mutated_attributes(gm) if reason is None else []
+        if mutated:
+            reason = (f"the graph updates tensors it holds as attributes in place "
+                      f"({', '.join(mutated[:3])}{', ...' if len(mutated) > 3 else ''}); "
+                      "compiled in a worker it would update copies of them, so it stays eager")
         graph_bytes = b""
         if reason is None:
             try:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.fx.node import map_aggregate
 
-__all__ = ["get_attr_value", "land_graph", "ship_graph"]
+__all__ = ["get_attr_value", "land_graph", "mutated_attributes", "ship_graph"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,54 @@ def ship_graph(gm: torch.fx.GraphModule) -> bytes:
         elif node.op == "call_module":
             attrs[node.target] = gm.get_submodule(str(node.target))
     return pickle.dumps((records, attrs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+# Ops whose result shares storage with their first argument: an in-place op on the result
+# changes what it was taken from. (By name: call_method targets, and call_function __name__s.)
+_VIEWS = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "t", "transpose", "permute", "expand",
+    "expand_as", "narrow", "select", "unsqueeze", "squeeze", "flatten", "unflatten", "as_strided",
+    "detach", "unfold", "split", "chunk", "unbind", "movedim", "moveaxis", "swapaxes",
+    "swapdims", "diagonal", "contiguous", "getitem", "__getitem__", "real", "imag"})
+
+
+def mutated_attributes(gm: torch.fx.GraphModule) -> list[str]:
+    """The ``get_attr`` tensors the graph changes in place (an optimizer's step holds the
+    parameters it updates this way). They travel by value, so an artifact compiled elsewhere
+    would update its own copies and the user's tensors would never change: such a graph must
+    not be compiled in a worker."""
+    mutated: list[str] = []
+    for node in gm.graph.nodes:
+        for target in _mutated_args(node):
+            root = target
+            while (isinstance(root, torch.fx.Node) and root.op != "get_attr" and root.args
+                   and _name(root) in _VIEWS):
+                root = root.args[0]
+            if isinstance(root, torch.fx.Node) and root.op == "get_attr":
+                mutated.append(str(root.target))
+    return sorted(set(mutated))
+
+
+def _name(node: torch.fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_function":
+        return str(getattr(node.target, "__name__", ""))
+    return ""
+
+
+def _mutated_args(node: torch.fx.Node) -> list[Any]:
+    """The arguments ``node`` writes to: the first one of an in-place op (``add_``,
+    ``_foreach_add_`` with its list, ``setitem``, ``inplace=True``), and any ``out=``."""
+    name = _name(node)
+    written: list[Any] = []
+    if node.args and (name in ("setitem", "__setitem__") or node.kwargs.get("inplace") is True
+                      or (name.endswith("_") and not name.startswith("__"))):
+        first = node.args[0]
+        written += list(first) if isinstance(first, (list, tuple)) else [first]
+    out = node.kwargs.get("out")
+    written += list(out) if isinstance(out, (list, tuple)) else [out] if out is not None else []
+    return written
 
 
 def _rebuild(records: list[tuple[Any, ...]]) -> torch.fx.Graph:
