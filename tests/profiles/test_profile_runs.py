@@ -116,7 +116,11 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
         assert {c.tier for c in calls} == {"default"}
         return
     swaps = [r for r in records if isinstance(r, Swap) and r.reason == "swap"]
-    assert [s.new_tier for s in swaps] == tiers[:len(swaps)] and swaps[0].old_tier == "eager"
+    # Tiers compile in parallel: the ladder climbs in order, but a higher tier that is ready
+    # first swaps in straight from eager (and the lower one is kept, not served).
+    climbed = [s.new_tier for s in swaps]
+    assert climbed == sorted(set(climbed), key=tiers.index) and climbed[-1] == status.tier
+    assert swaps[0].old_tier == "eager"
     # The serving tier's first call comes after its load (a tier replaced before any call
     # reached it has no first call).
     first = _stage(spans, status.tier, "first_call")
