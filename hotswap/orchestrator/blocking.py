@@ -19,10 +19,15 @@ from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compile_job import CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
-from hotswap.orchestrator.inputs import describe_inputs
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
-from hotswap.orchestrator.request import GraphRequest, count_error, cpu_threads, reason_of
+from hotswap.orchestrator.request import (
+    GraphRequest,
+    count_error,
+    cpu_threads,
+    portable_inputs,
+    reason_of,
+)
 from hotswap.workers import JobFuture
 
 __all__ = ["BlockingModes"]
@@ -69,7 +74,7 @@ class BlockingModes:
     def _compile_inprocess(self: _Host, runner: GraphRunner, gm: torch.fx.GraphModule,
                            example_inputs: list[Any], tier: Tier) -> None:
         """Inductor right here. With a cache: serve a hit, or compile saveably and store."""
-        described = describe_inputs(gm, example_inputs)
+        described = portable_inputs(gm, example_inputs)  # else: compiled here, not stored
         key = None
         if not isinstance(described, str):
             key = self.cache.keys(gm, described, torch.is_grad_enabled(), [tier],

@@ -39,7 +39,6 @@ from hotswap.orchestrator.compile_job import CompileRequest, CompileResult
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
-from hotswap.orchestrator.inputs import describe_inputs
 from hotswap.orchestrator.loader import Loader
 from hotswap.orchestrator.options import Options, Tier
 from hotswap.orchestrator.pools import shared_pool
@@ -49,9 +48,10 @@ from hotswap.orchestrator.request import (
     count_error,
     cpu_threads,
     devices_of,
+    portable_inputs,
     reason_of,
 )
-from hotswap.orchestrator.transport import mutated_attributes, ship_graph
+from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.workers import JobFuture
 
@@ -233,13 +233,8 @@ class Coordinator(BlockingModes):
 
     def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
                  wanted: list[Tier]) -> GraphRequest | None:
-        described = describe_inputs(gm, example_inputs)
+        described = portable_inputs(gm, example_inputs)
         reason = described if isinstance(described, str) else None
-        mutated = mutated_attributes(gm) if reason is None else []
-        if mutated:
-            reason = (f"the graph updates tensors it holds as attributes in place "
-                      f"({', '.join(mutated[:3])}{', ...' if len(mutated) > 3 else ''}); "
-                      "compiled in a worker it would update copies of them, so it stays eager")
         graph_bytes = b""
         if reason is None:
             try:

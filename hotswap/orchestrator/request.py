@@ -9,8 +9,11 @@ import torch
 from hotswap.errors import JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
 from hotswap.orchestrator.compile_job import InputMeta
 from hotswap.orchestrator.counters import bump
+from hotswap.orchestrator.inputs import describe_inputs
+from hotswap.orchestrator.transport import mutated_attributes
 
-__all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "reason_of"]
+__all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "portable_inputs",
+           "reason_of"]
 
 
 class GraphRequest(NamedTuple):
@@ -20,6 +23,21 @@ class GraphRequest(NamedTuple):
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
     num_threads: int | None  # the caller's intra-op threads, for graphs that run on the CPU
+
+
+def portable_inputs(gm: torch.fx.GraphModule,
+                    example_inputs: list[object]) -> tuple[InputMeta, ...] | str:
+    """The inputs' metadata if an artifact of this graph may be made apart from the user's
+    tensors (in a worker, or stored in the cache for another process), else the reason not."""
+    described = describe_inputs(gm, example_inputs)
+    if isinstance(described, str):
+        return described
+    mutated = mutated_attributes(gm)
+    if mutated:
+        return (f"the graph updates tensors it holds as attributes in place "
+                f"({', '.join(mutated[:3])}{', ...' if len(mutated) > 3 else ''}); an artifact "
+                "compiled apart from them would update copies, so it stays eager")
+    return described
 
 
 def devices_of(request: GraphRequest) -> set[str]:

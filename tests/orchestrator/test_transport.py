@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 import hotswap
@@ -43,7 +46,10 @@ def test_reading_attributes_and_updating_inputs_is_not_flagged() -> None:
     assert mutated_attributes(torch.fx.symbolic_trace(_Reads())) == []
 
 
-def test_optimizer_step_stays_eager_with_its_reason_and_parameters_match_eager() -> None:
+@pytest.mark.parametrize("mode", ["inprocess", "async"])
+def test_optimizer_step_updates_the_users_parameters(mode: str, tmp_path: Path) -> None:
+    """In a worker the step graph stays eager, with its reason; in process it compiles here,
+    unstored (a stored artifact of it updated copies: parameters 0.048 off after 3 steps)."""
     torch.manual_seed(0)
 
     def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -59,7 +65,8 @@ def test_optimizer_step_stays_eager_with_its_reason_and_parameters_match_eager()
         model(x).pow(2).mean().backward()
         optimizer.step()
 
-    compiled = hotswap.compile(lambda x: step(net, opt, x), mode="async", workers=2)
+    compiled = hotswap.compile(lambda x: step(net, opt, x), mode=mode, workers=2,
+                               cache_dir=str(tmp_path))
     xs = [torch.randn(4, 8) for _ in range(3)]
     for x in xs:
         compiled(x)
@@ -71,5 +78,8 @@ def test_optimizer_step_stays_eager_with_its_reason_and_parameters_match_eager()
     for p, q in zip(net.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(p, q)
     held = [s for s in statuses if any("holds as attributes" in why for _, why in s.failures)]
-    assert len(held) == 1 and held[0].tier == "eager", statuses
-    assert any(s.tier == "default" for s in statuses)  # the forward graph compiled
+    if mode == "inprocess":
+        assert not held and all(s.tier == "default" for s in statuses), statuses
+    else:
+        assert len(held) == 1 and held[0].tier == "eager", statuses
+        assert any(s.tier == "default" for s in statuses)  # the forward graph compiled
