@@ -10,9 +10,9 @@ while the loader ran, each op could wait 5 ms, and an eager 9-op MLP call on CPU
 that, and puts the user's value back once the loader is idle.
 
 Work that mostly waits on subprocesses (inductor's vector-ISA probe runs g++ and a Python
-subprocess per ISA) runs ``at_lowest_priority``: its processes then yield the CPU to the user's
-threads. Not loads themselves: a low-priority thread that holds the GIL leaves the user's
-threads waiting for it to be scheduled again.
+subprocess per ISA) runs ``at_lowest_priority`` (niceness 19 and, on Linux, ``SCHED_IDLE``):
+its processes then yield the CPU to the user's threads. Not loads themselves: a low-priority
+thread that holds the GIL leaves the user's threads waiting for it to be scheduled again.
 """
 
 from __future__ import annotations
@@ -78,15 +78,18 @@ quick_gil_handoff = _QuickHandoff()
 
 
 def at_lowest_priority(fn: Callable[[], T]) -> T:
-    """Run ``fn`` on a thread of its own at niceness 19, which the processes it starts inherit
-    (Linux: niceness is per thread). Only for work that mostly waits on subprocesses: a
-    low-priority thread that holds the GIL would hold up the user's threads."""
+    """Run ``fn`` on a thread of its own at niceness 19 and under ``SCHED_IDLE``, which the
+    processes it starts inherit (Linux: both are per thread; elsewhere ``fn`` just runs). Only
+    for work that mostly waits on subprocesses: a low-priority thread that holds the GIL would
+    hold up the user's threads."""
     results: list[T] = []
     errors: list[BaseException] = []
 
     def run() -> None:
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
         try:
             results.append(fn())
         except BaseException as e:

@@ -27,7 +27,7 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
             threads = str(max(1, (os.cpu_count() or 1) // size))
             env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
                 "TORCHINDUCTOR_COMPILE_THREADS": threads}
-            pool = WorkerPool(size, worker_env=env, nice=_worker_nice(),
+            pool = WorkerPool(size, worker_env=env, nice=_worker_nice(), idle=_worker_idle(),
                               rss_limit_bytes=_rss_limit(), warm_modules=(
                 "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job:warm_worker"))
             pool.start()
@@ -43,6 +43,13 @@ def _worker_nice() -> int:
                       "a whole number from 0 to 19", default=19)
     assert nice is not None
     return nice
+
+
+def _worker_idle() -> bool:
+    """Compile workers run under ``SCHED_IDLE`` (Linux): a core they use is the user's again
+    the moment one of the user's threads wakes on it. HOTSWAP_WORKER_IDLE=0 turns it off."""
+    return env_number("HOTSWAP_WORKER_IDLE", int, lambda v: v in (0, 1), "0 or 1",
+                      default=1) == 1
 
 
 def _rss_limit() -> int | None:

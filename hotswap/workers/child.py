@@ -211,7 +211,7 @@ def _watch_parent(parent_pid: int) -> None:
     _kill_own_group_and_exit()
 
 
-def _lower_priority(nice: int) -> None:
+def _lower_priority(nice: int, idle: bool) -> None:
     """Background compile work must not slow the user's process down: lower our priority
     (inherited by the compiler subprocesses we start) before any real work.
 
@@ -220,11 +220,21 @@ def _lower_priority(nice: int) -> None:
     between sessions first and by niceness only within one: a niced worker still got half the
     CPU against the user's session, and the user's calls stalled while it compiled. The
     session's own niceness (``/proc/self/autogroup``, see sched(7)) is what makes it yield.
+
+    ``idle`` goes further: the ``SCHED_IDLE`` policy, under which a thread of any other
+    policy that wakes on a core takes it from us at once. Niceness only shares the CPU out
+    over time, and a user's OpenMP threads that spin-wait for each other were still held up
+    by a niced worker for a scheduler period (23 ms calls where 0.3 ms was usual, measured on
+    2 cores); as ``SCHED_IDLE`` in a session of niceness 19, none were.
     """
+    group_nice = max(nice, 19 if idle else 0)
     with contextlib.suppress(OSError):
         os.nice(nice)
     with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
-        f.write(str(nice))
+        f.write(str(group_nice))
+    if idle:
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: not Linux
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     if init_frame is None or init_frame.kind != MessageKind.INIT:
         return 0
     init = decode_control(init_frame.payload)
-    if init.get("nice"):
-        _lower_priority(int(init["nice"]))
+    if init.get("nice") or init.get("idle"):
+        _lower_priority(int(init.get("nice", 0)), bool(init.get("idle")))
     for entry in reversed(init.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -84,6 +84,7 @@ class PoolConfig:
     rss_poll_s: float
     ready_timeout_s: float
     nice: int = 0
+    idle: bool = False
 
 
 @dataclass
@@ -276,7 +277,7 @@ class Manager:
         with self.inbox.lock:
             self.workers[worker.pid] = worker
         init = {"sys_path": [p for p in sys.path if p], "warm_modules": self.config.warm_modules,
-                "nice": self.config.nice}
+                "nice": self.config.nice, "idle": self.config.idle}
         self._send(worker, MessageKind.INIT, 0, encode_control(init))
 
     def _top_up_workers(self) -> None:

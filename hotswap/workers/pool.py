@@ -87,7 +87,9 @@ class WorkerPool:
 
     ``worker_env`` adds environment variables per worker: a mapping, or a function of the
     worker's slot (0..workers-1, kept by its replacements), e.g. for ``CUDA_VISIBLE_DEVICES``.
-    ``nice`` lowers the workers' CPU priority (0-19) so their work yields to the caller's.
+    ``nice`` lowers the workers' CPU priority (0-19) so their work yields to the caller's;
+    ``idle`` runs them under Linux's ``SCHED_IDLE`` policy (elsewhere it does nothing), so a
+    thread of the caller that wakes takes their core at once.
     ``warm_modules`` are imported by each worker before it reports ready; an entry
     ``"module:function"`` is called (with ``None``) instead, for warm-up beyond imports.
     """
@@ -102,6 +104,7 @@ class WorkerPool:
         rss_poll_s: float = 0.1,
         ready_timeout_s: float = 120.0,
         nice: int = 0,
+        idle: bool = False,
     ) -> None:
         if workers is None:
             workers = default_workers()
@@ -117,12 +120,14 @@ class WorkerPool:
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise ValueError(f"nice must be an int from 0 to 19 (added to the workers' niceness), "
                              f"got {nice!r}")
+        if not isinstance(idle, bool):
+            raise ValueError(f"idle must be a bool, got {idle!r}")
         _check_positive("rss_poll_s", rss_poll_s)
         _check_positive("ready_timeout_s", ready_timeout_s)
         self.num_workers = workers
         self.rss_limit_bytes = rss_limit_bytes
         self._config = PoolConfig(workers, rss_limit_bytes, worker_env, list(warm_modules),
-                                  rss_poll_s, ready_timeout_s, nice)
+                                  rss_poll_s, ready_timeout_s, nice, idle)
         self._inbox: Inbox | None = None
         self._manager: Manager | None = None
         self._thread: threading.Thread | None = None

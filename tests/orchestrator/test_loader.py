@@ -77,11 +77,13 @@ def _fails() -> None:
     raise RuntimeError("a failing task")
 
 
-def test_lowest_priority_runs_on_a_niced_thread_and_passes_results_and_errors() -> None:
+def test_lowest_priority_runs_on_an_idle_niced_thread_and_passes_results_and_errors() -> None:
     me, my_nice = threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)
-    tid, nice = at_lowest_priority(  # Linux: PRIO_PROCESS 0 is the calling thread
-        lambda: (threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)))
-    assert tid != me and nice == 19
+    tid, nice, policy = at_lowest_priority(  # Linux: PRIO_PROCESS 0 is the calling thread
+        lambda: (threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0),
+                 os.sched_getscheduler(0)))
+    assert tid != me and nice == 19 and policy == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE
     assert os.getpriority(os.PRIO_PROCESS, 0) == my_nice  # the caller is untouched
     with pytest.raises(KeyError):
         at_lowest_priority(lambda: {}["missing"])

@@ -278,6 +278,17 @@ def test_several_models_share_one_pool() -> None:
     assert set(pool.worker_pids()) == pids  # the same warm workers served all three
 
 
+def test_shared_workers_yield_the_cpu_to_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = shared_pool(2)
+    jobs = "tests.workers.jobs:"
+    assert pool.submit(jobs + "niceness").result(timeout=60) == min(19, os.nice(0) + 19)
+    if hasattr(os, "SCHED_IDLE"):
+        assert pool.submit(jobs + "sched_policy").result(timeout=60) == os.SCHED_IDLE
+    monkeypatch.setenv("HOTSWAP_WORKER_IDLE", "yes")
+    with pytest.raises(ValueError, match="HOTSWAP_WORKER_IDLE must be 0 or 1"):
+        shared_pool(3)
+
+
 def test_interpreter_exit_with_compiles_pending() -> None:
     code = textwrap.dedent(
         """

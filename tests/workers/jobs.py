@@ -29,6 +29,10 @@ def niceness(_: Any = None) -> int:
     return os.nice(0)
 
 
+def sched_policy(_: Any = None) -> int:
+    return os.sched_getscheduler(0)
+
+
 def autogroup_nice(_: Any = None) -> int | None:
     """The niceness of this process's autogroup (None where the kernel has no autogroups)."""
     try:

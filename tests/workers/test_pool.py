@@ -201,6 +201,16 @@ def test_nice_lowers_worker_priority() -> None:
             assert pool.submit(J + "autogroup_nice").result(timeout=30) == 5
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+def test_idle_workers_run_under_sched_idle_in_a_lowest_priority_session() -> None:
+    with WorkerPool(1, warm_modules=(), idle=True) as pool:
+        assert pool.submit(J + "sched_policy").result(timeout=30) == os.SCHED_IDLE
+        if jobs.autogroup_nice() is not None:
+            assert pool.submit(J + "autogroup_nice").result(timeout=30) == 19
+    with WorkerPool(1, warm_modules=()) as pool:  # off unless asked for
+        assert pool.submit(J + "sched_policy").result(timeout=30) == os.sched_getscheduler(0)
+
+
 def test_workers_prewarm_torch_by_default() -> None:
     with WorkerPool(1) as pool:
         assert pool.wait_ready(120)
@@ -217,8 +227,10 @@ def test_workers_prewarm_torch_by_default() -> None:
         (lambda: WorkerPool(1, rss_limit_bytes=0), ValueError, "rss_limit_bytes"),
         (lambda: WorkerPool(1, nice=-1), ValueError, "nice"),
         (lambda: WorkerPool(1, nice=20), ValueError, "nice"),
+        (lambda: WorkerPool(1, idle=1), ValueError, "idle"),  # type: ignore[arg-type]
     ],
-    ids=["zero", "negative", "float", "rss-limit-zero", "nice-negative", "nice-too-high"],
+    ids=["zero", "negative", "float", "rss-limit-zero", "nice-negative", "nice-too-high",
+         "idle-not-bool"],
 )
 def test_bad_pool_arguments(make: Callable[[], Any], error: type[Exception], needle: str) -> None:
     with pytest.raises(error, match=needle):
