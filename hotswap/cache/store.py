@@ -104,11 +104,11 @@ class ArtifactCache:
         """The payload stored under ``key``, or None (missing, or rejected and removed)."""
         path = self._path(key)
         try:
-            data = path.read_bytes()
+            parts = _read_entry(path)
         except FileNotFoundError:
             return None
         try:
-            header, payload = self._verify(data, key)
+            header, payload = self._verify(parts, key)
         except EntryRejected as e:
             with self._count_lock:
                 self.rejected += 1
@@ -116,7 +116,7 @@ class ArtifactCache:
             return None
         with self._lock:
             index = self._read_index()
-            record = index.setdefault(key, {"size": len(data), "tier": header.get("tier", ""),
+            record = index.setdefault(key, {"size": sum(map(len, parts)), "tier": header.get("tier", ""),
                                             "created_s": header.get("created_s", 0.0)})
             record["used_s"] = time.time()
             self._write_index(index)
@@ -130,15 +130,20 @@ class ArtifactCache:
                                 "stamp": self.stamp, "sha256": hashlib.sha256(payload).hexdigest(),
                                 "size": len(payload), "created_s": time.time()},
                                use_bin_type=True)
-        body = MAGIC + _LEN.pack(len(header)) + header + payload
-        data = body + hmac.new(self._secret, body, hashlib.sha256).digest()
+        # Written and signed piece by piece, never joined: joining copies the payload (tens of
+        # MB for a GPU tier) while holding the GIL, which stalls the user's calls; hashing and
+        # writing a large buffer release it.
+        head = MAGIC + _LEN.pack(len(header)) + header
+        mac = hmac.new(self._secret, head, hashlib.sha256)
+        mac.update(payload)
         path = self._path(key)
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        _write_atomic(path, data)
+        _write_atomic(path, head, payload, mac.digest())
+        size = len(head) + len(payload) + _MAC_BYTES
         with self._lock:
             index = self._read_index()
             now = time.time()
-            index[key] = {"size": len(data), "tier": tier, "created_s": now, "used_s": now}
+            index[key] = {"size": size, "tier": tier, "created_s": now, "used_s": now}
             self._evict(index, keep=key)
             self._write_index(index)
 
@@ -155,7 +160,7 @@ class ArtifactCache:
         for path in self._entry_paths():
             key = path.stem
             try:
-                self._verify(path.read_bytes(), key)
+                self._verify(_read_entry(path), key)
             except EntryRejected as e:
                 bad.append((key, e.reason))
                 self._reject(key, e.reason, warn=False)
@@ -203,20 +208,21 @@ class ArtifactCache:
     def _entry_paths(self) -> Iterator[Path]:
         yield from (self.root / "entries").glob("*/*.hsa")
 
-    def _verify(self, data: bytes, key: str) -> tuple[dict[str, Any], bytes]:
-        if len(data) < len(MAGIC) + _LEN.size + _MAC_BYTES or not data.startswith(MAGIC):
+    def _verify(self, parts: tuple[bytes, bytes, bytes], key: str
+                ) -> tuple[dict[str, Any], bytes]:
+        head, payload, mac = parts
+        if len(head) < len(MAGIC) + _LEN.size or len(mac) != _MAC_BYTES \
+                or not head.startswith(MAGIC):
             raise EntryRejected("truncated or not a hotswap artifact")
-        body, mac = data[:-_MAC_BYTES], data[-_MAC_BYTES:]
-        if not hmac.compare_digest(mac, hmac.new(self._secret, body, hashlib.sha256).digest()):
+        signature = hmac.new(self._secret, head, hashlib.sha256)
+        signature.update(payload)
+        if not hmac.compare_digest(mac, signature.digest()):
             raise EntryRejected("signature does not match this cache's key (tampered, truncated "
                                 "or written by another cache)")
-        (header_len,) = _LEN.unpack_from(body, len(MAGIC))
-        start = len(MAGIC) + _LEN.size
         try:
-            header = msgpack.unpackb(body[start:start + header_len], raw=False)
+            header = msgpack.unpackb(head[len(MAGIC) + _LEN.size:], raw=False)
         except Exception as e:
             raise EntryRejected(f"unreadable header: {e}") from e
-        payload = body[start + header_len:]
         if header.get("format") != FORMAT_VERSION:
             raise EntryRejected(f"format {header.get('format')} is not {FORMAT_VERSION}")
         if header.get("key") != key:
@@ -300,11 +306,28 @@ class ArtifactCache:
         return secret
 
 
-def _write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+def _read_entry(path: Path) -> tuple[bytes, bytes, bytes]:
+    """An entry's file as (MAGIC + header length + header, payload, signature), each read into
+    a bytes object of its own: slicing one whole-file read would copy the payload holding the
+    GIL. A file too short for its own header length reads as a truncated entry."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        prefix = f.read(len(MAGIC) + _LEN.size)
+        complete = len(prefix) == len(MAGIC) + _LEN.size
+        header_len = _LEN.unpack_from(prefix, len(MAGIC))[0] if complete else 0
+        payload_len = size - len(prefix) - header_len - _MAC_BYTES
+        if payload_len < 0:
+            return prefix + f.read(), b"", b""
+        head = prefix + f.read(header_len)
+        return head, f.read(payload_len), f.read()
+
+
+def _write_atomic(path: Path, *chunks: bytes, durable: bool = True) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())

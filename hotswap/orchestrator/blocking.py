@@ -15,6 +15,7 @@ import torch
 
 from hotswap.errors import HotswapError, WorkerCrashed
 from hotswap.orchestrator import compat
+from hotswap.orchestrator.artifacts import pack_entry
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compile_job import CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
@@ -107,8 +108,7 @@ class BlockingModes:
         artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
                                              dynamic=any(m.symbols for m in inputs))
         files = compat.files_written_since(compat.inductor_cache_dir(), started)
-        self.cache.store(key, CompileResult(runner.graph_id, tier.name,
-                                            compat.artifact_to_bytes(artifact), files))
+        self.cache.store(key, tier.name, pack_entry(compat.artifact_to_bytes(artifact), files))
         return artifact
 
     def _compile_blocking(self: _Host, runner: GraphRunner, request: GraphRequest, tier: Tier,
@@ -135,7 +135,7 @@ class BlockingModes:
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            self.cache.store(key, result)
+            self.cache.store(key, tier.name, pack_entry(result.artifact, result.files))
             runner.serve_now(tier.name, fn)
         finally:
             self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)

@@ -22,8 +22,6 @@ import torch
 from hotswap import testing
 from hotswap.cache import ArtifactCache
 from hotswap.cache.key import cache_key, environment_stamp
-from hotswap.orchestrator.artifacts import pack_entry
-from hotswap.orchestrator.compile_job import CompileResult
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import verdict_key
 from hotswap.orchestrator.options import Tier
@@ -82,9 +80,10 @@ class CacheAccess:
         """The gate's verdict on ``key``'s tier in an earlier run, if any."""
         return self._cache.get(verdict_key(key)) if self._cache is not None else None
 
-    def store(self, key: str | None, result: CompileResult) -> None:
+    def store(self, key: str | None, tier: str, entry: bytes) -> None:
+        """Store a tier's packed artifact (``artifacts.pack_entry``) under ``key``."""
         if key is not None:
-            self._put(key, pack_entry(result.artifact, result.files), result.tier)
+            self._put(key, entry, tier)
 
     def store_verdict(self, key: str, verdict: bytes) -> None:
         self._put(verdict_key(key), verdict, "gate-verdict")

@@ -103,12 +103,21 @@ def inductor_cache_dir() -> str:
     raise RuntimeError("cannot find inductor's cache directory in this torch version")
 
 
+# Inductor's own cache entries (FX graph and AOTAutograd): the artifact carries what they hold
+# and writes them on load. Shipped as files too, a max-autotune tier on GPU sent the same 8 MiB
+# twice, and another worker's entries written meanwhile rode along.
+_CACHE_ENTRY_DIRS = ("fxgraph", "aotautograd")
+
+
 def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20) -> dict[str, bytes]:
     """Files under ``root`` modified at or after ``since_s`` (relative path -> bytes): what a
-    compile added to inductor's cache. Lock and temporary files are skipped."""
+    compile added to inductor's cache (its kernels: C++ libraries, sources). Lock and temporary
+    files and inductor's own cache entries are skipped."""
     found: dict[str, bytes] = {}
     total = 0
-    for dirpath, _, names in os.walk(root):
+    for dirpath, dirnames, names in os.walk(root):
+        if dirpath == root:
+            dirnames[:] = [d for d in dirnames if d not in _CACHE_ENTRY_DIRS]
         for name in names:
             if name.endswith((".lock", ".tmp")) or name.startswith("."):
                 continue

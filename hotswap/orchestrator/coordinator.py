@@ -295,8 +295,9 @@ class Coordinator(BlockingModes):
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            self.cache.store(key, result)  # only artifacts that loaded here
-            self.gate.remember(runner, tier.name, pack_entry(result.artifact, result.files))
+            entry = pack_entry(result.artifact, result.files)  # once: it copies every byte
+            self.cache.store(key, tier.name, entry)  # only artifacts that loaded here
+            self.gate.remember(runner, tier.name, entry)
             self.gate.offer(runner, tier.name, fn, request, verdict_key=key)
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")

@@ -17,6 +17,9 @@ def test_files_written_since_and_restore(tmp_path: Path) -> None:
     (src / "ab" / "kernel.so").write_bytes(b"\x7fELF kernel")
     (src / "ab" / "kernel.cpp").write_text("// source")
     (src / "ab" / "x.lock").write_text("")
+    for entries in ("fxgraph", "aotautograd"):  # the artifact itself carries these
+        (src / entries / "ab").mkdir(parents=True)
+        (src / entries / "ab" / "entry").write_bytes(b"cache entry")
     files = compat.files_written_since(str(src), since)
     assert files == {os.path.join("ab", "kernel.so"): b"\x7fELF kernel",
                      os.path.join("ab", "kernel.cpp"): b"// source"}
