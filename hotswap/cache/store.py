@@ -31,6 +31,8 @@ from typing import Any
 import filelock
 import msgpack
 
+from hotswap._env import env_number
+
 __all__ = ["FORMAT_VERSION", "ArtifactCache", "EntryInfo", "default_cache_dir"]
 
 log = logging.getLogger("hotswap")
@@ -78,13 +80,9 @@ class ArtifactCache:
     def __init__(self, root: str | os.PathLike[str] | None = None, *,
                  max_bytes: int | None = None, stamp: dict[str, Any] | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
-        if max_bytes is None and os.environ.get("HOTSWAP_CACHE_MAX_BYTES"):
-            raw = os.environ["HOTSWAP_CACHE_MAX_BYTES"]
-            try:
-                max_bytes = int(raw)
-            except ValueError as e:
-                raise ValueError(f"HOTSWAP_CACHE_MAX_BYTES must be a whole number of bytes, "
-                                 f"got {raw!r}") from e
+        if max_bytes is None:
+            max_bytes = env_number("HOTSWAP_CACHE_MAX_BYTES", int, lambda v: v > 0,
+                                   "a whole number of bytes > 0")
         if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes <= 0):
             raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         self.max_bytes = max_bytes

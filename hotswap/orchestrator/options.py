@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from hotswap._env import env_number
+
 __all__ = ["MODES", "ON_FAILURE", "TIER_PRESETS", "Options", "Tier", "parse_tiers"]
 
 MODES = ("inprocess", "subprocess", "async", "progressive")
@@ -117,12 +119,9 @@ class Options:
                                     or workers < 1):
             raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
         timeout_s = kwargs.get("timeout_s")
-        if timeout_s is None and _env("HOTSWAP_TIMEOUT_S") is not None:
-            try:
-                timeout_s = float(os.environ["HOTSWAP_TIMEOUT_S"])
-            except ValueError as e:
-                raise ValueError(f"HOTSWAP_TIMEOUT_S must be a number of seconds, got "
-                                 f"{os.environ['HOTSWAP_TIMEOUT_S']!r}") from e
+        if timeout_s is None:
+            timeout_s = env_number("HOTSWAP_TIMEOUT_S", float, lambda v: 0 < v < float("inf"),
+                                   "a number of seconds > 0")
         if timeout_s is not None and (isinstance(timeout_s, bool)
                                       or not isinstance(timeout_s, int | float) or timeout_s <= 0):
             raise ValueError(f"timeout_s must be a number > 0 or None, got {timeout_s!r}")

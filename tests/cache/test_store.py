@@ -94,8 +94,14 @@ def test_verify_and_clear(tmp_path: Path) -> None:
     assert cache.entries() == []
 
 
-def test_bad_arguments(tmp_path: Path) -> None:
+def test_bad_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         _cache(tmp_path / "c", max_bytes=0)
+    for bad in ("lots", "0", "1.5"):
+        monkeypatch.setenv("HOTSWAP_CACHE_MAX_BYTES", bad)
+        with pytest.raises(ValueError, match="HOTSWAP_CACHE_MAX_BYTES must be a whole number"):
+            _cache(tmp_path / "c")
+    monkeypatch.setenv("HOTSWAP_CACHE_MAX_BYTES", "4096")
+    assert _cache(tmp_path / "c").max_bytes == 4096
     with pytest.raises(ValueError, match="hex"):
         _cache(tmp_path / "c").get("../etc/passwd")

@@ -220,6 +220,16 @@ def test_invalid_options_raise_value_error_at_compile(kwargs: dict[str, Any], ne
         hotswap.compile(torch.nn.Linear(2, 2), **kwargs)
 
 
+@pytest.mark.parametrize("value", ["soon", "0", "-3", "inf"])
+def test_bad_timeout_from_the_environment_names_the_variable(
+        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("HOTSWAP_TIMEOUT_S", value)
+    with pytest.raises(ValueError, match="HOTSWAP_TIMEOUT_S must be a number of seconds > 0"):
+        hotswap.compile(torch.nn.Linear(2, 2))
+    monkeypatch.setenv("HOTSWAP_TIMEOUT_S", " ")  # blank: unset, like every HOTSWAP_* number
+    hotswap.compile(torch.nn.Linear(2, 2))
+
+
 def test_script_without_main_guard_from_stdin() -> None:
     code = textwrap.dedent(
         """
