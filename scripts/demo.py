@@ -24,6 +24,12 @@ model = torch.nn.Sequential(*layers).to(device, dtype).eval()
 x = torch.randn(batch, width, device=device, dtype=dtype)
 sync = torch.cuda.synchronize if cuda else (lambda: None)
 
+# What a service does at start-up, before it serves: start the compile workers and warm this
+# process's load path, so neither delays the first swap nor competes with served calls.
+t = time.perf_counter()
+hotswap.prepare(wait=True, timeout_s=300)
+print(f"hotswap.prepare: workers ready and this process warmed in {time.perf_counter() - t:.1f} s")
+
 tiers = ["default", "max-autotune-no-cudagraphs"]
 print(f"{depth}-layer MLP, width {width}, batch {batch}, {device} {dtype}; ladder: eager -> "
       f"{' -> '.join(tiers)}")
