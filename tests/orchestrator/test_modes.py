@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import hotswap
+from hotswap.orchestrator.options import Options
 from hotswap.orchestrator.pools import shared_pool
 from tests.conftest import wait_gone
 from tests.orchestrator.models import MODELS, mlp
@@ -227,7 +228,9 @@ def test_bad_timeout_from_the_environment_names_the_variable(
     with pytest.raises(ValueError, match="HOTSWAP_TIMEOUT_S must be a number of seconds > 0"):
         hotswap.compile(torch.nn.Linear(2, 2))
     monkeypatch.setenv("HOTSWAP_TIMEOUT_S", " ")  # blank: unset, like every HOTSWAP_* number
-    hotswap.compile(torch.nn.Linear(2, 2))
+    assert Options.create().timeout_s is None
+    monkeypatch.setenv("HOTSWAP_TIMEOUT_S", "2.5")
+    assert Options.create().timeout_s == 2.5
 
 
 def test_script_without_main_guard_from_stdin() -> None:
