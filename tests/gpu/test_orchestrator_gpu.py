@@ -10,6 +10,7 @@ import torch
 
 import hotswap
 from tests.gpu.scenarios import TIERS, matmul_relu, matmul_relu_inputs
+from tests.orchestrator.models import unseen_scale
 
 
 def _serve_until_final(compiled: object, call: object, timeout_s: float = 400) -> Counter[str]:
@@ -137,7 +138,7 @@ def test_worker_killed_during_autotuning_is_retried_and_the_ladder_completes() -
 
     torch._dynamo.reset()
     x, y = matmul_relu_inputs()
-    salt = float(int.from_bytes(os.urandom(2), "little") % 97 + 2)
+    salt = unseen_scale()
 
     def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return matmul_relu(a, b) * salt  # a graph no cache has seen: it really autotunes

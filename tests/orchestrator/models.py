@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+
+def unseen_scale() -> float:
+    """A factor in [1, 2) with 48 random bits: a graph that multiplies by it is one no inductor
+    cache has seen (FX prints the constant in full, so it is part of the cache key). With fewer
+    bits, runs sharing a cache directory hit each other's entries and skip codegen."""
+    return 1.0 + int.from_bytes(os.urandom(6), "little") / 2**48
 
 
 def mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

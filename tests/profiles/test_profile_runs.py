@@ -29,7 +29,7 @@ from hotswap.profiles import (
     read_records,
 )
 from hotswap.profiles.records import BenchResult
-from tests.orchestrator.models import mlp
+from tests.orchestrator.models import mlp, unseen_scale
 
 REPO = Path(__file__).resolve().parents[2]
 LADDER = ["default", {"name": "no-fusion", "config": {"max_fusion_size": 1}}]
@@ -75,7 +75,7 @@ class _Unseen(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(32, 8)
-        self.salt = float(int.from_bytes(os.urandom(4), "little") % 1000 + 2)
+        self.salt = unseen_scale()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (self.lin(x) * self.salt).relu()
@@ -108,7 +108,8 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
             assert before.end_s <= after.start_s + EPS, (tier, before, after)
         compile_stage = stages[WORKER_STAGES.index("inductor_compile")]
         inner = [s for s in spans if s.tier == tier and s.category]
-        assert {"lowering", "codegen", "kernel_compile"} <= {s.category for s in inner}
+        assert {"lowering", "codegen", "kernel_compile"} <= {s.category for s in inner}, (
+            tier, sorted((s.name, s.category) for s in inner))
         assert all(compile_stage.start_s - EPS <= s.start_s and s.end_s <= compile_stage.end_s + EPS
                    for s in inner)
         assert {s.pid for s in inner} == {compile_stage.pid} != {os.getpid()}
@@ -116,11 +117,15 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
         assert {c.tier for c in calls} == {"default"}
         return
     swaps = [r for r in records if isinstance(r, Swap) and r.reason == "swap"]
-    # Tiers compile in parallel: the ladder climbs in order, but a higher tier that is ready
-    # first swaps in straight from eager (and the lower one is kept, not served).
+    # Tiers compile in parallel, so either may be ready first; it swaps in straight from
+    # eager. The other then swaps in only if the gate measured it faster, whatever its rank
+    # (or, if its benchmark failed, if it ranks higher).
     climbed = [s.new_tier for s in swaps]
-    assert climbed == sorted(set(climbed), key=tiers.index) and climbed[-1] == status.tier
+    assert len(climbed) == len(set(climbed)) and climbed[-1] == status.tier
     assert swaps[0].old_tier == "eager"
+    adopted = {d.candidate for d in records if isinstance(d, GateDecision) and d.adopt}
+    for before, after in itertools.pairwise(climbed):
+        assert tiers.index(after) > tiers.index(before) or after in adopted, climbed
     # The serving tier's first call comes after its load (a tier replaced before any call
     # reached it has no first call).
     first = _stage(spans, status.tier, "first_call")
