@@ -33,10 +33,13 @@ from hotswap.workers.protocol import (
     HEADER,
     Frame,
     MessageKind,
+    Payload,
     StageEvent,
     decode_control,
+    decode_job_request,
     encode_control,
     encode_frame,
+    receive_buffer,
 )
 
 __all__ = ["current_job_id", "emit_stage", "in_worker", "main", "resolve_job", "stage"]
@@ -50,8 +53,8 @@ class _Channel:
         self._write_fd = write_fd
         self._write_lock = threading.Lock()
 
-    def _read_exact(self, n: int) -> bytes | None:
-        buf = bytearray(n)
+    def _read_exact(self, n: int) -> Payload | None:
+        buf = receive_buffer(n)
         view = memoryview(buf)
         got = 0
         while got < n:
@@ -59,7 +62,7 @@ class _Channel:
             if k == 0:
                 return None
             got += k
-        return bytes(buf)
+        return buf
 
     def recv(self) -> Frame | None:
         header = self._read_exact(HEADER.size)
@@ -157,11 +160,11 @@ def _run_job(channel: _Channel, frame: Frame) -> None:
     global _job_id
     _job_id = frame.job_id
     try:
-        request = decode_control(frame.payload)
-        fn = resolve_job(request["job"])
+        job, request = decode_job_request(frame.payload)
+        fn = resolve_job(job)
         try:
             with stage("worker_deserialize"):
-                payload = pickle.loads(request["payload"])
+                payload = pickle.loads(request)
         except BaseException as e:
             channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("serialization", e, "payload"))
             return

@@ -54,11 +54,13 @@ from hotswap.workers import proctree
 from hotswap.workers.protocol import (
     FrameDecoder,
     MessageKind,
+    Payload,
     ProtocolError,
     StageEvent,
     decode_control,
     encode_control,
     encode_frame,
+    encode_job_request,
 )
 
 if TYPE_CHECKING:
@@ -69,7 +71,6 @@ __all__ = ["Inbox", "Manager", "PoolConfig"]
 log = logging.getLogger(__name__)
 
 _MAX_START_FAILURES = 3
-_READ_CHUNK = 1 << 20
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 WorkerEnv = Mapping[str, str] | Callable[[int], Mapping[str, str]] | None
@@ -291,8 +292,8 @@ class Manager:
             if slot not in used:
                 self._spawn(slot)
 
-    def _send(self, worker: _Worker, kind: MessageKind, job_id: int, payload: bytes) -> None:
-        worker.outbuf.extend(memoryview(b) for b in encode_frame(kind, job_id, payload) if b)
+    def _send(self, worker: _Worker, kind: MessageKind, job_id: int, *parts: bytes) -> None:
+        worker.outbuf.extend(memoryview(b) for b in encode_frame(kind, job_id, *parts) if b)
         self._flush(worker)
 
     def _flush(self, worker: _Worker) -> None:
@@ -321,19 +322,15 @@ class Manager:
     def _read(self, worker: _Worker) -> None:
         while True:
             try:
-                data = os.read(worker.read_fd, _READ_CHUNK)
+                frames = worker.decoder.read_from(worker.read_fd)
             except BlockingIOError:
                 return
-            except OSError:
-                data = b""
-            if not data:  # EOF: the worker is dead or dying
+            except (EOFError, OSError):  # the worker is dead or dying
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(worker.read_fd)
                 if worker.pidfd < 0:
                     self._reap(worker)
                 return
-            try:
-                frames = worker.decoder.feed(data)
             except ProtocolError as e:
                 log.error("worker %d sent garbage (%s); killing it", worker.pid, e)
                 self._kill(worker, ("crash", None))
@@ -347,7 +344,7 @@ class Manager:
                     self._kill(worker, ("crash", None))
                     return
 
-    def _handle(self, worker: _Worker, kind: MessageKind, job_id: int, payload: bytes) -> None:
+    def _handle(self, worker: _Worker, kind: MessageKind, job_id: int, payload: Payload) -> None:
         if kind == MessageKind.READY:
             with self.inbox.ready_cond:
                 worker.ready = True
@@ -406,9 +403,9 @@ class Manager:
             job.future._is_running = True
             if job.timeout_s is not None:
                 worker.deadline_s = time.monotonic() + job.timeout_s
-            request = encode_control({"job": job.name, "payload": job.data})
-            job.data = b""  # the frame holds it now; do not keep a second copy
-            self._send(worker, MessageKind.JOB_REQUEST, job.job_id, request)
+            parts = encode_job_request(job.name, job.data)
+            job.data = b""  # the frame holds it now; do not keep a second reference
+            self._send(worker, MessageKind.JOB_REQUEST, job.job_id, *parts)
 
     def _apply_cancellations(self) -> None:
         with self.inbox.lock:
@@ -476,14 +473,8 @@ class Manager:
             self._selector.unregister(worker.read_fd)
         while True:
             try:
-                data = os.read(worker.read_fd, _READ_CHUNK)
-            except OSError:
-                return
-            if not data:
-                return
-            try:
-                frames = worker.decoder.feed(data)
-            except ProtocolError:
+                frames = worker.decoder.read_from(worker.read_fd)
+            except (EOFError, OSError, ProtocolError):
                 return
             for frame in frames:
                 self._handle(worker, frame.kind, frame.job_id, frame.payload)
@@ -492,7 +483,7 @@ class Manager:
         """Ask idle workers to exit; kill the rest. Resolves every running job."""
         for worker in list(self.workers.values()):
             if worker.job is None and not self.inbox.terminating:
-                self._send(worker, MessageKind.SHUTDOWN, 0, b"")
+                self._send(worker, MessageKind.SHUTDOWN, 0)
             else:
                 self._kill(worker, ("shutdown", None))
         deadline = time.monotonic() + 2.0

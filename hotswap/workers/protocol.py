@@ -6,7 +6,7 @@ Two anonymous pipes per worker, passed to ``python -m hotswap.workers`` with ``p
     ----------------------------                        --------------------------
     INIT        msgpack {sys_path, warm_modules, ...} ->  sets sys.path, imports warm modules
                                                      <- READY        msgpack {pid, warm_s}
-    JOB_REQUEST msgpack {job, payload: pickle bytes} ->  unpickles payload, runs job
+    JOB_REQUEST job name, pickle bytes              ->  unpickles payload, runs job
                                                      <- STAGE_EVENT  msgpack (0..n, while it runs)
                                                      <- JOB_RESULT   pickle bytes
                                                      or JOB_FAILED   msgpack {kind, type, message, tb}
@@ -14,7 +14,10 @@ Two anonymous pipes per worker, passed to ``python -m hotswap.workers`` with ``p
 
 Every frame is a fixed 17-byte header (kind: u8, job id: u64, payload length: u64, network
 order) followed by the payload. Control messages are msgpack; payloads and results are pickled
-bytes that only the job (child) or the waiting future (parent) unpickles.
+bytes that only the job (child) or the waiting future (parent) unpickles. A job request is its
+name (u32 length, UTF-8) followed by the pickled payload as it is: large payloads are sent and
+received without a copy, since the parent's side runs in the user's process and every copy
+holds the GIL.
 
 This module imports only the standard library and msgpack: both sides load it before torch.
 """
@@ -22,6 +25,8 @@ This module imports only the standard library and msgpack: both sides load it be
 from __future__ import annotations
 
 import enum
+import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +38,22 @@ __all__ = [
     "Frame",
     "FrameDecoder",
     "MessageKind",
+    "Payload",
     "StageEvent",
+    "decode_job_request",
     "encode_control",
     "encode_frame",
+    "encode_job_request",
+    "receive_buffer",
 ]
 
 HEADER = struct.Struct("!BQQ")
+# Payloads from this size on are received into an anonymous mapping, not a bytearray:
+# bytearray(n) zero-fills n bytes holding the GIL (17 ms for 22 MB); a mapping's pages are
+# zeroed by the kernel as the read fills them, with the GIL released.
+_MAPPED_BYTES = 1 << 20
+Payload = bytes | bytearray | mmap.mmap
+_NAME_LEN = struct.Struct("!I")
 # Frames larger than this are a protocol error (a corrupted length field), not a payload.
 MAX_FRAME_BYTES = 1 << 40
 
@@ -61,7 +76,7 @@ class ProtocolError(Exception):
 class Frame:
     kind: MessageKind
     job_id: int
-    payload: bytes
+    payload: Payload  # the decoder hands its buffer over as it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +105,7 @@ class StageEvent:
         )
 
     @classmethod
-    def from_wire(cls, job_id: int, payload: bytes) -> StageEvent:
+    def from_wire(cls, job_id: int, payload: Payload) -> StageEvent:
         d = decode_control(payload)
         return cls(d["name"], d["start_s"], d["end_s"], d["pid"], job_id, d.get("attrs") or {})
 
@@ -99,39 +114,103 @@ def encode_control(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def decode_control(payload: bytes) -> Any:
+def decode_control(payload: Payload) -> Any:
     return msgpack.unpackb(payload, raw=False)
 
 
-def encode_frame(kind: MessageKind, job_id: int, payload: bytes = b"") -> list[bytes]:
-    """Header and payload as two buffers: a large payload is never copied to prepend 17 B."""
-    return [HEADER.pack(kind, job_id, len(payload)), payload]
+def encode_frame(kind: MessageKind, job_id: int, *parts: bytes) -> list[bytes]:
+    """Header and payload parts as separate buffers: a large payload is never copied to
+    prepend 17 B."""
+    return [HEADER.pack(kind, job_id, sum(map(len, parts))), *parts]
+
+
+def encode_job_request(job: str, data: bytes) -> list[bytes]:
+    """A JOB_REQUEST's payload parts: the job's name, then its pickled payload untouched."""
+    name = job.encode()
+    return [_NAME_LEN.pack(len(name)) + name, data]
+
+
+def decode_job_request(payload: Payload) -> tuple[str, memoryview]:
+    """(job name, pickled payload) of a JOB_REQUEST; the payload is a view, not a copy."""
+    view = memoryview(payload)
+    if len(view) < _NAME_LEN.size:
+        raise ProtocolError("job request shorter than its name's length")
+    (n,) = _NAME_LEN.unpack_from(view)
+    end = _NAME_LEN.size + n
+    if len(view) < end:
+        raise ProtocolError("job request shorter than its name")
+    return bytes(view[_NAME_LEN.size:end]).decode(), view[end:]
+
+
+def receive_buffer(n: int) -> bytearray | mmap.mmap:
+    """A writable buffer of ``n`` bytes to read a payload into."""
+    return mmap.mmap(-1, n) if n >= _MAPPED_BYTES else bytearray(n)
 
 
 class FrameDecoder:
-    """Incremental decoder: feed it whatever a non-blocking read returned, get whole frames back."""
+    """Incremental decoder: bytes in as they arrive, whole frames out.
+
+    Each payload is assembled in a buffer of its own, sized from its header, and handed out
+    as that buffer: no copy of the stream, which would hold the GIL for tens of milliseconds
+    on a GPU artifact's tens of MB (a stall in the user's calls, since the pool's manager
+    thread runs in the user's process). ``read_from`` has the kernel copy pipe data straight
+    into that buffer.
+    """
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._head = bytearray(HEADER.size)
+        self._head_got = 0
+        self._frame: tuple[MessageKind, int] | None = None  # header read, payload pending
+        self._body: bytearray | mmap.mmap = bytearray()
+        self._body_got = 0
 
-    def feed(self, data: bytes) -> list[Frame]:
-        self._buf += data
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         frames: list[Frame] = []
-        while len(self._buf) >= HEADER.size:
-            kind, job_id, length = HEADER.unpack_from(self._buf)
-            if length > MAX_FRAME_BYTES:
-                raise ProtocolError(f"frame length {length} is not plausible")
-            end = HEADER.size + length
-            if len(self._buf) < end:
-                break
-            try:
-                mkind = MessageKind(kind)
-            except ValueError as e:
-                raise ProtocolError(f"unknown message kind {kind}") from e
-            frames.append(Frame(mkind, job_id, bytes(self._buf[HEADER.size:end])))
-            del self._buf[:end]
+        view = memoryview(data)
+        while view:
+            target = self._target()
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            view = view[n:]
+            frame = self._advance(n)
+            if frame is not None:
+                frames.append(frame)
         return frames
 
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._buf)
+    def read_from(self, fd: int) -> list[Frame]:
+        """One read from ``fd`` into the frame being assembled; the frame, if that finished
+        it. Raises EOFError at end of file; OSError (BlockingIOError too) passes through."""
+        n = os.readv(fd, [self._target()])
+        if n == 0:
+            raise EOFError
+        frame = self._advance(n)
+        return [] if frame is None else [frame]
+
+    def _target(self) -> memoryview:
+        if self._frame is None:
+            return memoryview(self._head)[self._head_got:]
+        return memoryview(self._body)[self._body_got:]
+
+    def _advance(self, n: int) -> Frame | None:
+        if self._frame is None:
+            self._head_got += n
+            if self._head_got < HEADER.size:
+                return None
+            self._head_got = 0
+            kind, job_id, length = HEADER.unpack(self._head)
+            if length > MAX_FRAME_BYTES:
+                raise ProtocolError(f"frame length {length} is not plausible")
+            try:
+                self._frame = (MessageKind(kind), job_id)
+            except ValueError as e:
+                raise ProtocolError(f"unknown message kind {kind}") from e
+            self._body, self._body_got = receive_buffer(length), 0
+            if length:
+                return None
+        else:
+            self._body_got += n
+            if self._body_got < len(self._body):
+                return None
+        (kind, job_id), body = self._frame, self._body
+        self._frame, self._body = None, bytearray()
+        return Frame(kind, job_id, body)
