@@ -39,6 +39,7 @@ from hotswap.workers.protocol import (
     decode_job_request,
     encode_control,
     encode_frame,
+    encode_result,
     receive_buffer,
 )
 
@@ -74,11 +75,10 @@ class _Channel:
             return None
         return Frame(MessageKind(kind), job_id, payload)
 
-    def send(self, kind: MessageKind, job_id: int, payload: bytes = b"") -> None:
-        header, body = encode_frame(kind, job_id, payload)
+    def send(self, kind: MessageKind, job_id: int, *parts: bytes | memoryview) -> None:
         with self._write_lock:
-            for chunk in (header, body):
-                view = memoryview(chunk)
+            for chunk in encode_frame(kind, job_id, *parts):
+                view = memoryview(chunk).cast("B")
                 while view:
                     view = view[os.write(self._write_fd, view):]
 
@@ -174,11 +174,11 @@ def _run_job(channel: _Channel, frame: Frame) -> None:
             channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("exception", e))
             return
         try:
-            data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            parts = encode_result(result)
         except BaseException as e:
             channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("serialization", e, "result"))
             return
-        channel.send(MessageKind.JOB_RESULT, frame.job_id, data)
+        channel.send(MessageKind.JOB_RESULT, frame.job_id, *parts)
     except BaseException as e:  # the job machinery itself (decode, resolve): still reply
         channel.send(MessageKind.JOB_FAILED, frame.job_id, _failure("exception", e))
     finally:

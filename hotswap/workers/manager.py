@@ -27,7 +27,6 @@ import contextlib
 import errno
 import logging
 import os
-import pickle
 import selectors
 import signal
 import subprocess
@@ -58,6 +57,7 @@ from hotswap.workers.protocol import (
     ProtocolError,
     StageEvent,
     decode_control,
+    decode_result,
     encode_control,
     encode_frame,
     encode_job_request,
@@ -369,7 +369,7 @@ class Manager:
         self._finish(worker)
         if kind == MessageKind.JOB_RESULT:
             try:
-                result = pickle.loads(payload)
+                result = decode_result(payload)
             except Exception as e:
                 resolve(job.future, error=SerializationFailed(job.name, "result", "parent",
                                                                repr(e)))

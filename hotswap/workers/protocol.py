@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import mmap
 import os
+import pickle
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,8 @@ HEADER = struct.Struct("!BQQ")
 _MAPPED_BYTES = 1 << 20
 Payload = bytes | bytearray | mmap.mmap
 _NAME_LEN = struct.Struct("!I")
+_COUNT = struct.Struct("!I")
+_SIZE = struct.Struct("!Q")
 # Frames larger than this are a protocol error (a corrupted length field), not a payload.
 MAX_FRAME_BYTES = 1 << 40
 
@@ -118,16 +121,46 @@ def decode_control(payload: Payload) -> Any:
     return msgpack.unpackb(payload, raw=False)
 
 
-def encode_frame(kind: MessageKind, job_id: int, *parts: bytes) -> list[bytes]:
+def encode_frame(kind: MessageKind, job_id: int, *parts: bytes | memoryview) -> list[bytes | memoryview]:
     """Header and payload parts as separate buffers: a large payload is never copied to
     prepend 17 B."""
-    return [HEADER.pack(kind, job_id, sum(map(len, parts))), *parts]
+    return [HEADER.pack(kind, job_id, sum(memoryview(p).nbytes for p in parts)), *parts]
 
 
 def encode_job_request(job: str, data: bytes) -> list[bytes]:
     """A JOB_REQUEST's payload parts: the job's name, then its pickled payload untouched."""
     name = job.encode()
     return [_NAME_LEN.pack(len(name)) + name, data]
+
+
+def encode_result(result: Any) -> list[bytes | memoryview]:
+    """A JOB_RESULT's payload parts: a table of sizes, the pickle (protocol 5), then each
+    out-of-band buffer as it is. An object opts in by pickling a ``pickle.PickleBuffer`` of
+    its large bytes: they are then neither copied into the pickle here nor out of the frame
+    in the parent, where they arrive as a view into the received payload."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(result, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    table = _COUNT.pack(len(raws)) + b"".join(_SIZE.pack(len(part)) for part in (data, *raws))
+    return [table, data, *raws]
+
+
+def decode_result(payload: Payload) -> Any:
+    """Unpickle what ``encode_result`` sent; its out-of-band buffers stay in ``payload``."""
+    view = memoryview(payload)
+    try:
+        (count,) = _COUNT.unpack_from(view)
+        offset = _COUNT.size + _SIZE.size * (count + 1)
+        sizes = [_SIZE.unpack_from(view, _COUNT.size + _SIZE.size * i)[0] for i in range(count + 1)]
+    except struct.error as e:
+        raise ProtocolError(f"job result shorter than its size table: {e}") from None
+    if offset + sum(sizes) != len(view):
+        raise ProtocolError("job result sizes do not add up to its length")
+    parts = []
+    for size in sizes:
+        parts.append(view[offset:offset + size])
+        offset += size
+    return pickle.loads(parts[0], buffers=parts[1:])
 
 
 def decode_job_request(payload: Payload) -> tuple[str, memoryview]:

@@ -4,7 +4,9 @@ corrupt header is a ProtocolError."""
 from __future__ import annotations
 
 import os
+import pickle
 import threading
+from typing import Any, SupportsIndex
 
 import pytest
 
@@ -14,8 +16,10 @@ from hotswap.workers.protocol import (
     MessageKind,
     ProtocolError,
     decode_job_request,
+    decode_result,
     encode_frame,
     encode_job_request,
+    encode_result,
 )
 
 
@@ -83,3 +87,25 @@ def test_a_job_request_carries_its_payload_as_a_view() -> None:
 
 def _stream_parts(kind: MessageKind, job_id: int, *parts: bytes) -> bytes:
     return b"".join(encode_frame(kind, job_id, *parts))
+
+
+class _Big:
+    """Large bytes that travel out of band, as a compile result's artifact does."""
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        return (_Big, (pickle.PickleBuffer(self.data),))
+
+
+def test_a_result_s_out_of_band_buffer_arrives_as_a_view_into_the_frame() -> None:
+    data = os.urandom(2 << 20)
+    [frame] = FrameDecoder().feed(_stream_parts(MessageKind.JOB_RESULT, 1,
+                                                *encode_result({"big": _Big(data), "n": 3})))
+    result = decode_result(frame.payload)
+    assert result["n"] == 3 and isinstance(result["big"].data, memoryview)
+    assert result["big"].data == data and result["big"].data.obj is frame.payload  # not a copy
+    assert decode_result(b"".join(encode_result([1, "two"]))) == [1, "two"]
+    with pytest.raises(ProtocolError):
+        decode_result(b"".join(encode_result("x")) + b"trailing")
