@@ -37,7 +37,9 @@ __all__ = ["FORMAT_VERSION", "ArtifactCache", "EntryInfo", "default_cache_dir"]
 
 log = logging.getLogger("hotswap")
 
-FORMAT_VERSION = 1
+# Part of every entry's stamp and key. 2: payloads are hotswap.orchestrator.artifacts entries
+# laid out for reading in place (1 was a msgpack map); entries of 1 are simply not looked up.
+FORMAT_VERSION = 2
 MAGIC = b"HSWPA\x00\x01\x00"
 _LEN = struct.Struct("!I")
 _MAC_BYTES = 32
@@ -120,7 +122,7 @@ class ArtifactCache:
             self._write_index(index)
         return payload
 
-    def put(self, key: str, payload: bytes, *, tier: str = "") -> None:
+    def put(self, key: str, payload: bytes | memoryview, *, tier: str = "") -> None:
         """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes."""
         if self.stamp is None:
             raise ValueError("this ArtifactCache was opened without a stamp; it cannot write")
@@ -320,7 +322,7 @@ def _read_entry(path: Path) -> tuple[bytes, bytes, bytes]:
         return head, f.read(payload_len), f.read()
 
 
-def _write_atomic(path: Path, *chunks: bytes, durable: bool = True) -> None:
+def _write_atomic(path: Path, *chunks: bytes | memoryview, durable: bool = True) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:

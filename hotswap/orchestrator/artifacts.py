@@ -1,34 +1,72 @@
 """Compiled artifacts as they travel and rest: the worker's bytes plus its kernel files.
 
-A cache entry, a gate benchmark job and a load all use the same packed form, so an artifact
-that was stored is byte for byte one that was loaded here (or by a worker's benchmark).
+A cache entry, a worker's result, a gate benchmark job and a load all use the same packed
+form (an *entry*), so an artifact that was stored is byte for byte one that was loaded here
+(or by a worker's benchmark). The worker packs it; the user's process only reads it::
+
+    b"HSE1" | u32 header length | msgpack {"artifact": size, "files": [[path, size], ...]}
+            | artifact bytes | each file's bytes, in header order
+
+The parts are read as views into the entry, never copied out: in the user's process every
+copy of a GPU artifact (tens of MB) holds the GIL for milliseconds, stalling the calls
+being served. (msgpack's bin type would copy each part when unpacked.)
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import msgpack
 
 from hotswap.orchestrator import compat
 
-__all__ = ["load_artifact", "load_entry", "pack_entry"]
+__all__ = ["entry_parts", "load_entry", "pack_entry"]
+
+_MAGIC = b"HSE1"
+_HEAD = struct.Struct("!4sI")
+
+Buffer = bytes | bytearray | memoryview
 
 
 def pack_entry(artifact: bytes, files: dict[str, bytes]) -> bytes:
-    """The artifact plus the kernel files the worker's compile produced."""
-    return msgpack.packb({"artifact": artifact, "files": files},  # type: ignore[no-any-return]
-                         use_bin_type=True)
+    """The artifact plus the kernel files the compile produced, as one entry."""
+    header = msgpack.packb({"artifact": len(artifact),
+                            "files": [[path, len(data)] for path, data in files.items()]},
+                           use_bin_type=True)
+    return b"".join([_HEAD.pack(_MAGIC, len(header)), header, artifact, *files.values()])
 
 
-def load_artifact(artifact: bytes, files: dict[str, bytes]) -> Any:
-    """Put the worker's compiled kernels where this process's inductor looks (when it lacks
-    them: a separate TORCHINDUCTOR_CACHE_DIR), then load. Saves re-running the C++ compiler."""
+def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
+    """(artifact, {path: file}) of an entry, as views into it. ValueError if malformed."""
+    view = memoryview(entry)
+    if len(view) < _HEAD.size:
+        raise ValueError("not a hotswap artifact entry (too short)")
+    magic, header_len = _HEAD.unpack_from(view)
+    if magic != _MAGIC:
+        raise ValueError(f"not a hotswap artifact entry (starts with {bytes(magic)!r})")
+    offset = _HEAD.size + header_len
+    try:
+        header = msgpack.unpackb(view[_HEAD.size:offset], raw=False)
+        artifact_size = int(header["artifact"])
+        sizes = [(str(path), int(n)) for path, n in header["files"]]
+    except Exception as e:
+        raise ValueError(f"artifact entry has an unreadable header: {e}") from e
+    if offset + artifact_size + sum(n for _, n in sizes) != len(view):
+        raise ValueError("artifact entry is truncated or has trailing bytes")
+    artifact = view[offset:offset + artifact_size]
+    offset += artifact_size
+    files: dict[str, memoryview] = {}
+    for path, n in sizes:
+        files[path] = view[offset:offset + n]
+        offset += n
+    return artifact, files
+
+
+def load_entry(entry: Buffer) -> Any:
+    """Put the entry's kernel files where this process's inductor looks (when it lacks them:
+    a separate TORCHINDUCTOR_CACHE_DIR; saves re-running the C++ compiler), then load it."""
+    artifact, files = entry_parts(entry)
     if files:
         compat.restore_files(compat.inductor_cache_dir(), files)
     return compat.artifact_from_bytes(artifact)
-
-
-def load_entry(entry: bytes) -> Any:
-    unpacked = msgpack.unpackb(entry, raw=False)
-    return load_artifact(unpacked["artifact"], unpacked.get("files") or {})

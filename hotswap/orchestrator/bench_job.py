@@ -17,13 +17,22 @@ from hotswap.orchestrator.compile_job import InputMeta
 from hotswap.profiles.records import KernelBreakdown, TierBench
 from hotswap.workers import stage
 
-__all__ = ["BenchReply", "BenchRequest", "bench_tiers"]
+__all__ = ["BenchReply", "BenchRequest", "CachedEntry", "bench_tiers"]
+
+
+@dataclass(frozen=True)
+class CachedEntry:
+    """An entry the worker reads from the artifact cache itself, so that the user's process
+    neither pickles nor sends its bytes (tens of MB for a GPU tier, copied holding the GIL)."""
+
+    cache_dir: str
+    key: str
 
 
 @dataclass(frozen=True)
 class BenchRequest:
     graph_id: str
-    entries: dict[str, bytes]        # tier -> artifacts.pack_entry(...)
+    entries: dict[str, bytes | CachedEntry]  # tier -> artifacts.pack_entry(...), or where
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
     graph_bytes: bytes = b""         # transport.ship_graph(); adds an "eager" row when given
@@ -60,7 +69,7 @@ def bench_tiers(request: BenchRequest) -> BenchReply:
             calls["eager"] = _bind(gm, inputs)
         for tier, entry in request.entries.items():
             try:
-                calls[tier] = _bind(load_entry(entry), inputs)
+                calls[tier] = _bind(load_entry(_read(entry)), inputs)
             except Exception as e:
                 errors[tier] = f"failed to load: {type(e).__name__}: {e}"
     with (stage("bench", graph=request.graph_id), torch.set_grad_enabled(request.grad_enabled),
@@ -78,6 +87,17 @@ def bench_tiers(request: BenchRequest) -> BenchReply:
                 except Exception as e:
                     errors[f"{tier}/kernels"] = f"{type(e).__name__}: {e}"
     return BenchReply(benches, kernels, errors)
+
+
+def _read(entry: bytes | CachedEntry) -> bytes:
+    if isinstance(entry, bytes):
+        return entry
+    from hotswap.cache import ArtifactCache
+
+    data = ArtifactCache(entry.cache_dir).get(entry.key)  # verified; no stamp: read only
+    if data is None:
+        raise LookupError(f"the artifact cache no longer holds entry {entry.key[:12]}")
+    return data
 
 
 def _bind(fn: Any, inputs: list[Any]) -> Any:

@@ -135,7 +135,7 @@ class BlockingModes:
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            self.cache.store(key, tier.name, pack_entry(result.artifact, result.files))
+            self.cache.store(key, tier.name, result.entry)
             runner.serve_now(tier.name, fn)
         finally:
             self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)

@@ -22,6 +22,7 @@ import torch
 from hotswap import testing
 from hotswap.cache import ArtifactCache
 from hotswap.cache.key import cache_key, environment_stamp
+from hotswap.orchestrator.bench_job import CachedEntry
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import verdict_key
 from hotswap.orchestrator.options import Tier
@@ -80,21 +81,31 @@ class CacheAccess:
         """The gate's verdict on ``key``'s tier in an earlier run, if any."""
         return self._cache.get(verdict_key(key)) if self._cache is not None else None
 
-    def store(self, key: str | None, tier: str, entry: bytes) -> None:
-        """Store a tier's packed artifact (``artifacts.pack_entry``) under ``key``."""
-        if key is not None:
-            self._put(key, entry, tier)
+    def store(self, key: str | None, tier: str, entry: bytes | memoryview) -> CachedEntry | None:
+        """Store a tier's packed artifact (``artifacts.pack_entry``) under ``key``; where a
+        worker finds it, if it was stored."""
+        if key is not None and self._put(key, entry, tier):
+            return self.ref(key)
+        return None
+
+    def ref(self, key: str | None) -> CachedEntry | None:
+        """Where a worker reads the entry stored under ``key`` (None without a cache)."""
+        if self._cache is None or key is None:
+            return None
+        return CachedEntry(str(self._cache.root), key)
 
     def store_verdict(self, key: str, verdict: bytes) -> None:
         self._put(verdict_key(key), verdict, "gate-verdict")
 
-    def _put(self, key: str, payload: bytes, tier: str) -> None:
+    def _put(self, key: str, payload: bytes | memoryview, tier: str) -> bool:
         if self._cache is None:
-            return
+            return False
         try:
             self._cache.put(key, payload, tier=tier)
         except OSError as e:  # a full disk must not cost the user the tier they already have
             log.warning("hotswap: could not write the artifact cache: %s", e)
+            return False
+        return True
 
     # ------------------------------------------------------------------ compile claims
 

@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -64,7 +64,7 @@ def artifact_to_bytes(artifact: Any) -> bytes:
             return f.read()
 
 
-def artifact_from_bytes(data: bytes) -> Callable[..., Any]:
+def artifact_from_bytes(data: bytes | bytearray | memoryview) -> Callable[..., Any]:
     from torch._inductor.standalone_compile import CompiledArtifact
 
     with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
@@ -136,7 +136,7 @@ def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20)
     return found
 
 
-def restore_files(root: str, files: dict[str, bytes]) -> int:
+def restore_files(root: str, files: Mapping[str, bytes | bytearray | memoryview]) -> int:
     """Write shipped cache files that ``root`` lacks (atomically); returns how many."""
     written = 0
     real_root = os.path.realpath(root)

@@ -8,9 +8,10 @@ never travel. Constants the graph holds (get_attr tensors) travel inside the pic
 from __future__ import annotations
 
 import os
+import pickle
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, SupportsIndex
 
 from hotswap.workers import emit_stage, stage
 
@@ -57,10 +58,17 @@ class CompileRequest:
 class CompileResult:
     graph_id: str
     tier: str
-    artifact: bytes
-    # Files the compile added to the worker's inductor cache (compiled C++ kernels above all:
-    # inductor bundles triton kernels into the artifact, not C++ ones). Restored where loaded.
-    files: dict[str, bytes] = field(default_factory=dict)
+    # artifacts.pack_entry(artifact, files): the saved artifact, plus the files the compile
+    # added to the worker's inductor cache (compiled C++ kernels above all: inductor bundles
+    # triton kernels into the artifact, not C++ ones), restored where it loads. Packed here,
+    # in the worker, so that the user's process never copies it: it travels out of band and
+    # arrives as a view into the pool's receive buffer.
+    entry: bytes | memoryview
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        if int(protocol) < 5:
+            return super().__reduce_ex__(protocol)
+        return (CompileResult, (self.graph_id, self.tier, pickle.PickleBuffer(self.entry)))
 
 
 # Ship cache files written after this time with the next result (set by warm_worker).
@@ -197,6 +205,7 @@ def compile_graph(request: CompileRequest) -> CompileResult:
     import torch
 
     from hotswap.orchestrator import compat
+    from hotswap.orchestrator.artifacts import pack_entry
     from hotswap.orchestrator.transport import land_graph
 
     if request.fault is not None:
@@ -221,5 +230,6 @@ def compile_graph(request: CompileRequest) -> CompileResult:
     with stage("collect_files", tier=request.tier):
         since = started if _files_since_s is None else min(started, _files_since_s)
         files = compat.files_written_since(compat.inductor_cache_dir(), since)
+        entry = pack_entry(data, files)
     _files_since_s = None
-    return CompileResult(request.graph_id, request.tier, data, files)
+    return CompileResult(request.graph_id, request.tier, entry)

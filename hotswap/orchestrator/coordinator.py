@@ -31,7 +31,7 @@ import torch
 from hotswap import testing
 from hotswap.cache.key import prepare_stamp
 from hotswap.errors import PoolClosed, WorkerCrashed
-from hotswap.orchestrator.artifacts import load_artifact, load_entry, pack_entry
+from hotswap.orchestrator.artifacts import load_entry
 from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
 from hotswap.orchestrator.blocking import BlockingModes
 from hotswap.orchestrator.cache_access import CacheAccess
@@ -204,7 +204,7 @@ class Coordinator(BlockingModes):
                         "compiling it again", runner.graph_id, tier.name, type(e).__name__, e)
             self._submit(runner, request, tier, retries=1, key=key)
             return
-        self.gate.remember(runner, tier.name, entry)
+        self.gate.remember(runner, tier.name, self.cache.ref(key) or entry)
         self.gate.offer(runner, tier.name, fn, self._requests.get(runner.graph_id),
                         verdict_key=key)
 
@@ -295,9 +295,8 @@ class Coordinator(BlockingModes):
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
-            entry = pack_entry(result.artifact, result.files)  # once: it copies every byte
-            self.cache.store(key, tier.name, entry)  # only artifacts that loaded here
-            self.gate.remember(runner, tier.name, entry)
+            stored = self.cache.store(key, tier.name, result.entry)  # only ones that loaded
+            self.gate.remember(runner, tier.name, stored or result.entry)
             self.gate.offer(runner, tier.name, fn, request, verdict_key=key)
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
@@ -309,7 +308,7 @@ class Coordinator(BlockingModes):
         bump("worker_compiles")
         self._await_warmup(runner)
         t = time.monotonic()
-        fn = load_artifact(result.artifact, result.files)
+        fn = load_entry(result.entry)
         self.recorder.span(runner, result.tier, "load", t, time.monotonic())
         return fn
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
+from hotswap.orchestrator.bench_job import BenchReply, BenchRequest, CachedEntry
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
 from hotswap.orchestrator.recording import Recorder
@@ -60,6 +60,15 @@ def unpack_verdict(data: bytes) -> str:
     return f"gate (earlier run): {verdict['reason']}"
 
 
+# A packed artifact (a worker's result arrives as a view), or where the cache holds it.
+Entry = bytes | memoryview | CachedEntry
+
+
+def _sendable(entry: Entry) -> bytes | CachedEntry:
+    """What a benchmark job can carry (pickle refuses views). Copies only without a cache."""
+    return bytes(entry) if isinstance(entry, memoryview) else entry
+
+
 class _Candidate:
     def __init__(self, tier: str, fn: Any, verdict_key: str | None) -> None:
         self.tier, self.fn, self.verdict_key = tier, fn, verdict_key
@@ -80,7 +89,7 @@ class Gate:
         self._notify = notify
         self._store_verdict = store_verdict
         self._lock = threading.Lock()
-        self._entries: dict[str, dict[str, bytes]] = {}       # graph -> tier -> packed artifact
+        self._entries: dict[str, dict[str, Entry]] = {}  # graph -> tier -> entry
         self._busy: dict[str, list[_Candidate]] = {}          # graph -> candidates waiting
         self._comparisons = 0                                 # profile comparisons in flight
 
@@ -89,8 +98,9 @@ class Gate:
         with self._lock:
             return self._comparisons == 0
 
-    def remember(self, runner: GraphRunner, tier: str, entry: bytes) -> None:
-        """A loaded tier's packed artifact: what a later benchmark of this graph loads."""
+    def remember(self, runner: GraphRunner, tier: str, entry: Entry) -> None:
+        """A loaded tier's packed artifact, or where the cache holds it (preferred: then the
+        bytes are not sent again): what a later benchmark of this graph loads."""
         with self._lock:
             self._entries.setdefault(runner.graph_id, {})[tier] = entry
 
@@ -113,7 +123,7 @@ class Gate:
         serving = runner.tier
         with self._lock:
             entries = self._entries.get(runner.graph_id, {})
-            pair = {t: entries[t] for t in (serving, candidate.tier) if t in entries}
+            pair = {t: _sendable(entries[t]) for t in (serving, candidate.tier) if t in entries}
         if len(pair) < 2:  # nothing to measure against (the serving tier's artifact is gone)
             self._settle(runner, request, lambda: runner.swap_in(candidate.tier, candidate.fn))
             return
@@ -191,7 +201,7 @@ class Gate:
         with self._lock:
             if runner.graph_id in self._busy:
                 return
-            entries = self._entries.pop(runner.graph_id, {})
+            entries = {t: _sendable(e) for t, e in self._entries.pop(runner.graph_id, {}).items()}
             if not self._recorder.profiling or request is None or not entries:
                 return
             self._comparisons += 1

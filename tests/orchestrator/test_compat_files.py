@@ -30,3 +30,19 @@ def test_files_written_since_and_restore(tmp_path: Path) -> None:
     assert (dst / "ab" / "kernel.so").read_bytes() == b"\x7fELF kernel"
     assert (dst / "ab" / "kernel.cpp").read_text() == "// already here"  # never overwritten
     assert not (tmp_path / "escape.so").exists()  # never outside the cache dir
+
+
+def test_an_entry_reads_back_as_views_and_a_damaged_one_is_refused() -> None:
+    import pytest
+
+    from hotswap.orchestrator.artifacts import entry_parts, pack_entry
+
+    files = {os.path.join("ab", "kernel.so"): b"\x7fELF", "empty.py": b""}
+    entry = pack_entry(b"artifact bytes", files)
+    artifact, parts = entry_parts(entry)
+    assert isinstance(artifact, memoryview) and artifact == b"artifact bytes"
+    assert {k: bytes(v) for k, v in parts.items()} == files and list(parts) == list(files)
+    assert entry_parts(pack_entry(b"", {}))[0] == b""
+    for damaged in (entry[:-1], entry + b"x", b"HSE0" + entry[4:], entry[:6], b"HSE1\0\0\0\3abc"):
+        with pytest.raises(ValueError):
+            entry_parts(damaged)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hotswap
-from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
+from hotswap.orchestrator.bench_job import BenchReply, BenchRequest, CachedEntry
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.options import Options
 from hotswap.profiles import (
@@ -183,6 +183,8 @@ def test_gate_keeps_a_slower_tier_out_and_a_warm_process_skips_it() -> None:
     [(tier, why)] = status.kept
     assert tier == "no-fusion" and why.startswith("gate: 1.5000 ms vs 1.0000 ms for 'default'")
     assert [sorted(r.entries) for r in seen] == [["default", "no-fusion"]]
+    # The benchmark worker reads both artifacts from the cache; their bytes do not travel.
+    assert all(isinstance(e, CachedEntry) for e in seen[0].entries.values())
     assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"], d["worker_compiles"]) == (1, 1, 1, 2)
     # Another process (here: a fresh coordinator on the same cache) neither compiles nor
     # benchmarks the kept tier again: the verdict is on file.
