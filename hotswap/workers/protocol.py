@@ -8,7 +8,7 @@ Two anonymous pipes per worker, passed to ``python -m hotswap.workers`` with ``p
                                                      <- READY        msgpack {pid, warm_s}
     JOB_REQUEST job name, pickle bytes              ->  unpickles payload, runs job
                                                      <- STAGE_EVENT  msgpack (0..n, while it runs)
-                                                     <- JOB_RESULT   pickle bytes
+                                                     <- JOB_RESULT   sizes, pickle, buffers
                                                      or JOB_FAILED   msgpack {kind, type, message, tb}
     SHUTDOWN    (empty)                              ->  exits 0
 
@@ -17,7 +17,8 @@ order) followed by the payload. Control messages are msgpack; payloads and resul
 bytes that only the job (child) or the waiting future (parent) unpickles. A job request is its
 name (u32 length, UTF-8) followed by the pickled payload as it is: large payloads are sent and
 received without a copy, since the parent's side runs in the user's process and every copy
-holds the GIL.
+holds the GIL. A job result is a table of sizes, its pickle (protocol 5), then the pickle's
+out-of-band buffers (``encode_result``), which the parent unpickles as views.
 
 This module imports only the standard library and msgpack: both sides load it before torch.
 """
@@ -42,9 +43,11 @@ __all__ = [
     "Payload",
     "StageEvent",
     "decode_job_request",
+    "decode_result",
     "encode_control",
     "encode_frame",
     "encode_job_request",
+    "encode_result",
     "receive_buffer",
 ]
 

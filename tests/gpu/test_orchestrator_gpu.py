@@ -32,9 +32,9 @@ def _serve_until_final(compiled: object, call: object, timeout_s: float = 400) -
 
 def _max_autotune_sources(cache_dir: str, tier: str) -> list[str]:
     """Kernel sources stored with ``tier``'s cache entry (what that artifact runs)."""
-    import msgpack
 
     from hotswap.cache import ArtifactCache
+    from hotswap.orchestrator.artifacts import entry_parts
 
     cache = ArtifactCache(cache_dir)
     sources = []
@@ -43,8 +43,8 @@ def _max_autotune_sources(cache_dir: str, tier: str) -> list[str]:
             continue
         payload = cache.get(entry.key)
         assert payload is not None
-        files = msgpack.unpackb(payload, raw=False)["files"]
-        sources += [data.decode(errors="replace") for name, data in files.items()
+        _, files = entry_parts(payload)
+        sources += [bytes(data).decode(errors="replace") for name, data in files.items()
                     if name.endswith(".py")]
     return sources
 
