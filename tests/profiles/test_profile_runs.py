@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -162,12 +163,13 @@ def _fake_measure(medians: dict[str, float] | None, seen: list[BenchRequest]) ->
     return measure
 
 
-def _gated(medians: dict[str, float] | None, seen: list[BenchRequest]) -> tuple[Any, Any]:
+def _gated(medians: dict[str, float] | None, seen: list[BenchRequest],
+           cache_dir: str | None = None) -> tuple[Any, Any]:
     model, inputs = mlp()
     expected = model(*inputs)
     # One worker: tiers finish in ladder order, so the gate meets them in that order.
-    coordinator = Coordinator(Options.create(mode="progressive", tiers=LADDER, workers=1),
-                              measure=_fake_measure(medians, seen))
+    options = Options.create(mode="progressive", tiers=LADDER, workers=1, cache_dir=cache_dir)
+    coordinator = Coordinator(options, measure=_fake_measure(medians, seen))
     compiled = torch.compile(model, backend=coordinator)
     torch.testing.assert_close(compiled(*inputs), expected)
     [status] = coordinator.wait(timeout_s=240)
@@ -194,6 +196,18 @@ def test_gate_keeps_a_slower_tier_out_and_a_warm_process_skips_it() -> None:
     assert status.tier == "default" and status.kept[0][0] == "no-fusion"
     assert "earlier run" in status.kept[0][1]
     assert (d["worker_compiles"], d["cache_hits"], d["gate_benchmarks"], d["swaps"]) == (0, 1, 0, 1)
+
+
+def test_without_a_cache_the_gate_job_carries_the_entries_themselves(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")  # the cache cannot be opened here: hotswap runs without one
+    seen: list[BenchRequest] = []
+    _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen, cache_dir=str(not_a_dir))
+    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
+    [request] = seen
+    entries = request.entries.values()
+    assert len(entries) == 2 and all(type(e) is bytes for e in entries)  # picklable, not views
+    pickle.dumps(request)
 
 
 @pytest.mark.parametrize("medians", [{"default": 1.5, "no-fusion": 1.0}, None],
