@@ -30,17 +30,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from hotswap.workers.protocol import (
-    HEADER,
     Frame,
+    FrameDecoder,
     MessageKind,
-    Payload,
     StageEvent,
     decode_control,
     decode_job_request,
     encode_control,
     encode_frame,
     encode_result,
-    receive_buffer,
 )
 
 __all__ = ["current_job_id", "emit_stage", "in_worker", "main", "resolve_job", "stage"]
@@ -53,27 +51,17 @@ class _Channel:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._write_lock = threading.Lock()
-
-    def _read_exact(self, n: int) -> Payload | None:
-        buf = receive_buffer(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = os.readv(self._read_fd, [view[got:]])
-            if k == 0:
-                return None
-            got += k
-        return buf
+        self._decoder = FrameDecoder()
 
     def recv(self) -> Frame | None:
-        header = self._read_exact(HEADER.size)
-        if header is None:
-            return None
-        kind, job_id, length = HEADER.unpack(header)
-        payload = self._read_exact(length) if length else b""
-        if payload is None:
-            return None
-        return Frame(MessageKind(kind), job_id, payload)
+        """The next frame (None at end of file), read straight into its payload's buffer."""
+        while True:
+            try:
+                frames = self._decoder.read_from(self._read_fd)
+            except EOFError:
+                return None
+            if frames:
+                return frames[0]
 
     def send(self, kind: MessageKind, job_id: int, *parts: bytes | memoryview) -> None:
         with self._write_lock:

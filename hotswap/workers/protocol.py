@@ -48,7 +48,6 @@ __all__ = [
     "encode_frame",
     "encode_job_request",
     "encode_result",
-    "receive_buffer",
 ]
 
 HEADER = struct.Struct("!BQQ")
@@ -178,7 +177,7 @@ def decode_job_request(payload: Payload) -> tuple[str, memoryview]:
     return bytes(view[_NAME_LEN.size:end]).decode(), view[end:]
 
 
-def receive_buffer(n: int) -> bytearray | mmap.mmap:
+def _receive_buffer(n: int) -> bytearray | mmap.mmap:
     """A writable buffer of ``n`` bytes to read a payload into."""
     return mmap.mmap(-1, n) if n >= _MAPPED_BYTES else bytearray(n)
 
@@ -240,7 +239,7 @@ class FrameDecoder:
                 self._frame = (MessageKind(kind), job_id)
             except ValueError as e:
                 raise ProtocolError(f"unknown message kind {kind}") from e
-            self._body, self._body_got = receive_buffer(length), 0
+            self._body, self._body_got = _receive_buffer(length), 0
             if length:
                 return None
         else:
