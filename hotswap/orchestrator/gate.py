@@ -64,9 +64,10 @@ def unpack_verdict(data: bytes) -> str:
 Entry = bytes | memoryview | CachedEntry
 
 
-def _sendable(entry: Entry) -> bytes | CachedEntry:
-    """What a benchmark job can carry (pickle refuses views). Copies only without a cache."""
-    return bytes(entry) if isinstance(entry, memoryview) else entry
+def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:
+    """What a benchmark job can carry (pickle refuses views). Copies only entries the cache
+    does not hold, outside the gate's lock, and only for a job that is sent."""
+    return {t: bytes(e) if isinstance(e, memoryview) else e for t, e in entries.items()}
 
 
 class _Candidate:
@@ -123,12 +124,12 @@ class Gate:
         serving = runner.tier
         with self._lock:
             entries = self._entries.get(runner.graph_id, {})
-            pair = {t: _sendable(entries[t]) for t in (serving, candidate.tier) if t in entries}
+            pair = {t: entries[t] for t in (serving, candidate.tier) if t in entries}
         if len(pair) < 2:  # nothing to measure against (the serving tier's artifact is gone)
             self._settle(runner, request, lambda: runner.swap_in(candidate.tier, candidate.fn))
             return
         bump("gate_benchmarks")
-        bench = BenchRequest(runner.graph_id, pair, request.inputs, request.grad_enabled,
+        bench = BenchRequest(runner.graph_id, _sendable(pair), request.inputs, request.grad_enabled,
                              graph_bytes=request.graph_bytes if self._recorder.profiling else b"",
                              budget_ms=self.budget_ms, purpose="gate",
                              num_threads=request.num_threads)
@@ -201,11 +202,11 @@ class Gate:
         with self._lock:
             if runner.graph_id in self._busy:
                 return
-            entries = {t: _sendable(e) for t, e in self._entries.pop(runner.graph_id, {}).items()}
+            entries = self._entries.pop(runner.graph_id, {})
             if not self._recorder.profiling or request is None or not entries:
                 return
             self._comparisons += 1
-        bench = BenchRequest(runner.graph_id, entries, request.inputs, request.grad_enabled,
+        bench = BenchRequest(runner.graph_id, _sendable(entries), request.inputs, request.grad_enabled,
                              graph_bytes=request.graph_bytes, budget_ms=self.budget_ms,
                              purpose="compare", breakdown=True, num_threads=request.num_threads)
         self._submit(bench, self._compared, runner)
