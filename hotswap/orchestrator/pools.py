@@ -27,12 +27,18 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
             threads = str(max(1, (os.cpu_count() or 1) // size))
             env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
                 "TORCHINDUCTOR_COMPILE_THREADS": threads}
-            pool = WorkerPool(size, worker_env=env, nice=_worker_nice(), idle=_worker_idle(),
+            nice, idle = worker_priority()
+            pool = WorkerPool(size, worker_env=env, nice=nice, idle=idle,
                               rss_limit_bytes=_rss_limit(), warm_modules=(
                 "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job:warm_worker"))
             pool.start()
             _pools[workers] = pool
         return pool
+
+
+def worker_priority() -> tuple[int, bool]:
+    """The compile workers' (niceness, SCHED_IDLE), from the environment or the defaults."""
+    return _worker_nice(), _worker_idle()
 
 
 def _worker_nice() -> int:

@@ -202,7 +202,7 @@ def _watch_parent(parent_pid: int) -> None:
     _kill_own_group_and_exit()
 
 
-def _lower_priority(nice: int, idle: bool) -> None:
+def lower_priority(nice: int, idle: bool) -> None:
     """Background compile work must not slow the user's process down: lower our priority
     (inherited by the compiler subprocesses we start) before any real work.
 
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     init = decode_control(init_frame.payload)
     if init.get("nice") or init.get("idle"):
-        _lower_priority(int(init.get("nice", 0)), bool(init.get("idle")))
+        lower_priority(int(init.get("nice", 0)), bool(init.get("idle")))
     for entry in reversed(init.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hotswap import benchmark
@@ -59,3 +62,33 @@ def test_bad_rows_and_models() -> None:
         benchmark.main(["--rows", "hotswap:warp", "--device", "cpu"])
     with pytest.raises(SystemExit, match="unknown bench models"):
         benchmark.main(["--models", "training", "--device", "cpu"])
+
+
+def test_machine_floor_row_serves_eager_beside_spinners(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--models", "pointwise", "--rows", "machine:busy-eager", "--device", "cpu",
+            "--floor-s", "1.5", "--json", str(out)]
+    assert benchmark.main(argv) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["to_final_s"] is None and 1.5 <= row["served_s"] < 10
+    assert row["counters"]["worker_compiles"] == 0 and row["counters"]["eager_calls"] == 0
+    assert "machine:busy-eager largest call" in capsys.readouterr().out
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "lower_priority" in " ".join(p.info["cmdline"] or [])]  # spinners gone
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_spinners_run_at_the_workers_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_WORKER_NICE", "19")
+    monkeypatch.delenv("HOTSWAP_WORKER_IDLE", raising=False)
+    (spinner,) = benchmark._spinners(1)
+    try:
+        deadline = time.monotonic() + 30
+        while os.sched_getscheduler(spinner.pid) != os.SCHED_IDLE:
+            assert time.monotonic() < deadline and spinner.poll() is None
+            time.sleep(0.05)
+        assert psutil.Process(spinner.pid).nice() == 19
+    finally:
+        spinner.kill()
+        spinner.wait()
