@@ -20,13 +20,22 @@ def test_files_written_since_and_restore(tmp_path: Path) -> None:
     for entries in ("fxgraph", "aotautograd"):  # the artifact itself carries these
         (src / entries / "ab").mkdir(parents=True)
         (src / entries / "ab" / "entry").write_bytes(b"cache entry")
+    kernel = src / "triton" / "0" / "HASH"  # triton's cache: the binary and metadata travel
+    kernel.mkdir(parents=True)
+    for suffix in ("cubin", "json", "ptx", "llir", "ttir", "ttgir", "source"):
+        (kernel / f"k.{suffix}").write_bytes(suffix.encode())
+    (src / "ab" / "not_triton.ptx").write_bytes(b"outside triton's cache, kept")
     files = compat.files_written_since(str(src), since)
+    triton = os.path.join("triton", "0", "HASH")
     assert files == {os.path.join("ab", "kernel.so"): b"\x7fELF kernel",
-                     os.path.join("ab", "kernel.cpp"): b"// source"}
+                     os.path.join("ab", "kernel.cpp"): b"// source",
+                     os.path.join("ab", "not_triton.ptx"): b"outside triton's cache, kept",
+                     os.path.join(triton, "k.cubin"): b"cubin",
+                     os.path.join(triton, "k.json"): b"json"}
     (dst / "ab").mkdir(parents=True)
     (dst / "ab" / "kernel.cpp").write_text("// already here")
     escaping = {**files, os.path.join("..", "escape.so"): b"no"}
-    assert compat.restore_files(str(dst), escaping) == 1  # only the missing kernel
+    assert compat.restore_files(str(dst), escaping) == 4  # all but the one already there
     assert (dst / "ab" / "kernel.so").read_bytes() == b"\x7fELF kernel"
     assert (dst / "ab" / "kernel.cpp").read_text() == "// already here"  # never overwritten
     assert not (tmp_path / "escape.so").exists()  # never outside the cache dir
