@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -25,6 +26,12 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"triton {triton.__version__}")
     except ImportError:
         print("triton: not installed (fine on CPU: inductor emits C++)")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = torch.get_num_threads()
+    print(f"cores this process may use: {cores}; torch intra-op threads: {threads}")
+    advice = thread_advice(cores or 1, threads, cuda)
+    if advice:
+        print(f"  note: {advice}")
     t = time.monotonic()
     with hotswap.WorkerPool(args.workers) as pool:
         ok = pool.wait_ready(timeout_s=args.timeout_s)
@@ -34,6 +41,17 @@ def _doctor(args: argparse.Namespace) -> int:
         return 1
     print(f"{len(pids)} workers started and pre-imported torch in {time.monotonic() - t:.2f} s")
     return 0
+
+
+def thread_advice(cores: int, threads: int, cuda: bool) -> str | None:
+    """A CPU model whose intra-op threads fill every core shares them with background compiles:
+    its threads wait for each other, and on a VM for a vCPU the host took (~100 ms; README)."""
+    if cuda or cores < 2 or threads < cores:
+        return None
+    return (f"a CPU model with {threads} threads on {cores} cores shares them with hotswap's "
+            f"background compiles; if its calls stall while a tier compiles (likely on a VM), "
+            f"torch.set_num_threads({cores - 1}) leaves a core free "
+            f"(README: 'When your CPU model uses every core')")
 
 
 def _cache(args: argparse.Namespace) -> int:

@@ -18,6 +18,18 @@ def test_doctor_starts_a_worker(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "torch" in out and "1 workers started" in out
+    assert "torch intra-op threads:" in out
+
+
+def test_thread_advice_only_when_a_cpu_model_fills_every_core() -> None:
+    from hotswap.cli import thread_advice
+
+    advice = thread_advice(cores=2, threads=2, cuda=False)
+    assert advice is not None and "torch.set_num_threads(1)" in advice
+    assert thread_advice(cores=8, threads=16, cuda=False) is not None
+    assert thread_advice(cores=2, threads=1, cuda=False) is None  # a core left free
+    assert thread_advice(cores=1, threads=1, cuda=False) is None  # nothing to leave free
+    assert thread_advice(cores=16, threads=16, cuda=True) is None  # the GPU does the work
 
 
 def test_unknown_command_is_a_usage_error() -> None:
