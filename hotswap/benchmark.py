@@ -400,7 +400,8 @@ def write_markdown(path: str, device: str, sections: list[tuple[str, list[str]]]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="mlp",
                         help=f"comma list of zoo models (default mlp); one of {list(BENCH_MODELS)}")
-    parser.add_argument("--rows", default=",".join(ROWS), help="comma list of rows (default all)")
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help="comma list of rows (default all): " + ", ".join(ROWS))
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--workers", type=int, default=2, help="hotswap pool size (default 2)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per row (default 300)")
@@ -419,8 +420,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"{k}={v}" for k, v in QUICK.items()))
     parser.add_argument("--json", default=None, help="also write all results to this file")
     parser.add_argument("--write-md", default=None, metavar="PATH",
-                        help="write the tables into PATH (e.g. BENCHMARKS.md), replacing this "
-                             "device's earlier section")
+                        help="write the tables into PATH (e.g. BENCHMARKS.md), replacing the "
+                             "earlier section of this device (and --threads)")
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
 
