@@ -437,6 +437,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.threads is not None and args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if args.floor_s <= 0:
+        raise SystemExit(f"--floor-s must be > 0, got {args.floor_s:g}")
     if args.quick:
         args.models, args.rows, args.timeout_s = QUICK["models"], QUICK["rows"], QUICK["timeout_s"]
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]

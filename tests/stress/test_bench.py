@@ -62,6 +62,10 @@ def test_bad_rows_and_models() -> None:
         benchmark.main(["--rows", "hotswap:warp", "--device", "cpu"])
     with pytest.raises(SystemExit, match="unknown bench models"):
         benchmark.main(["--models", "training", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--threads must be >= 1"):
+        benchmark.main(["--threads", "0", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--floor-s must be > 0"):
+        benchmark.main(["--floor-s", "0", "--device", "cpu"])
 
 
 def test_machine_floor_row_serves_eager_beside_spinners(tmp_path: Path,
