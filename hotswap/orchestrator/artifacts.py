@@ -20,13 +20,12 @@ from typing import Any
 import msgpack
 
 from hotswap.orchestrator import compat
+from hotswap.orchestrator.compat import Buffer
 
 __all__ = ["entry_parts", "load_entry", "pack_entry"]
 
 _MAGIC = b"HSE1"
 _HEAD = struct.Struct("!4sI")
-
-Buffer = bytes | bytearray | memoryview
 
 
 def pack_entry(artifact: bytes, files: dict[str, bytes]) -> bytes:

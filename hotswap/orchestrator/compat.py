@@ -17,11 +17,15 @@ from typing import Any
 import torch
 
 __all__ = [
-    "TORCH_VERSION", "artifact_from_bytes", "artifact_to_bytes", "dynamo_trace_start",
+    "TORCH_VERSION", "Buffer", "artifact_from_bytes", "artifact_to_bytes", "dynamo_trace_start",
     "inductor_events", "intra_op_threads", "standalone_compile", "watch_dynamo_traces",
 ]
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+# Bytes as artifacts and their files arrive: a worker's result is a view into the pool's
+# receive buffer, and nothing copies it out.
+Buffer = bytes | bytearray | memoryview
 
 
 def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
@@ -64,7 +68,7 @@ def artifact_to_bytes(artifact: Any) -> bytes:
             return f.read()
 
 
-def artifact_from_bytes(data: bytes | bytearray | memoryview) -> Callable[..., Any]:
+def artifact_from_bytes(data: Buffer) -> Callable[..., Any]:
     from torch._inductor.standalone_compile import CompiledArtifact
 
     with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
@@ -144,7 +148,7 @@ def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20)
     return found
 
 
-def restore_files(root: str, files: Mapping[str, bytes | bytearray | memoryview]) -> int:
+def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
     """Write shipped cache files that ``root`` lacks (atomically); returns how many."""
     written = 0
     real_root = os.path.realpath(root)
