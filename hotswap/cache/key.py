@@ -59,15 +59,23 @@ def _tensor_digest(t: torch.Tensor) -> str:
     return f"{data.dtype}{tuple(data.shape)}:{hashlib.sha256(raw).hexdigest()}"
 
 
-def cache_key(gm: torch.fx.GraphModule, inputs: Iterable[Any], grad_enabled: bool,
-              tier_config: dict[str, Any], stamp: dict[str, Any],
-              num_threads: int | None = None) -> str:
-    h = hashlib.sha256()
+def _hash_graph(h: Any, gm: torch.fx.GraphModule) -> None:
+    """The generated code and held tensors of ``gm`` and of the subgraphs it holds (the bodies
+    of higher-order operators: two graphs may differ only there)."""
     h.update(gm.code.encode())
     for node in gm.graph.find_nodes(op="get_attr"):
         value = get_attr_value(gm, str(node.target))
         if isinstance(value, torch.Tensor):
             h.update(_tensor_digest(value).encode())
+        elif isinstance(value, torch.fx.GraphModule):
+            _hash_graph(h, value)
+
+
+def cache_key(gm: torch.fx.GraphModule, inputs: Iterable[Any], grad_enabled: bool,
+              tier_config: dict[str, Any], stamp: dict[str, Any],
+              num_threads: int | None = None) -> str:
+    h = hashlib.sha256()
+    _hash_graph(h, gm)
     h.update(repr(tuple(inputs)).encode())
     described = {"grad": grad_enabled, "config": tier_config, "stamp": stamp}
     if num_threads is not None:  # CPU graphs: C++ kernels are generated for a thread count

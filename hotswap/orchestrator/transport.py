@@ -12,6 +12,20 @@ weak references, which do not pickle). Not the ``fx.Graph`` object either: its n
 linked list that pickle walks recursively, and a 500-node chain overflows the C stack guard.
 In the worker, fake-tensor propagation over inputs built from metadata restores
 ``meta["val"]`` / ``meta["example_value"]`` on every node.
+
+Targets travel by reference (``pickling.GraphPickler``): the worker resolves each to the
+identical function or operator, including those plain pickle cannot name
+(``torch.nn.functional.max_pool2d``, ``torch.ops.higher_order.cond``). Subgraphs that
+higher-order operators call (``cond``'s branches, activation checkpointing's body) are
+attributes holding ``GraphModule``s; they travel as node records too, nested.
+
+PyTorch's own subprocess compile mode ships graphs with ``torch.fx._graph_pickler``, which
+pickles the ``GraphModule`` with its ``__dict__`` (submodules and their tensors by value) and
+node meta with FakeTensors described, and names targets by their printed path under a few
+roots (``torch.``, ``operator.``, ``builtins.``, ``math.``). We keep node records and do not
+ship meta: FakeTensor descriptions would tie the payload to the sender's ShapeEnv, while fake
+propagation in the worker rebuilds them for the worker's own symbols, and a printed path does
+not find ``boolean_dispatch`` closures or re-exports, which identity search does.
 """
 
 from __future__ import annotations
@@ -22,6 +36,8 @@ from typing import Any
 
 import torch
 from torch.fx.node import map_aggregate
+
+from hotswap.orchestrator.pickling import dumps
 
 __all__ = ["get_attr_value", "land_graph", "mutated_attributes", "ship_graph"]
 
@@ -34,20 +50,35 @@ class _Ref:
     name: str
 
 
+@dataclass(frozen=True)
+class _Subgraph:
+    """A ``GraphModule`` held as an attribute (a higher-order operator's body), as records."""
+
+    records: list[tuple[Any, ...]]
+    attrs: dict[str, Any]
+
+
 def ship_graph(gm: torch.fx.GraphModule) -> bytes:
+    return dumps(_records(gm))
+
+
+def _records(gm: torch.fx.GraphModule) -> _Subgraph:
     records = []
     attrs: dict[str, Any] = {}
-    for node in gm.graph.nodes:
-        def ref(a: Any) -> Any:
-            return _Ref(a.name) if isinstance(a, torch.fx.Node) else a
 
+    def ref(a: Any) -> Any:
+        return _Ref(a.name) if isinstance(a, torch.fx.Node) else a
+
+    for node in gm.graph.nodes:
         records.append((node.op, node.name, node.target, map_aggregate(node.args, ref),
                         map_aggregate(node.kwargs, ref)))
         if node.op == "get_attr":
-            attrs[node.target] = get_attr_value(gm, str(node.target))
+            value = get_attr_value(gm, str(node.target))
+            attrs[node.target] = (_records(value) if isinstance(value, torch.fx.GraphModule)
+                                  else value)
         elif node.op == "call_module":
             attrs[node.target] = gm.get_submodule(str(node.target))
-    return pickle.dumps((records, attrs), protocol=pickle.HIGHEST_PROTOCOL)
+    return _Subgraph(records, attrs)
 
 
 # Ops whose result shares storage with their first argument: an in-place op on the result
@@ -119,12 +150,7 @@ def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.f
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    records, attrs = pickle.loads(data)
-    graph = _rebuild(records)
-    root = torch.nn.Module()
-    for target, value in attrs.items():
-        _set_attr(root, target, value)
-    gm = torch.fx.GraphModule(root, graph)
+    gm = _module(pickle.loads(data))
     if fake_mode is not None:
         FakeTensorProp(gm, fake_mode).propagate_dont_convert_inputs(*inputs)
     else:
@@ -134,6 +160,13 @@ def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.f
         if "val" in node.meta:
             node.meta["example_value"] = node.meta["val"]
     return gm
+
+
+def _module(shipped: _Subgraph) -> torch.fx.GraphModule:
+    root = torch.nn.Module()
+    for target, value in shipped.attrs.items():
+        _set_attr(root, target, _module(value) if isinstance(value, _Subgraph) else value)
+    return torch.fx.GraphModule(root, _rebuild(shipped.records))
 
 
 def get_attr_value(gm: torch.nn.Module, target: str) -> Any:
