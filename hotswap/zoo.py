@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "Workload", "make"]
+__all__ = ["MODELS", "Workload", "make", "tolerance"]
 
 
 @dataclass
@@ -51,7 +51,7 @@ def _max_error(out: Any, ref: Any) -> float:
     return 0.0 if out == ref else float("inf")
 
 
-def _tolerance(dtype: torch.dtype) -> float:
+def tolerance(dtype: torch.dtype) -> float:
     return 5e-2 if dtype in (torch.float16, torch.bfloat16) else 2e-3
 
 
@@ -129,12 +129,12 @@ def _module(name: str, module: nn.Module, inputs: Callable[[int], tuple[Any, ...
             dtype: torch.dtype) -> Workload:
     reference = copy.deepcopy(module)
     return Workload(name, module, inputs, lambda step: reference(*inputs(step)),
-                    _tolerance(dtype))
+                    tolerance(dtype))
 
 
 def _function(name: str, fn: Callable[..., Any], inputs: Callable[[int], tuple[Any, ...]],
               dtype: torch.dtype) -> Workload:
-    return Workload(name, fn, inputs, lambda step: fn(*inputs(step)), _tolerance(dtype))
+    return Workload(name, fn, inputs, lambda step: fn(*inputs(step)), tolerance(dtype))
 
 
 def _rand(*shape: int, device: str, dtype: torch.dtype, grad: bool = False) -> torch.Tensor:
@@ -232,7 +232,7 @@ def _training(device: str, dtype: torch.dtype) -> Workload:
         return losses[step]
 
     return Workload("training", step_fn, lambda step: data[step % len(data)], reference,
-                    _tolerance(dtype) * 10)
+                    tolerance(dtype) * 10)
 
 
 def _dynamic(device: str, dtype: torch.dtype) -> Workload:

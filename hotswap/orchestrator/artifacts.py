@@ -15,6 +15,7 @@ being served. (msgpack's bin type would copy each part when unpacked.)
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
@@ -62,10 +63,21 @@ def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
     return artifact, files
 
 
-def load_entry(entry: Buffer) -> Any:
+def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -> Any:
     """Put the entry's kernel files where this process's inductor looks (when it lacks them:
-    a separate TORCHINDUCTOR_CACHE_DIR; saves re-running the C++ compiler), then load it."""
+    a separate TORCHINDUCTOR_CACHE_DIR; saves re-running the C++ compiler), then load it
+    under the inductor config its tier compiled with.
+
+    The config matters at load: the artifact's wrapper names its C++ kernels by source, and
+    inductor finds (or builds) each kernel's library under the compiler flags this process's
+    config picks now. Loaded under another config, a tier compiled with ``cpp.simdlen=1``
+    missed the worker's library and was rebuilt with the machine's vector ISA flags."""
     artifact, files = entry_parts(entry)
     if files:
         compat.restore_files(compat.inductor_cache_dir(), files)
-    return compat.artifact_from_bytes(artifact)
+    if not config_patches:
+        return compat.artifact_from_bytes(artifact)
+    from torch._inductor import config
+
+    with config.patch(dict(config_patches)):
+        return compat.artifact_from_bytes(artifact)

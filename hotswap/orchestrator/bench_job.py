@@ -40,6 +40,8 @@ class BenchRequest:
     purpose: str = "compare"         # "gate" or "compare"
     breakdown: bool = False          # also profile each tier's kernels
     num_threads: int | None = None   # the caller's intra-op threads: time what it will run
+    # tier -> the inductor config it compiled with; its artifact loads under it (load_entry)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def bench_tiers(request: BenchRequest) -> BenchReply:
             calls["eager"] = _bind(gm, inputs)
         for tier, entry in request.entries.items():
             try:
-                calls[tier] = _bind(load_entry(_read(entry)), inputs)
+                calls[tier] = _bind(load_entry(_read(entry), request.configs.get(tier)), inputs)
             except Exception as e:
                 errors[tier] = f"failed to load: {type(e).__name__}: {e}"
     with (stage("bench", graph=request.graph_id), torch.set_grad_enabled(request.grad_enabled),

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hotswap.errors import HotswapError, WorkerCrashed
+from hotswap.errors import CompileFailed, HotswapError, WorkerCrashed
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.artifacts import pack_entry
 from hotswap.orchestrator.cache_access import CacheAccess
@@ -28,6 +28,7 @@ from hotswap.orchestrator.request import (
     cpu_threads,
     portable_inputs,
     reason_of,
+    unsaveable,
 )
 from hotswap.workers import JobFuture
 
@@ -46,13 +47,15 @@ class _Host(Protocol):
     def _await_warmup(self, runner: GraphRunner) -> None: ...
     def _cache_load(self, runner: GraphRunner, tier: Tier, entry: bytes) -> Any: ...
     def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> JobFuture: ...
-    def _load(self, runner: GraphRunner, result: CompileResult) -> Any: ...
+    def _load(self, runner: GraphRunner, result: CompileResult, tier: Tier) -> Any: ...
     def _serve_cached_now(self, runner: GraphRunner, tier: Tier, key: str | None) -> bool: ...
     def _compile_inprocess_and_store(self, runner: GraphRunner, gm: torch.fx.GraphModule,
                                      example_inputs: list[Any], tier: Tier, key: str,
                                      inputs: tuple[InputMeta, ...]) -> Any: ...
     def _compile_and_wait(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
                           retries: int) -> CompileResult: ...
+    def _compile_unsaveable(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                            error: CompileFailed, *, blocking: bool) -> None: ...
 
 
 class BlockingModes:
@@ -69,12 +72,14 @@ class BlockingModes:
             log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
             return False
         bump("cache_hits")
+        runner.arrived(tier.name, "cache")
         runner.serve_now(tier.name, fn)
         return True
 
     def _compile_inprocess(self: _Host, runner: GraphRunner, gm: torch.fx.GraphModule,
-                           example_inputs: list[Any], tier: Tier) -> None:
-        """Inductor right here. With a cache: serve a hit, or compile saveably and store."""
+                           example_inputs: list[Any], tier: Tier, path: str = "inprocess") -> None:
+        """Inductor right here. With a cache: serve a hit, or compile saveably and store
+        (where inductor can save the artifact)."""
         described = portable_inputs(gm, example_inputs)  # else: compiled here, not stored
         key = None
         if not isinstance(described, str):
@@ -97,6 +102,7 @@ class BlockingModes:
             return
         self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
         bump("inprocess_compiles")
+        runner.arrived(tier.name, path)
         runner.serve_now(tier.name, fn)
 
     def _compile_inprocess_and_store(self: _Host, runner: GraphRunner, gm: torch.fx.GraphModule,
@@ -108,7 +114,12 @@ class BlockingModes:
         artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
                                              dynamic=any(m.symbols for m in inputs))
         files = compat.files_written_since(compat.inductor_cache_dir(), started)
-        self.cache.store(key, tier.name, pack_entry(compat.artifact_to_bytes(artifact), files))
+        try:
+            data = compat.artifact_to_bytes(artifact)
+        except compat.UnsaveableArtifact as e:
+            log.info("graph %s: %s; serving it unstored", runner.graph_id, e)
+            return artifact
+        self.cache.store(key, tier.name, pack_entry(data, files))
         return artifact
 
     def _compile_blocking(self: _Host, runner: GraphRunner, request: GraphRequest, tier: Tier,
@@ -127,7 +138,12 @@ class BlockingModes:
         try:
             try:
                 result = self._compile_and_wait(runner, request, tier, retries=1)
-                fn = self._load(runner, result)
+                fn = self._load(runner, result, tier)
+            except CompileFailed as e:
+                if not unsaveable(e):
+                    raise
+                self._compile_unsaveable(runner, request, tier, e, blocking=True)
+                return
             except HotswapError as e:
                 count_error(e)
                 self._fail(runner, tier.name, reason_of(e))
@@ -136,6 +152,7 @@ class BlockingModes:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
             self.cache.store(key, tier.name, result.entry)
+            runner.arrived(tier.name, "worker")
             runner.serve_now(tier.name, fn)
         finally:
             self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "TORCH_VERSION", "Buffer", "artifact_from_bytes", "artifact_to_bytes", "dynamo_trace_start",
-    "inductor_events", "intra_op_threads", "standalone_compile", "watch_dynamo_traces",
+    "TORCH_VERSION", "Buffer", "UnsaveableArtifact", "artifact_from_bytes", "artifact_to_bytes",
+    "dynamo_trace_start", "inductor_events", "intra_op_threads", "standalone_compile", "watch_dynamo_traces",
 ]
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -53,6 +53,11 @@ def compile_saveable(gm: torch.fx.GraphModule, inputs: list[Any],
     return artifact_to_bytes(standalone_compile(gm, inputs, config_patches, dynamic=dynamic))
 
 
+class UnsaveableArtifact(RuntimeError):
+    """Inductor compiled the graph, but its caches kept nothing to save (graphs with
+    ``torch.cond`` and other control-flow operators: "Can't cache HigherOrderOperator")."""
+
+
 def artifact_to_bytes(artifact: Any) -> bytes:
     with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
         path = os.path.join(tmp, "artifact.bin")
@@ -61,9 +66,9 @@ def artifact_to_bytes(artifact: Any) -> bytes:
         except RuntimeError as e:
             if "no artifact to save" not in str(e) and "no aot_autograd artifacts" not in str(e):
                 raise
-            raise RuntimeError(f"inductor compiled this graph but AOTAutograd kept nothing to "
-                               f"save, so it cannot travel back from a worker (torch: {e})"
-                               ) from e
+            raise UnsaveableArtifact(
+                f"inductor compiled this graph but AOTAutograd kept nothing to save, so it "
+                f"cannot travel back from a worker (torch: {e})") from e
         with open(path, "rb") as f:
             return f.read()
 

@@ -15,7 +15,8 @@ from typing import Any, SupportsIndex
 
 from hotswap.workers import emit_stage, stage
 
-__all__ = ["CompileRequest", "CompileResult", "InputMeta", "compile_graph", "real_inputs"]
+__all__ = ["CompileRequest", "CompileResult", "InputMeta", "compile_graph", "landed",
+           "real_inputs"]
 
 
 @dataclass(frozen=True)
@@ -201,24 +202,31 @@ def _carry_out(fault: str, slow_s: float) -> Any:
     return None
 
 
+def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[Any], bool]:
+    """The shipped graph rebuilt, with inputs to compile it for (fake ones with the
+    coordinator's symbols where it is dynamic), and whether it is."""
+    from hotswap.orchestrator.transport import land_graph
+
+    dynamic = any(m.symbols for m in metas)
+    if dynamic:
+        inputs, mode = _make_symbolic_inputs(metas)
+    else:
+        inputs, mode = [_make_input(m) for m in metas], None
+    return land_graph(graph_bytes, inputs, mode), inputs, dynamic
+
+
 def compile_graph(request: CompileRequest) -> CompileResult:
     import torch
 
     from hotswap.orchestrator import compat
     from hotswap.orchestrator.artifacts import pack_entry
-    from hotswap.orchestrator.transport import land_graph
 
     if request.fault is not None:
         instead = _carry_out(request.fault, request.slow_s)
         if instead is not None:
             return instead  # type: ignore[no-any-return]
-    dynamic = any(m.symbols for m in request.inputs)
     with stage("graph_unpickle", tier=request.tier):
-        if dynamic:
-            inputs, mode = _make_symbolic_inputs(request.inputs)
-        else:
-            inputs, mode = [_make_input(m) for m in request.inputs], None
-        gm = land_graph(request.graph_bytes, inputs, mode)
+        gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
     global _files_since_s
     started = time.time() - 1.0  # mtime granularity
     with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,

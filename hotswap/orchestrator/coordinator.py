@@ -30,12 +30,13 @@ import torch
 
 from hotswap import testing
 from hotswap.cache.key import prepare_stamp
-from hotswap.errors import PoolClosed, WorkerCrashed
+from hotswap.errors import CompileFailed, PoolClosed, WorkerCrashed
+from hotswap.orchestrator import compat
 from hotswap.orchestrator.artifacts import load_entry
 from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
 from hotswap.orchestrator.blocking import BlockingModes
 from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.compile_job import CompileRequest, CompileResult
+from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, landed
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
@@ -50,6 +51,7 @@ from hotswap.orchestrator.request import (
     devices_of,
     portable_inputs,
     reason_of,
+    unsaveable,
 )
 from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
@@ -79,8 +81,10 @@ class Coordinator(BlockingModes):
         self._requests: dict[str, GraphRequest] = {}
         self._cond = threading.Condition()
         self._loader = Loader()
+        self._local = Loader("hotswap-compile")  # graphs that cannot go to a worker
         self.recorder = Recorder(options.profile_dir)
         self.gate = Gate(enabled=options.gate and options.mode == "progressive",
+                         configs={t.name: dict(t.config) for t in self._ladder(options.tiers)},
                          threshold=options.gate_threshold, recorder=self.recorder,
                          measure=measure or self._bench_in_worker,
                          run_on_loader=lambda fn, args: self._loader.submit(
@@ -104,8 +108,7 @@ class Coordinator(BlockingModes):
             wanted = tiers if self.options.mode == "progressive" else tiers[-1:]
         else:
             wanted = tiers[-1:]  # blocking modes compile the best tier asked for, once
-        if self.recorder.profiling:
-            wanted = [_profiled(t) for t in wanted]
+        wanted = self._ladder(wanted)
         runner = self.recorder.runner(graph_id, gm, [t.name for t in wanted],
                                       verify=self.options.verify,
                                       raise_failures=self.options.on_failure == "raise")
@@ -117,8 +120,10 @@ class Coordinator(BlockingModes):
         if self.options.mode == "inprocess":
             self._compile_inprocess(runner, gm, example_inputs, wanted[0])
         else:
-            request = self._request(runner, gm, example_inputs, wanted)
-            if request is not None:
+            request = self._request(gm, example_inputs)
+            if isinstance(request, str):
+                self._compile_here(runner, gm, example_inputs, wanted, request)
+            else:
                 self._requests[graph_id] = request
                 self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())
                 keys = self.cache.keys(gm, request.inputs, request.grad_enabled, wanted,
@@ -130,6 +135,10 @@ class Coordinator(BlockingModes):
                     self._start_ladder(runner, request, wanted, keys)
         self._notify()
         return runner
+
+    def _ladder(self, tiers: Any) -> list[Tier]:
+        """The tiers as this coordinator compiles them (profiling runs name their kernels)."""
+        return [_profiled(t) for t in tiers] if self.recorder.profiling else list(tiers)
 
     def _start_ladder(self, runner: GraphRunner, request: GraphRequest, wanted: list[Tier],
                       keys: dict[str, str]) -> None:
@@ -204,6 +213,7 @@ class Coordinator(BlockingModes):
                         "compiling it again", runner.graph_id, tier.name, type(e).__name__, e)
             self._submit(runner, request, tier, retries=1, key=key)
             return
+        runner.arrived(tier.name, "cache")
         self.gate.remember(runner, tier.name, self.cache.ref(key) or entry)
         self.gate.offer(runner, tier.name, fn, self._requests.get(runner.graph_id),
                         verdict_key=key)
@@ -212,7 +222,7 @@ class Coordinator(BlockingModes):
         """Load a cache entry once the warm-up is done; timed as the tier's cache_load."""
         self._await_warmup(runner)
         t = time.monotonic()
-        fn = load_entry(entry)
+        fn = load_entry(entry, tier.config)
         self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
         return fn
 
@@ -231,24 +241,72 @@ class Coordinator(BlockingModes):
         return shared_pool(self.options.workers).submit(BENCH_JOB, request,
                                                         timeout_s=self.options.timeout_s)
 
-    def _request(self, runner: GraphRunner, gm: torch.fx.GraphModule, example_inputs: list[Any],
-                 wanted: list[Tier]) -> GraphRequest | None:
+    def _request(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> GraphRequest | str:
+        """The graph as compile jobs ship it, or why it cannot go to a worker."""
         described = portable_inputs(gm, example_inputs)
-        reason = described if isinstance(described, str) else None
-        graph_bytes = b""
-        if reason is None:
-            try:
-                graph_bytes = ship_graph(gm)
-            except Exception as e:
-                reason = f"this graph cannot be pickled ({type(e).__name__}: {e}); it stays eager"
-        if reason is not None:
-            for tier in wanted:
-                self._fail(runner, tier.name, reason)
-            return None
-        assert not isinstance(described, str)
-        inputs = described
+        if isinstance(described, str):
+            return described
+        try:
+            graph_bytes = ship_graph(gm)
+        except Exception as e:
+            return f"this graph cannot be pickled ({type(e).__name__}: {e})"
         # The caller's grad mode decides whether AOTAutograd builds a backward graph.
-        return GraphRequest(graph_bytes, inputs, torch.is_grad_enabled(), cpu_threads(inputs))
+        return GraphRequest(graph_bytes, described, torch.is_grad_enabled(), cpu_threads(described))
+
+    # ------------------------------------------------------------------ in this process
+
+    def _compile_here(self, runner: GraphRunner, gm: torch.fx.GraphModule,
+                      example_inputs: list[Any], wanted: list[Tier], reason: str) -> None:
+        """A graph that cannot go to a worker compiles in this process: in the call in
+        subprocess mode (which waits anyway), else on a background thread while the caller
+        is served eagerly. Only the first tier: later ones would need a benchmark in this
+        process, on the caller's time."""
+        path = f"inprocess: {reason}"
+        if self.options.mode == "subprocess":
+            self._compile_inprocess(runner, gm, example_inputs, wanted[0], path=path)
+            return
+        for tier in wanted[1:]:
+            runner.keep(tier.name, f"only {wanted[0].name!r} compiles in this process ({reason})")
+        grad = torch.is_grad_enabled()
+        inputs = list(example_inputs)
+        self._local.submit(self._then_check, self._compile_local, (
+            runner, wanted[0], path, lambda: (gm, inputs, _is_dynamic(gm)), grad, False))
+
+    def _compile_local(self, runner: GraphRunner, tier: Tier, path: str,
+                       build: Callable[[], tuple[torch.fx.GraphModule, list[Any], bool]],
+                       grad: bool, blocking: bool) -> None:
+        """Inductor in this process, for a graph or an artifact that cannot travel; the tier
+        serves at once (``blocking``) or swaps in."""
+        t = time.monotonic()
+        try:
+            gm, inputs, dynamic = build()
+            with torch.set_grad_enabled(grad):
+                fn = compat.standalone_compile(gm, inputs, dict(tier.config), dynamic=dynamic)
+        except Exception as e:
+            self._fail(runner, tier.name, f"{path.removeprefix('inprocess: ')}; compiling it in "
+                                          f"this process failed too: {type(e).__name__}: {e}")
+            return
+        self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
+        bump("inprocess_compiles")
+        runner.arrived(tier.name, path)
+        if blocking:
+            runner.serve_now(tier.name, fn)
+        else:
+            runner.swap_in(tier.name, fn)
+
+    def _compile_unsaveable(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                            error: CompileFailed, *, blocking: bool) -> None:
+        """A worker compiled the graph, but inductor could not save the artifact (control
+        flow operators): compile it again here, from what the worker got."""
+        log.info("graph %s: %s; compiling tier %r in this process", runner.graph_id,
+                 error.remote_message, tier.name)
+        path = "inprocess: inductor cannot save this graph's artifact (control flow operators)"
+        args = (runner, tier, path, lambda: landed(request.graph_bytes, request.inputs),
+                request.grad_enabled, blocking)
+        if blocking:
+            self._compile_local(*args)
+        else:
+            self._local.submit(self._then_check, self._compile_local, args)
 
     # ------------------------------------------------------------------ worker jobs
 
@@ -282,6 +340,9 @@ class Coordinator(BlockingModes):
                 retrying = True  # the retry keeps our claim on the compile lock
                 self._submit(runner, request, tier, retries - 1, key)
                 return
+            if isinstance(error, CompileFailed) and unsaveable(error):
+                self._compile_unsaveable(runner, request, tier, error, blocking=False)
+                return
             if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
                 runner.fail(tier.name, reason_of(error), level=logging.DEBUG)
                 return
@@ -291,10 +352,11 @@ class Coordinator(BlockingModes):
             self.recorder.worker_job(runner, tier.name, future.stage_events, submitted, done)
             result = future.result()
             try:
-                fn = self._load(runner, result)
+                fn = self._load(runner, result, tier)
             except Exception as e:
                 self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
                 return
+            runner.arrived(tier.name, "worker")
             stored = self.cache.store(key, tier.name, result.entry)  # only ones that loaded
             self.gate.remember(runner, tier.name, stored or result.entry)
             self.gate.offer(runner, tier.name, fn, request, verdict_key=key)
@@ -304,11 +366,11 @@ class Coordinator(BlockingModes):
             if not retrying:
                 self.cache.release(key)  # stored (or failed): processes waiting on us may go on
 
-    def _load(self, runner: GraphRunner, result: CompileResult) -> Any:
+    def _load(self, runner: GraphRunner, result: CompileResult, tier: Tier) -> Any:
         bump("worker_compiles")
         self._await_warmup(runner)
         t = time.monotonic()
-        fn = load_entry(result.entry)
+        fn = load_entry(result.entry, tier.config)
         self.recorder.span(runner, result.tier, "load", t, time.monotonic())
         return fn
 
@@ -351,6 +413,17 @@ class Coordinator(BlockingModes):
                     break
                 self._cond.wait(remaining)
         return self.status()
+
+
+def _is_dynamic(gm: torch.fx.GraphModule) -> bool:
+    """Whether dynamo traced the graph with symbolic sizes (compile it for them, not for the
+    example inputs' sizes)."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and any(
+                isinstance(d, torch.SymInt) for d in value.shape)):
+            return True
+    return False
 
 
 def _profiled(tier: Tier) -> Tier:

@@ -80,8 +80,10 @@ class Gate:
 
     def __init__(self, *, enabled: bool, threshold: float, recorder: Recorder, measure: Measure,
                  run_on_loader: Submit, notify: Callable[[], None],
-                 store_verdict: Callable[[str, bytes], None]) -> None:
+                 store_verdict: Callable[[str, bytes], None],
+                 configs: dict[str, dict[str, Any]] | None = None) -> None:
         self.enabled = enabled
+        self._configs = configs or {}  # tier -> inductor config: its artifacts load under it
         self.threshold = threshold
         self.budget_ms = DEFAULT_BUDGET_MS
         self._recorder = recorder
@@ -132,7 +134,7 @@ class Gate:
         bench = BenchRequest(runner.graph_id, _sendable(pair), request.inputs, request.grad_enabled,
                              graph_bytes=request.graph_bytes if self._recorder.profiling else b"",
                              budget_ms=self.budget_ms, purpose="gate",
-                             num_threads=request.num_threads)
+                             num_threads=request.num_threads, configs=self._configs)
         self._submit(bench, self._decide, runner, candidate, serving, request)
 
     def _decide(self, runner: GraphRunner, candidate: _Candidate, serving: str, request: Any,
@@ -208,7 +210,8 @@ class Gate:
             self._comparisons += 1
         bench = BenchRequest(runner.graph_id, _sendable(entries), request.inputs, request.grad_enabled,
                              graph_bytes=request.graph_bytes, budget_ms=self.budget_ms,
-                             purpose="compare", breakdown=True, num_threads=request.num_threads)
+                             purpose="compare", breakdown=True, num_threads=request.num_threads,
+                             configs=self._configs)
         self._submit(bench, self._compared, runner)
 
     def _submit(self, bench: BenchRequest, then: Callable[..., None], *args: Any) -> None:

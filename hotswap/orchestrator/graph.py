@@ -58,6 +58,9 @@ class GraphStatus:
     kept: tuple[tuple[str, str], ...]          # ready tiers not served, and why
     timings_s: dict[str, float] = field(default_factory=dict)  # "tier/stage" -> seconds
     eager_calls: int = 0
+    # How the serving tier got here: "eager" (none did), "worker", "cache", or
+    # "inprocess: <why the graph could not go to a worker>".
+    path: str = "eager"
 
 
 def _close(new: Any, ref: Any) -> bool:
@@ -96,6 +99,7 @@ class GraphRunner:
         self.kept: list[tuple[str, str]] = []
         self.timings_s: dict[str, float] = {}
         self.eager_calls = 0
+        self._paths: dict[str, str] = {}
 
     # ------------------------------------------------------------------ hot path
 
@@ -141,6 +145,11 @@ class GraphRunner:
         log.info("graph %s: now served by tier %r", self.graph_id, tier)
         self._observe("swap", tier, previous_tier)
         return True
+
+    def arrived(self, tier: str, path: str) -> None:
+        """Note how ``tier``'s artifact came (``status().path`` while it serves)."""
+        with self._lock:
+            self._paths[tier] = path
 
     def keep(self, tier: str, reason: str) -> None:
         """A tier that will not serve: not needed (a better one is on its way or came from the
@@ -222,6 +231,7 @@ class GraphRunner:
                 kept=tuple(self.kept),
                 timings_s=dict(self.timings_s),
                 eager_calls=self.eager_calls,
+                path=self._paths.get(self.tier, "eager"),
             )
 
 

@@ -111,7 +111,8 @@ class Loader:
     wait for a load nobody will use. A daemon thread is simply dropped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "hotswap-load") -> None:
+        self._name = name
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -119,7 +120,7 @@ class Loader:
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hotswap-load",
+                self._thread = threading.Thread(target=self._run, name=self._name,
                                                 daemon=True)
                 self._thread.start()
         self._tasks.put((fn, args))

@@ -6,14 +6,14 @@ from typing import NamedTuple
 
 import torch
 
-from hotswap.errors import JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
+from hotswap.errors import CompileFailed, JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
 from hotswap.orchestrator.compile_job import InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.inputs import describe_inputs
 from hotswap.orchestrator.transport import mutated_attributes
 
 __all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "portable_inputs",
-           "reason_of"]
+           "reason_of", "unsaveable"]
 
 
 class GraphRequest(NamedTuple):
@@ -62,6 +62,11 @@ def count_error(error: BaseException | None) -> None:
         if isinstance(error, kind):
             bump(counter)
             return
+
+
+def unsaveable(error: CompileFailed) -> bool:
+    """The worker compiled the graph but inductor could not save the artifact."""
+    return error.remote_type.rsplit(".", 1)[-1] == "UnsaveableArtifact"
 
 
 def reason_of(error: BaseException) -> str:
