@@ -61,7 +61,7 @@ def bench_tiers(request: BenchRequest) -> BenchReply:
     from hotswap.profiles.bench import compare_tiers
     from hotswap.profiles.kernels import kernel_breakdown
 
-    device = next((m.device for m in request.inputs if m.symbol is None), "cpu")
+    device = next((m.device for m in request.inputs if m.is_tensor), "cpu")
     errors: dict[str, str] = {}
     calls: dict[str, Any] = {}
     with stage("bench_load", graph=request.graph_id):

@@ -29,8 +29,11 @@ Buffer = bytes | bytearray | memoryview
 
 
 def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
-                       config_patches: dict[str, Any], *, dynamic: bool = False) -> Any:
+                       config_patches: dict[str, Any], *, dynamic: bool = False,
+                       donate: bool = False) -> Any:
     """Compile for saving. ``dynamic``: the graph's placeholders carry symbolic fake values.
+    ``donate``: inductor may take ``gm`` as it is instead of a deep copy, so the artifact
+    reads and updates the very tensors ``gm`` holds.
 
     Training graphs must lower their backward now, while the artifact recorder runs: 2.13's
     standalone_compile forces that itself; on 2.11 the backward is lowered lazily (on GPU) and
@@ -42,10 +45,11 @@ def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
     patches = {}
     if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
         patches["force_non_lazy_backward_lowering"] = True
+    donated = {"donate_graph_module": True} if donate else {}
     with functorch_config.patch(patches):
         return compile_(gm, inputs,
                         dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
-                        options={"config_patches": dict(config_patches)})
+                        options={"config_patches": dict(config_patches)}, **donated)
 
 
 def compile_saveable(gm: torch.fx.GraphModule, inputs: list[Any],

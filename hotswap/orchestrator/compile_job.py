@@ -32,14 +32,22 @@ class InputMeta:
     sizes: tuple[str | None, ...] = ()
     symbol: str | None = None
     hint: int = 0
+    # A dynamic view's strides by expression (None where static); empty when contiguous.
+    strides: tuple[str | None, ...] = ()
+    # A plain Python input (None, bool, int, float), sent by value (dtype "constant").
+    value: bool | int | float | None = None
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.symbol is None and self.dtype != "constant"
 
     @property
     def symbols(self) -> list[tuple[str, int]]:
         if self.symbol is not None:
             return [(self.symbol, self.hint)]
-        if not self.sizes:
-            return []
-        return [(name, hint) for name, hint in zip(self.sizes, self.shape, strict=True) if name]
+        found = [(name, hint) for name, hint in zip(self.sizes, self.shape, strict=False) if name]
+        return found + [(expr, hint) for expr, hint in zip(self.strides, self.stride, strict=False)
+                        if expr and expr.isidentifier()]
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,8 @@ def _make_input(meta: InputMeta) -> Any:
 
 def real_inputs(metas: tuple[InputMeta, ...]) -> list[Any]:
     """Tensors (and ints) at the example sizes: what autotuning and benchmarks run on."""
-    return [m.hint if m.symbol is not None else _make_input(m) for m in metas]
+    return [_make_input(m) if m.is_tensor else m.hint if m.symbol is not None else m.value
+            for m in metas]
 
 
 def _make_symbolic_inputs(metas: tuple[InputMeta, ...]) -> tuple[list[Any], Any]:
@@ -165,11 +174,45 @@ def _make_symbolic_inputs(metas: tuple[InputMeta, ...]) -> tuple[list[Any], Any]
             if meta.symbol is not None:
                 inputs.append(symbols[meta.symbol])
                 continue
+            if not meta.is_tensor:
+                inputs.append(meta.value)
+                continue
             names = meta.sizes or (None,) * len(meta.shape)
             sizes = [symbols[n] if n else h for n, h in zip(names, meta.shape, strict=True)]
-            t = torch.empty(sizes, dtype=getattr(torch, meta.dtype), device=meta.device)
+            dtype = getattr(torch, meta.dtype)
+            if meta.strides:
+                strides = [_evaluate(e, symbols) if e else h
+                           for e, h in zip(meta.strides, meta.stride, strict=True)]
+                t = torch.empty_strided(sizes, strides, dtype=dtype, device=meta.device)
+            else:
+                t = torch.empty(sizes, dtype=dtype, device=meta.device)
             inputs.append(t.requires_grad_(meta.requires_grad))
     return inputs, mode
+
+
+def _evaluate(expr: str, symbols: dict[str, Any]) -> Any:
+    """A stride expression (sympy's text: sums, products, powers of symbols and integers) over
+    the worker's SymInts."""
+    import sympy
+
+    def walk(node: Any) -> Any:
+        if node.is_Integer:
+            return int(node)
+        if node.is_Symbol:
+            return symbols[str(node)]
+        parts = [walk(arg) for arg in node.args]
+        if node.is_Add:
+            return sum(parts[1:], parts[0])
+        if node.is_Mul:
+            product = parts[0]
+            for part in parts[1:]:
+                product = product * part
+            return product
+        if node.is_Pow and node.exp.is_Integer and int(node.exp) > 0:
+            return parts[0] ** int(node.exp)
+        raise ValueError(f"stride expression {expr!r} has a term hotswap cannot rebuild: {node}")
+
+    return walk(sympy.sympify(expr))
 
 
 def _carry_out(fault: str, slow_s: float) -> Any:
@@ -211,7 +254,7 @@ def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[
     if dynamic:
         inputs, mode = _make_symbolic_inputs(metas)
     else:
-        inputs, mode = [_make_input(m) for m in metas], None
+        inputs, mode = real_inputs(metas), None
     return land_graph(graph_bytes, inputs, mode), inputs, dynamic
 
 

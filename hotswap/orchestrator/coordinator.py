@@ -18,6 +18,7 @@ where waiting is the point).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import threading
@@ -82,6 +83,7 @@ class Coordinator(BlockingModes):
         self._cond = threading.Condition()
         self._loader = Loader()
         self._local = Loader("hotswap-compile")  # graphs that cannot go to a worker
+        self._compiled_here: set[str] = set()  # graphs with a tier compiling in this process
         self.recorder = Recorder(options.profile_dir)
         self.gate = Gate(enabled=options.gate and options.mode == "progressive",
                          configs={t.name: dict(t.config) for t in self._ladder(options.tiers)},
@@ -270,7 +272,8 @@ class Coordinator(BlockingModes):
         grad = torch.is_grad_enabled()
         inputs = list(example_inputs)
         self._local.submit(self._then_check, self._compile_local, (
-            runner, wanted[0], path, lambda: (gm, inputs, _is_dynamic(gm)), grad, False))
+            runner, wanted[0], path, lambda: (_sharing_copy(gm), inputs, _is_dynamic(gm)), grad,
+            False))
 
     def _compile_local(self, runner: GraphRunner, tier: Tier, path: str,
                        build: Callable[[], tuple[torch.fx.GraphModule, list[Any], bool]],
@@ -281,7 +284,8 @@ class Coordinator(BlockingModes):
         try:
             gm, inputs, dynamic = build()
             with torch.set_grad_enabled(grad):
-                fn = compat.standalone_compile(gm, inputs, dict(tier.config), dynamic=dynamic)
+                fn = compat.standalone_compile(gm, inputs, dict(tier.config), dynamic=dynamic,
+                                               donate=True)
         except Exception as e:
             self._fail(runner, tier.name, f"{path.removeprefix('inprocess: ')}; compiling it in "
                                           f"this process failed too: {type(e).__name__}: {e}")
@@ -298,9 +302,16 @@ class Coordinator(BlockingModes):
                             error: CompileFailed, *, blocking: bool) -> None:
         """A worker compiled the graph, but inductor could not save the artifact (control
         flow operators): compile it again here, from what the worker got."""
+        reason = "inductor cannot save this graph's artifact (control flow operators)"
+        with self._cond:
+            first = runner.graph_id not in self._compiled_here
+            self._compiled_here.add(runner.graph_id)
+        if not first:  # as for graphs that cannot travel: one tier, no benchmark here
+            runner.keep(tier.name, f"another tier compiles in this process ({reason})")
+            return
         log.info("graph %s: %s; compiling tier %r in this process", runner.graph_id,
                  error.remote_message, tier.name)
-        path = "inprocess: inductor cannot save this graph's artifact (control flow operators)"
+        path = f"inprocess: {reason}"
         args = (runner, tier, path, lambda: landed(request.graph_bytes, request.inputs),
                 request.grad_enabled, blocking)
         if blocking:
@@ -413,6 +424,12 @@ class Coordinator(BlockingModes):
                     break
                 self._cond.wait(remaining)
         return self.status()
+
+
+def _sharing_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A graph inductor may rewrite while ``gm`` keeps serving eagerly, holding the same
+    tensors (an artifact of a copy of them would update the copies)."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def _is_dynamic(gm: torch.fx.GraphModule) -> bool:

@@ -30,6 +30,9 @@ def describe_inputs(gm: torch.fx.GraphModule,
             metas.append(InputMeta((), (), "int64", "cpu", False, (), str(value.node.expr),
                                    int(hint)))
             continue
+        if real is None or type(real) in (bool, int, float):  # specialized: sent by value
+            metas.append(InputMeta((), (), "constant", "", False, value=real))
+            continue
         if not isinstance(real, torch.Tensor) or not isinstance(value, torch.Tensor):
             return f"graph input {node.name} of type {type(real).__name__} cannot travel"
         if real.is_sparse or real.layout != torch.strided or type(real) not in (
@@ -45,12 +48,29 @@ def describe_inputs(gm: torch.fx.GraphModule,
             else:
                 return (f"graph input {node.name} has a size expression ({dim}) hotswap "
                         "cannot describe")
-        if any(sizes) and not real.is_contiguous():
-            return f"dynamic graph input {node.name} is not contiguous; it stays on its tier"
+        strides = _strides(value, sizes) if any(sizes) and not real.is_contiguous() else ()
+        if isinstance(strides, str):
+            return f"graph input {node.name} has a stride expression ({strides}) hotswap cannot describe"
         metas.append(InputMeta(tuple(real.shape), tuple(real.stride()),
                                str(real.dtype).removeprefix("torch."), str(real.device),
-                               bool(real.requires_grad), tuple(sizes) if any(sizes) else ()))
+                               bool(real.requires_grad), tuple(sizes) if any(sizes) else (),
+                               strides=strides))
     return tuple(metas)
+
+
+def _strides(value: torch.Tensor, sizes: list[str | None]) -> tuple[str | None, ...] | str:
+    """The symbolic strides of a dynamic view (``ids[:, :n]``): each by its expression, or
+    None where static; or the first expression whose symbols the sizes and bare stride
+    symbols do not name."""
+    stride: tuple[Any, ...] = tuple(value.stride())  # SymInts where dynamic (typed as ints)
+    exprs = [None if isinstance(st, int) or st.node.expr.is_number else st.node.expr
+             for st in stride]
+    known = {n for n in sizes if n} | {str(e) for e in exprs if e is not None and e.is_Symbol}
+    for expr in exprs:
+        if expr is not None and not {str(x) for x in expr.free_symbols} <= known:
+            return str(expr)
+    return tuple(None if e is None else str(e) for e in exprs) if any(
+        e is not None for e in exprs) else ()
 
 
 def _is_symbol(value: torch.SymInt) -> bool:

@@ -41,13 +41,13 @@ def portable_inputs(gm: torch.fx.GraphModule,
 
 
 def devices_of(request: GraphRequest) -> set[str]:
-    return {m.device for m in request.inputs if m.symbol is None}
+    return {m.device for m in request.inputs if m.is_tensor}
 
 
 def cpu_threads(inputs: tuple[InputMeta, ...]) -> int | None:
     """The caller's intra-op thread count when the graph runs on the CPU (what its C++
     kernels are generated for); None for device graphs, whose artifacts do not depend on it."""
-    devices = {m.device.split(":")[0] for m in inputs if m.symbol is None}
+    devices = {m.device.split(":")[0] for m in inputs if m.is_tensor}
     return torch.get_num_threads() if not devices or "cpu" in devices else None
 
 

@@ -1,0 +1,109 @@
+"""Inputs as users pass them reach the worker: views, channels-last, plain Python values,
+dynamic slices; and a graph that cannot travel still compiles, in this process."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+
+pytestmark = pytest.mark.slow
+
+
+def _served_by_worker(compiled: Any) -> None:
+    statuses = hotswap.status(compiled)
+    assert statuses and all(s.tier != "eager" and s.path == "worker" for s in statuses), statuses
+
+
+@pytest.mark.parametrize("layout", ["transposed", "channels_last", "sliced"])
+def test_strided_inputs_compile_in_a_worker(layout: str) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() * 2).sum(dim=-1)
+
+    base = torch.randn(2, 3, 8, 8)
+    x = {"transposed": base.transpose(2, 3),
+         "channels_last": base.contiguous(memory_format=torch.channels_last),
+         "sliced": base[:, :, :, :5]}[layout]
+    assert not x.is_contiguous()
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(f, mode="subprocess", workers=1)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert d["worker_compiles"] == 1 and d["eager_calls"] == 0
+    _served_by_worker(compiled)
+
+
+def test_dynamic_slices_of_a_longer_batch_compile_in_a_worker() -> None:
+    """``ids[:, :n]`` with a changing n: a dynamic graph whose input is a view (its row
+    stride is the full length, not n)."""
+    table = torch.randn(64, 16)
+
+    def f(ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(ids, table).relu().sum(dim=1)
+
+    ids = torch.randint(0, 64, (3, 40))
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(f, mode="async", workers=1)
+        for n in (8, 12, 16):
+            compiled(ids[:, :n])
+        hotswap.wait(compiled, timeout_s=240)
+        for n in (8, 12, 16, 20, 33):
+            torch.testing.assert_close(compiled(ids[:, :n]), f(ids[:, :n]))
+    _served_by_worker(compiled)
+    assert d["graphs"] == 2 and d["worker_compiles"] == 2  # static first, then dynamic: no more
+
+
+def test_plain_python_inputs_travel_by_value() -> None:
+    """A graph whose inputs include an int, a bool, None and a float (as dynamo passes
+    specialized values to a backend)."""
+    graph = torch.fx.Graph()
+    x, n, flag, _nothing, scale = (graph.placeholder(name) for name in
+                                   ("x", "n", "flag", "nothing", "scale"))
+    y = graph.call_function(operator.mul, (x, n))
+    y = graph.call_function(operator.add, (y, flag))
+    graph.output((graph.call_function(operator.mul, (y, scale)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    inputs = [torch.randn(4, 8), 3, True, None, 0.5]
+    runner = hotswap.backend(mode="subprocess", workers=1)(gm, inputs)
+    (out,) = runner(*inputs)
+    torch.testing.assert_close(out, (inputs[0] * 3 + 1) * 0.5)
+    status = runner.status()
+    assert status.tier == "default" and status.path == "worker", status
+
+
+class _Stateful(torch.nn.Module):
+    """Updates a buffer in place: an artifact made apart from it would update a copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.add_(x.sum(0))
+        return x * 2
+
+
+@pytest.mark.parametrize("mode", ["async", "progressive", "subprocess"])
+def test_a_graph_that_cannot_travel_compiles_in_this_process(mode: str) -> None:
+    """cond's artifact cannot be saved: the worker's compile is redone here, and status
+    says so; the ladder's other tiers are not compiled (they would need a benchmark here)."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda a: a.sin() * 2, lambda a: a.cos() - 1, (x,))
+
+    x = torch.randn(16, 16)
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(f, mode=mode, workers=1,
+                                   tiers=["default", "max-autotune"] if mode == "progressive"
+                                   else None)
+        compiled(x)
+        (status,) = hotswap.wait(compiled, timeout_s=240)
+        for sign in (1, -1):
+            torch.testing.assert_close(compiled(sign * x.abs()), f(sign * x.abs()))
+    assert status.tier == "default" and status.path.startswith("inprocess: inductor cannot save")
+    assert d["inprocess_compiles"] == 1 and not status.failures, status
+    if mode == "progressive":
+        assert [t for t, _ in status.kept] == ["max-autotune"], status
