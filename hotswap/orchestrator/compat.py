@@ -45,7 +45,7 @@ def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
     patches = {}
     if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
         patches["force_non_lazy_backward_lowering"] = True
-    donated = {"donate_graph_module": True} if donate else {}
+    donated: dict[str, Any] = {"donate_graph_module": True} if donate else {}
     with functorch_config.patch(patches):
         return compile_(gm, inputs,
                         dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
