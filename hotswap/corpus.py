@@ -257,8 +257,13 @@ def make(name: str, *, device: str = "cpu", dtype: torch.dtype | str = torch.flo
         feeds = _feed(spec, model.model.config, device, dtype, steps)
     if train:
         run, twin_run = _forward_backward(model), _forward_backward(twin)
+        # Gradients of deep CNNs reach tens (batch norm): their tolerance scales with the
+        # largest one (plain torch.compile's ResNet gradients differ from eager by 0.3 %).
+        _, grads = twin_run(twin, feeds[0])
+        scale = max([1.0, *(float(g.abs().max()) for g in grads)])
         return Workload(f"{name}:train", model, lambda step: (),
-                        lambda step: twin_run(twin, feeds[step % steps]), tolerance(dtype) * 10,
+                        lambda step: twin_run(twin, feeds[step % steps]),
+                        tolerance(dtype) * 10 * scale,
                         call=lambda fn, step: run(fn, feeds[step % steps]))
     grad = torch.no_grad
 

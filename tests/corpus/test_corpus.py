@@ -1,0 +1,110 @@
+"""Real models (the corpus, from transformers): hotswap reaches a compiled tier on every graph,
+outputs and gradients match eager, and the counters move by exactly what happened.
+
+The whole corpus runs from ``hotswap corpus``; here, a subset that covers what real models
+bring: a CNN with max-pooling, a ViT, a decoder LLM and an encoder-decoder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+
+corpus = pytest.importorskip("hotswap.corpus")
+pytest.importorskip("transformers", reason="the corpus needs the models extra")
+
+pytestmark = pytest.mark.slow
+
+SUBSET = ("resnet", "vit", "llama", "t5")
+
+
+def _serve_until_final(workload: Any, compiled: Any) -> list[hotswap.GraphStatus]:
+    workload.step(compiled, 0)
+    statuses = hotswap.wait(compiled, timeout_s=600)
+    for step in range(1, 4):
+        error = workload.error(workload.step(compiled, step), step)
+        assert error <= workload.tolerance, (workload.name, step, error)
+    return statuses
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_async_compiles_every_graph_in_a_worker(name: str) -> None:
+    workload = corpus.make(name)
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(workload.target, mode="async", workers=2)
+        statuses = _serve_until_final(workload, compiled)
+    assert statuses and all(s.tier == "default" and s.path == "worker" for s in statuses), statuses
+    n = len(statuses)
+    assert (d["graphs"], d["worker_compiles"], d["swaps"]) == (n, n, n), d
+    assert d["fallbacks"] == d["cache_hits"] == d["inprocess_compiles"] == 0, d
+    assert d["eager_calls"] == n  # the first call, once per graph
+
+
+@pytest.mark.parametrize("name", ("resnet", "t5"))
+def test_progressive_climbs_the_ladder_on_real_models(name: str) -> None:
+    """Each graph: default swaps in, max-autotune is measured against it and swaps in only
+    if faster; the counters say exactly that."""
+    workload = corpus.make(name)
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(workload.target, mode="progressive", workers=2)
+        statuses = _serve_until_final(workload, compiled)
+    n = len(statuses)
+    assert all(s.final and not s.failures and s.tier in ("default", "max-autotune")
+               for s in statuses), statuses
+    assert (d["graphs"], d["worker_compiles"], d["gate_benchmarks"]) == (n, 2 * n, n), d
+    kept = sum(1 for s in statuses if any(t == "max-autotune" for t, _ in s.kept))
+    assert d["gate_kept"] == kept and d["swaps"] == 2 * n - kept, (d, statuses)
+
+
+def test_decoder_serves_slices_of_a_longer_batch_compiled() -> None:
+    """input_ids[:, :n] for a growing n: one static graph, then one dynamic graph that serves
+    every later length; each compiled in a worker, nothing recompiled after. (A slice as
+    long as the whole batch is contiguous: dynamo traces that case anew, as torch.compile
+    would; it is not among these lengths.)"""
+    workload = corpus.make("gpt2")
+    model, ids = workload.target, torch.randint(0, 512, (2, 64))
+    compiled = hotswap.compile(model, mode="async", workers=2)
+    with torch.no_grad():
+        for n in (8, 12, 16):
+            compiled(input_ids=ids[:, :n])
+        statuses = hotswap.wait(compiled, timeout_s=600)
+        with hotswap.counters_delta() as d:
+            for n in (8, 12, 16, 20, 33, 48):
+                out, ref = compiled(input_ids=ids[:, :n]), model(input_ids=ids[:, :n])
+                torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
+    assert all(s.tier == "default" and s.path == "worker" for s in statuses), statuses
+    assert d["graphs"] == 0 and d["eager_calls"] == 0, d
+
+
+def test_training_gradients_match_eager_before_and_after_the_swap() -> None:
+    workload = corpus.make("resnet", train=True)
+    compiled = hotswap.compile(workload.target, mode="async", workers=2)
+    for step in range(2):  # eager, before any tier arrived
+        assert workload.error(workload.step(compiled, step), step) <= workload.tolerance
+    statuses = hotswap.wait(compiled, timeout_s=600)
+    assert statuses and all(s.tier == "default" for s in statuses), statuses
+    with hotswap.counters_delta() as d:
+        for step in range(2, 5):
+            assert workload.error(workload.step(compiled, step), step) <= workload.tolerance
+    assert d["eager_calls"] == 0
+
+
+def test_corpus_names_and_variants_are_checked() -> None:
+    with pytest.raises(ValueError, match="unknown corpus model 'resnet1000'; the corpus has"):
+        corpus.make("resnet1000")
+    with pytest.raises(ValueError, match="no train-mode variant"):
+        corpus.make("bert", train=True)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        corpus.make("vit", dtype="float99")
+
+
+@pytest.mark.parametrize("name", sorted(corpus.MODELS) if hasattr(corpus, "MODELS") else [])
+def test_every_corpus_model_builds_and_its_reference_catches_a_wrong_output(name: str) -> None:
+    workload = corpus.make(name)
+    out = workload.step(workload.target, 0)
+    assert workload.error(out, 0) == 0.0
+    bad = torch.utils._pytree.tree_map(lambda t: t + 1 if isinstance(t, torch.Tensor) else t, out)
+    assert workload.error(bad, 0) >= 0.5
