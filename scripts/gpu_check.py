@@ -10,6 +10,9 @@ installs hotswap from this checkout with pip --no-index --no-deps (nothing is fe
            repository's, with its GPU section replaced by this run's: copy it back to keep it)
   profile  hotswap profile --model    -> DIR/profile/ (report.txt, trace.json, records); not in
            the default set: tests and bench take most of the ten minutes on a fresh machine
+  corpus   hotswap corpus --device cuda (CUDA sizes, bf16; async and progressive; 8 cases at
+           a time) -> DIR/corpus.log, DIR/corpus.json (written after every case); --quick
+           runs its four-model subset. Alone, it takes the whole budget
 DIR/summary.json holds the outcome of each step; DIR/gpu_check.log everything printed.
 Exit status: 0 when the tests passed and every step finished.
 """
@@ -90,17 +93,20 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="wall-clock budget for all steps (default 540)")
     parser.add_argument("--steps", default="tests,bench",
-                        help="comma list of steps to run, from tests,bench,profile "
+                        help="comma list of steps to run, from tests,bench,profile,corpus "
                              "(default tests,bench)")
+    parser.add_argument("--quick", action="store_true",
+                        help="corpus step: only its four-model subset")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     log = Log(out / "gpu_check.log")
     start = time.monotonic()
     steps = {s.strip() for s in args.steps.split(",") if s.strip()}
-    unknown = steps - {"tests", "bench", "profile"}
+    unknown = steps - {"tests", "bench", "profile", "corpus"}
     if unknown or not steps:
-        parser.error(f"--steps: unknown {sorted(unknown)}; choose from tests, bench, profile")
+        parser.error(f"--steps: unknown {sorted(unknown)}; choose from tests, bench, profile, "
+                     "corpus")
 
     def left(reserve_s: float = 0.0) -> float:
         return float(args.budget_s) - (time.monotonic() - start) - reserve_s
@@ -150,6 +156,13 @@ def main() -> int:
              "--dtype", "bfloat16", "--duration-s", str(max(10, int(left(30) - 30))),
              "--out", str(out / "profile"), "--wait-s", "30"],
             out / "profile.log", left(), log)
+    if "corpus" in steps:
+        step = _run([*env_py, "-m", "hotswap.corpus_cmd", "--device", "cuda", "--jobs", "8", "--workers", "2",
+                     "--timeout-s", "240", "--json", str(out / "corpus.json")]
+                    + (["--quick"] if args.quick else []), out / "corpus.log", left(), log)
+        if (out / "corpus.json").exists():
+            step["results"] = json.loads((out / "corpus.json").read_text())
+        summary["steps"]["corpus"] = step
     summary["elapsed_s"] = round(time.monotonic() - start, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     ok = all(s["rc"] == 0 for s in summary["steps"].values())
