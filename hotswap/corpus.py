@@ -89,7 +89,8 @@ MODELS: dict[str, Spec] = {
     "swin": Spec("SwinConfig", "SwinModel", "image",
                  {"image_size": 32, "patch_size": 2, "embed_dim": 16, "depths": [1, 1],
                   "num_heads": [2, 4], "window_size": 4},
-                 {"image_size": 224, "embed_dim": 96, "depths": [2, 2, 6, 2]}, trainable=True),
+                 {"image_size": 224, "patch_size": 4, "embed_dim": 96, "depths": [2, 2, 6, 2],
+                  "num_heads": [3, 6, 12, 24], "window_size": 7}, trainable=True),
     # text encoders
     "bert": Spec("BertConfig", "BertModel", "tokens", _BERT_CPU, _BERT_CUDA),
     "distilbert": Spec("DistilBertConfig", "DistilBertModel", "tokens",

@@ -115,10 +115,19 @@ def verdict(case: dict[str, Any], torch_case: dict[str, Any] | None) -> str:
         return "error"
     if "eager" in case.get("tiers", []) or not case.get("tiers"):
         return "eager"
-    if case.get("max_error", float("inf")) > case.get("tolerance", 0.0):
+    if case.get("max_error", float("inf")) > _allowed_error(case, torch_case):
         return "wrong"
     # Every graph serves compiled code; a higher tier may still be on its way at --timeout-s.
     return "ok" if case.get("final") else "ok (ladder pending)"
+
+
+def _allowed_error(case: dict[str, Any], torch_case: dict[str, Any] | None) -> float:
+    """The dtype's tolerance, or, where plain torch.compile itself differs from eager by more
+    (bf16 through deep models: 0.125 on BERT's outputs), a little over what it differs by."""
+    tolerance = float(case.get("tolerance", 0.0))
+    if torch_case is None or torch_case.get("max_error") is None:
+        return tolerance
+    return max(tolerance, 1.5 * float(torch_case["max_error"]))
 
 
 def report(cases: list[dict[str, Any]]) -> list[str]:
@@ -163,12 +172,13 @@ def summary(cases: list[dict[str, Any]]) -> tuple[list[str], bool]:
     torch_ok = {c["model"] for c in cases if c["mode"] == "torch" and c.get("compiled")}
     torch_failed = sorted({c["model"] for c in cases if c["mode"] == "torch"} - torch_ok)
     lines, ok = [], True
+    reference = {c["model"]: c for c in cases if c["mode"] == "torch"}
     for mode in sorted({c["mode"] for c in cases} - {"torch"}):
         mine = [c for c in cases if c["mode"] == mode and c["model"] in torch_ok]
-        good = [c for c in mine if verdict(c, None).startswith("ok")]
+        good = [c for c in mine if verdict(c, reference.get(c["model"])).startswith("ok")]
         ok = ok and len(good) == len(mine)
         lines.append(f"{mode}: {len(good)}/{len(mine)} models compiled by torch.compile reach a "
-                     f"compiled tier on every graph and match eager")
+                     f"compiled tier on every graph and match eager as closely as it does")
     if torch_failed:
         lines.append(f"torch.compile itself fails on: {', '.join(torch_failed)} (not counted)")
     return lines, ok
@@ -202,7 +212,10 @@ def _run_plan(plan: list[tuple[str, str]], args: argparse.Namespace,
             case = future.result()
             cases.append(case)
             model, mode = futures[future]
-            _progress(len(cases), len(plan), f"{model}/{mode}: {verdict(case, None)}", started)
+            outcome = ("failed" if "error" in case else
+                       ",".join(case.get("tiers", [])) or ("compiled" if case.get("compiled")
+                                                           else "-"))
+            _progress(len(cases), len(plan), f"{model}/{mode}: {outcome}", started)
             _save(args.json, info, cases)
     return cases
 
