@@ -154,7 +154,11 @@ def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.f
     if fake_mode is not None:
         FakeTensorProp(gm, fake_mode).propagate_dont_convert_inputs(*inputs)
     else:
-        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+        # Static sizes: fakified with a symbol each, a static graph hit kernels that take
+        # only concrete sizes (CUDA SDPA with a mask: "SymIntArrayRef expected to contain
+        # only concrete integers"). The ShapeEnv stays for data-dependent sizes.
+        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True,
+                              static_shapes=True)
         FakeTensorProp(gm, mode).propagate(*inputs)
     for node in gm.graph.nodes:
         if "val" in node.meta:
