@@ -52,12 +52,19 @@ ROWS = {
 BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "pointwise")
 
 
+def _bench_model(name: str) -> bool:
+    from hotswap import zoo
+
+    return name in BENCH_MODELS or (name.startswith("corpus:") and zoo.known(name))
+
+
 def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
     """A zoo model in inference (bf16 on CUDA, float32 on CPU) and its inputs."""
     from hotswap import zoo
 
-    if name not in BENCH_MODELS:
-        raise SystemExit(f"unknown bench model {name!r}; choose from {list(BENCH_MODELS)}")
+    if not _bench_model(name):
+        raise SystemExit(f"unknown bench model {name!r}; choose from {list(BENCH_MODELS)} "
+                         "or corpus:NAME")
     workload = zoo.make(name, device=device, dtype="bfloat16" if device == "cuda" else "float32")
     return workload.target, workload.inputs(0)
 
@@ -375,10 +382,10 @@ def machine() -> dict[str, str]:
 
 
 def write_markdown(path: str, device: str, sections: list[tuple[str, list[str]]],
-                   info: dict[str, str], command: str) -> None:
-    """Replace (or append) this device's ``hotswap bench`` section of ``path``."""
-    begin, end = f"<!-- hotswap bench: {device} -->", f"<!-- end hotswap bench: {device} -->"
-    body = [begin, f"### `hotswap bench` on {info.get('device')} ({device}), {info['date']}", "",
+                   info: dict[str, str], command: str, tool: str = "hotswap bench") -> None:
+    """Replace (or append) this device's ``tool`` section of ``path``."""
+    begin, end = f"<!-- {tool}: {device} -->", f"<!-- end {tool}: {device} -->"
+    body = [begin, f"### `{tool}` on {info.get('device')} ({device}), {info['date']}", "",
             "torch " + info["torch"] + (f", triton {info['triton']}" if "triton" in info else "")
             + f", Python {info['python']}, {info['cpus']} CPUs. Command: `{command}`", ""]
     for title, lines in sections:
@@ -399,7 +406,8 @@ def write_markdown(path: str, device: str, sections: list[tuple[str, list[str]]]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="mlp",
-                        help=f"comma list of zoo models (default mlp); one of {list(BENCH_MODELS)}")
+                        help=f"comma list of zoo models (default mlp); one of {list(BENCH_MODELS)}, "
+                             "or corpus:NAME for a real model of hotswap.corpus")
     parser.add_argument("--rows", default=",".join(ROWS),
                         help="comma list of rows (default all): " + ", ".join(ROWS))
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
@@ -446,9 +454,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    bad = [m for m in models if m not in BENCH_MODELS]
+    bad = [m for m in models if not _bench_model(m)]
     if bad:
-        raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)}")
+        raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)} or "
+                         "corpus:NAME (hotswap.corpus)")
     everything: dict[str, Any] = {"machine": machine(), "rows": [], "dispatch": {}}
     sections: list[tuple[str, list[str]]] = []
     for model in models:

@@ -10,7 +10,10 @@ dropout, stochastic-depth and layer-drop probability at 0, and checks the gradie
 
     >>> w = make("resnet", device="cpu")
     >>> compiled = hotswap.compile(w.target)
-    >>> w.error(w.step(compiled, 0), 0)    # max abs error vs eager
+    >>> w.error(compiled(*w.inputs(0)), 0)  # max abs error vs eager
+
+The zoo takes these as ``corpus:NAME`` (``zoo.make("corpus:resnet")``), so ``hotswap stress``,
+``hotswap bench`` and ``hotswap profile --model`` serve them too.
 
 Needs the ``models`` extra (``pip install -e .[models]``).
 """
@@ -164,14 +167,15 @@ _SPECIAL_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
 
 
 class _Outputs(nn.Module):
-    """A transformers model returning a tuple of its output tensors (not a ModelOutput)."""
+    """A transformers model called with its inputs in a fixed order (positional, as benchmarks
+    and stress runs call models), returning a tuple of its output tensors."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, names: tuple[str, ...]) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.names = model, names
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(*args, **kwargs, return_dict=True)
+        out = self.model(**dict(zip(self.names, args, strict=False)), **kwargs, return_dict=True)
         return tuple(v for v in out.values() if isinstance(v, torch.Tensor))
 
 
@@ -221,12 +225,12 @@ def _feed(spec: Spec, config: Any, device: str, dtype: torch.dtype,
     return [{k: v.to(device) for k, v in step.items()} for step in out]
 
 
-def _forward_backward(model: nn.Module) -> Callable[[Any, dict[str, torch.Tensor]], Any]:
+def _forward_backward(model: nn.Module) -> Callable[[Any, tuple[torch.Tensor, ...]], Any]:
     """One training step's worth of autograd: outputs, then the gradient of every parameter."""
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def run(fn: Any, feed: dict[str, torch.Tensor]) -> Any:
-        outputs = fn(**feed)
+    def run(fn: Any, feed: tuple[torch.Tensor, ...]) -> Any:
+        outputs = fn(*feed)
         loss = sum(o.float().pow(2).mean() for o in outputs if o.is_floating_point())
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         return (tuple(o.detach() for o in outputs),
@@ -253,28 +257,25 @@ def make(name: str, *, device: str = "cpu", dtype: torch.dtype | str = torch.flo
         raise ImportError("the corpus needs transformers: pip install -e '.[models]'") from e
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = _Outputs(_build(spec, device)).to(device, dtype)
+        inner = _build(spec, device)
+        named = _feed(spec, inner.config, device, dtype, steps)
+        model = _Outputs(inner, tuple(named[0])).to(device, dtype)
         model.train(train)
+        model.requires_grad_(train)  # inference: no autograd graph, whatever the grad mode
         twin = copy.deepcopy(model)
-        feeds = _feed(spec, model.model.config, device, dtype, steps)
+        feeds = [tuple(feed.values()) for feed in named]
     if train:
         run, twin_run = _forward_backward(model), _forward_backward(twin)
         # Gradients of deep CNNs reach tens (batch norm): their tolerance scales with the
         # largest one (plain torch.compile's ResNet gradients differ from eager by 0.3 %).
         _, grads = twin_run(twin, feeds[0])
         scale = max([1.0, *(float(g.abs().max()) for g in grads)])
-        return Workload(f"{name}:train", model, lambda step: (),
+        return Workload(f"{name}:train", model, lambda step: feeds[step % steps],
                         lambda step: twin_run(twin, feeds[step % steps]),
                         tolerance(dtype) * 10 * scale,
                         call=lambda fn, step: run(fn, feeds[step % steps]))
-    grad = torch.no_grad
-
-    def infer(fn: Any, step: int) -> Any:
-        with grad():
-            return fn(**feeds[step % steps])
-
-    return Workload(name, model, lambda step: (), lambda step: infer(twin, step),
-                    tolerance(dtype), call=infer)
+    return Workload(name, model, lambda step: feeds[step % steps],
+                    lambda step: twin(*feeds[step % steps]), tolerance(dtype))
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -134,7 +134,7 @@ def report(cases: list[dict[str, Any]]) -> list[str]:
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for case in cases:
         by_model.setdefault(case["model"], {})[case["mode"]] = case
-    lines = [f"{'model':<14}{'mode':<12}{'graphs':>7}  {'tiers':<24}{'path':<18}"
+    lines = [f"{'model':<14}{'mode':<12}{'graphs':>7}  {'tiers':<30}{'path':<18}"
              f"{'max err':>9}{'final s':>9}{'torch s':>9}{'ratio':>7}  verdict"]
     for model, modes in by_model.items():
         ref = modes.get("torch")
@@ -145,7 +145,7 @@ def report(cases: list[dict[str, Any]]) -> list[str]:
             ratio = (f"{final_s / torch_s:.2f}" if final_s and torch_s and mode != "torch"
                      else "-")
             lines.append(
-                f"{model:<14}{mode:<12}{case.get('graphs', '-')!s:>7}  {tiers:<24}"
+                f"{model:<14}{mode:<12}{case.get('graphs', '-')!s:>7}  {tiers:<30}"
                 f"{','.join(case.get('paths', [])) or '-':<18}{_fmt(case.get('max_error'), 3)}"
                 f"{_fmt(final_s, 1)}{_fmt(torch_s, 1)}{ratio:>7}  {verdict(case, ref)}")
             for graph, tier, reason in case.get("failures", []):
@@ -264,9 +264,10 @@ def run(args: argparse.Namespace) -> int:
     if args.write_md:
         from hotswap.benchmark import machine, write_markdown
 
-        section = f"corpus {args.device}{' train' if args.train else ''}"
+        section = f"{args.device}{' train' if args.train else ''}"
         write_markdown(args.write_md, section, [("cases", lines), ("summary", totals)],
-                       machine(), "hotswap corpus " + " ".join(sys.argv[2:]))
+                       machine(), "hotswap corpus " + " ".join(sys.argv[2:]),
+                       tool="hotswap corpus")
     return 0 if ok else 1
 
 

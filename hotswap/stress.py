@@ -226,7 +226,7 @@ def run_stress(models: list[str], modes: list[str], *, reps: int = 1, concurrenc
     import hotswap
     from hotswap import zoo
 
-    unknown = sorted(set(models) - set(zoo.MODELS)) + sorted(set(modes) - set(MODES))
+    unknown = sorted(m for m in set(models) if not zoo.known(m)) + sorted(set(modes) - set(MODES))
     if unknown:
         raise ValueError(f"unknown model(s) or mode(s) {unknown}; models: {sorted(zoo.MODELS)}, "
                          f"modes: {list(MODES)}")
@@ -311,7 +311,8 @@ def add_parser(sub: Any) -> None:
                             description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     stress.add_argument("--models", default=",".join(zoo.MODELS),
-                        help=f"comma list (default: all of {','.join(zoo.MODELS)})")
+                        help=f"comma list (default: all of {','.join(zoo.MODELS)}); "
+                             "corpus:NAME for a real model of hotswap.corpus")
     stress.add_argument("--modes", default=",".join(MODES), help="comma list (default: all four)")
     stress.add_argument("--reps", type=int, default=1, help="repetitions (default 1)")
     stress.add_argument("--concurrency", type=int, default=1,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "Workload", "make", "tolerance"]
+__all__ = ["MODELS", "Workload", "known", "make", "tolerance"]
 
 
 @dataclass
@@ -257,10 +257,25 @@ MODELS: dict[str, Callable[[str, torch.dtype], Workload]] = {
 }
 
 
+def known(name: str) -> bool:
+    """A zoo model, or ``corpus:NAME`` for a real architecture of ``hotswap.corpus``."""
+    if name.startswith("corpus:"):
+        from hotswap import corpus
+
+        return name.removeprefix("corpus:") in corpus.MODELS
+    return name in MODELS
+
+
 def make(name: str, *, device: str = "cpu", dtype: torch.dtype | str = torch.float32) -> Workload:
-    """Build zoo model ``name`` (see ``MODELS``) for ``device`` and ``dtype``."""
+    """Build zoo model ``name`` (see ``MODELS``; ``corpus:NAME`` builds ``hotswap.corpus``'s
+    model NAME) for ``device`` and ``dtype``."""
+    if name.startswith("corpus:"):
+        from hotswap import corpus
+
+        return corpus.make(name.removeprefix("corpus:"), device=device, dtype=dtype)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; the zoo has {sorted(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; the zoo has {sorted(MODELS)}, and "
+                         "'corpus:NAME' for the real models of hotswap.corpus")
     if isinstance(dtype, str):
         resolved = getattr(torch, dtype, None)
         if not isinstance(resolved, torch.dtype):

@@ -26,6 +26,12 @@ roots (``torch.``, ``operator.``, ``builtins.``, ``math.``). We keep node record
 ship meta: FakeTensor descriptions would tie the payload to the sender's ShapeEnv, while fake
 propagation in the worker rebuilds them for the worker's own symbols, and a printed path does
 not find ``boolean_dispatch`` closures or re-exports, which identity search does.
+
+Submodules called as a unit (``call_module`` nodes) do not travel: their weights would go by
+value, and an artifact made around copies of them would not see the user's updates. Dynamo
+inlines ``nn.Module`` calls by default (``inline_inbuilt_nn_modules``), so its graphs have
+none; a graph that does compiles in the user's process instead (the coordinator's
+in-process path).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from torch.fx.node import map_aggregate
 
 from hotswap.orchestrator.pickling import dumps
 
-__all__ = ["get_attr_value", "land_graph", "mutated_attributes", "ship_graph"]
+__all__ = ["Untravelable", "get_attr_value", "land_graph", "mutated_attributes", "ship_graph"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,10 @@ class _Ref:
     would walk into one)."""
 
     name: str
+
+
+class Untravelable(ValueError):
+    """A graph that must not go to another process; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,8 @@ def _records(gm: torch.fx.GraphModule) -> _Subgraph:
             attrs[node.target] = (_records(value) if isinstance(value, torch.fx.GraphModule)
                                   else value)
         elif node.op == "call_module":
-            attrs[node.target] = gm.get_submodule(str(node.target))
+            raise Untravelable(f"the graph calls submodule {node.target!r} (call_module); "
+                               "its weights would travel by value")
     return _Subgraph(records, attrs)
 
 

@@ -107,3 +107,30 @@ def test_a_graph_that_cannot_travel_compiles_in_this_process(mode: str) -> None:
     assert d["inprocess_compiles"] == 1 and not status.failures, status
     if mode == "progressive":
         assert [t for t, _ in status.kept] == ["max-autotune"], status
+
+
+def test_submodules_called_as_a_unit_compile_here_with_the_users_weights() -> None:
+    """A call_module graph (dynamo with nn.Module inlining off) never ships its weights: it
+    compiles in this process, and later changes to the weights show in its outputs."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x).relu()
+
+    net = Net()
+    gm = torch.fx.symbolic_trace(net)
+    assert any(n.op == "call_module" for n in gm.graph.nodes)
+    x = torch.randn(4, 8)
+    backend = hotswap.backend(mode="async", workers=1)
+    runner = backend(gm, [x])
+    runner(x)
+    (status,) = hotswap.wait(backend, timeout_s=240)
+    assert status.tier == "default" and status.path.startswith(
+        "inprocess: the graph calls submodule 'linear'"), status
+    with torch.no_grad():
+        net.linear.weight.mul_(2)
+    torch.testing.assert_close(runner(x), net(x))
