@@ -21,6 +21,7 @@ Needs the ``models`` extra (``pip install -e .[models]``).
 from __future__ import annotations
 
 import copy
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -179,6 +180,16 @@ class _Outputs(nn.Module):
         return tuple(v for v in out.values() if isinstance(v, torch.Tensor))
 
 
+def _outputs(name: str, model: nn.Module, names: tuple[str, ...]) -> _Outputs:
+    """``_Outputs`` with a forward of its own per corpus model: dynamo keeps compiled frames
+    per code object and stops compiling one after eight, so models sharing one forward
+    would run eagerly from the ninth model on in a process (a stress or bench run)."""
+    code = _Outputs.forward.__code__.replace(co_name=f"forward_{name}")
+    forward = types.FunctionType(code, _Outputs.forward.__globals__, f"forward_{name}")
+    cls = type(f"{name}_outputs", (_Outputs,), {"forward": forward})
+    return cls(model, names)  # type: ignore[no-any-return]
+
+
 def _no_dropout(config: Any) -> None:
     """Every dropout, stochastic-depth, layer-drop and masking probability to 0."""
     for key, value in config.to_dict().items():
@@ -259,7 +270,7 @@ def make(name: str, *, device: str = "cpu", dtype: torch.dtype | str = torch.flo
         torch.manual_seed(0)
         inner = _build(spec, device)
         named = _feed(spec, inner.config, device, dtype, steps)
-        model = _Outputs(inner, tuple(named[0])).to(device, dtype)
+        model = _outputs(name, inner, tuple(named[0])).to(device, dtype)
         model.train(train)
         model.requires_grad_(train)  # inference: no autograd graph, whatever the grad mode
         twin = copy.deepcopy(model)

@@ -253,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
         return _usage(f"unknown modes {wrong or modes}; choose from {list(MODES)}")
     if args.jobs < 1:
         return _usage(f"--jobs must be >= 1, got {args.jobs}")
+    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not _cuda()):
+        return _usage(f"--device {args.device}: use cpu, or cuda where torch sees a GPU")
     plan = [(model, mode) for model in models for mode in ("torch", *modes)]
     info = {"device": args.device, "dtype": args.dtype, "train": args.train, "jobs": args.jobs}
     cases = _run_plan(plan, args, info)

@@ -35,7 +35,8 @@ def add_parser(sub: Any) -> None:
     profile.add_argument("target", nargs="?", help="SCRIPT, or 'report' / 'compare'")
     profile.add_argument("args", nargs=argparse.REMAINDER,
                          help="the script's arguments, or the run directories")
-    profile.add_argument("--model", help="a zoo model instead of a script (see hotswap.zoo)")
+    profile.add_argument("--model", help="a zoo model instead of a script (see hotswap.zoo; "
+                                          "corpus:NAME for a real model of hotswap.corpus)")
     profile.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     profile.add_argument("--dtype", default="float32", help="zoo model dtype (default float32)")
     profile.add_argument("--mode", default="progressive", help="hotswap mode for --model")

@@ -20,6 +20,7 @@ from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compile_job import CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
+from hotswap.orchestrator.local import LocalCompiler
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
 from hotswap.orchestrator.request import (
@@ -42,6 +43,7 @@ class _Host(Protocol):
 
     cache: CacheAccess
     recorder: Recorder
+    local: LocalCompiler
 
     def _fail(self, runner: GraphRunner, tier: str, reason: str) -> None: ...
     def _await_warmup(self, runner: GraphRunner) -> None: ...
@@ -54,8 +56,7 @@ class _Host(Protocol):
                                      inputs: tuple[InputMeta, ...]) -> Any: ...
     def _compile_and_wait(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
                           retries: int) -> CompileResult: ...
-    def _compile_unsaveable(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
-                            error: CompileFailed, *, blocking: bool) -> None: ...
+
 
 
 class BlockingModes:
@@ -139,12 +140,10 @@ class BlockingModes:
             try:
                 result = self._compile_and_wait(runner, request, tier, retries=1)
                 fn = self._load(runner, result, tier)
-            except CompileFailed as e:
-                if not unsaveable(e):
-                    raise
-                self._compile_unsaveable(runner, request, tier, e, blocking=True)
-                return
             except HotswapError as e:
+                if isinstance(e, CompileFailed) and unsaveable(e):
+                    self.local.unsaveable(runner, request, tier, e.remote_message, blocking=True)
+                    return
                 count_error(e)
                 self._fail(runner, tier.name, reason_of(e))
                 return

@@ -18,7 +18,6 @@ where waiting is the point).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import threading
@@ -32,16 +31,16 @@ import torch
 from hotswap import testing
 from hotswap.cache.key import prepare_stamp
 from hotswap.errors import CompileFailed, PoolClosed, WorkerCrashed
-from hotswap.orchestrator import compat
 from hotswap.orchestrator.artifacts import load_entry
 from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
 from hotswap.orchestrator.blocking import BlockingModes
 from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.compile_job import CompileRequest, CompileResult, landed
+from hotswap.orchestrator.compile_job import CompileRequest, CompileResult
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
 from hotswap.orchestrator.loader import Loader
+from hotswap.orchestrator.local import LocalCompiler
 from hotswap.orchestrator.options import Options, Tier
 from hotswap.orchestrator.pools import shared_pool
 from hotswap.orchestrator.recording import GRAPH_TIER, PROFILE_CONFIG, Recorder
@@ -82,8 +81,6 @@ class Coordinator(BlockingModes):
         self._requests: dict[str, GraphRequest] = {}
         self._cond = threading.Condition()
         self._loader = Loader()
-        self._local = Loader("hotswap-compile")  # graphs that cannot go to a worker
-        self._compiled_here: set[str] = set()  # graphs with a tier compiling in this process
         self.recorder = Recorder(options.profile_dir)
         self.gate = Gate(enabled=options.gate and options.mode == "progressive",
                          configs={t.name: dict(t.config) for t in self._ladder(options.tiers)},
@@ -94,6 +91,8 @@ class Coordinator(BlockingModes):
                          notify=self._notify,
                          store_verdict=lambda key, v: self.cache.store_verdict(key, v))
         self.cache = CacheAccess(options.cache_dir, options.timeout_s)
+        # Graphs and artifacts that cannot travel (local.py).
+        self.local = LocalCompiler(self.recorder, self._fail, self._then_check)
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
             # The cache stamp's version lookups, off the user's first call.
@@ -123,8 +122,12 @@ class Coordinator(BlockingModes):
             self._compile_inprocess(runner, gm, example_inputs, wanted[0])
         else:
             request = self._request(gm, example_inputs)
-            if isinstance(request, str):
-                self._compile_here(runner, gm, example_inputs, wanted, request)
+            if isinstance(request, str) and self.options.mode == "subprocess":
+                # It cannot go to a worker; the call waits anyway: compile it right here.
+                self._compile_inprocess(runner, gm, example_inputs, wanted[0],
+                                        path=f"inprocess: {request}")
+            elif isinstance(request, str):
+                self.local.graph(runner, gm, example_inputs, wanted, request)
             else:
                 self._requests[graph_id] = request
                 self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())
@@ -257,70 +260,6 @@ class Coordinator(BlockingModes):
         # The caller's grad mode decides whether AOTAutograd builds a backward graph.
         return GraphRequest(graph_bytes, described, torch.is_grad_enabled(), cpu_threads(described))
 
-    # ------------------------------------------------------------------ in this process
-
-    def _compile_here(self, runner: GraphRunner, gm: torch.fx.GraphModule,
-                      example_inputs: list[Any], wanted: list[Tier], reason: str) -> None:
-        """A graph that cannot go to a worker compiles in this process: in the call in
-        subprocess mode (which waits anyway), else on a background thread while the caller
-        is served eagerly. Only the first tier: later ones would need a benchmark in this
-        process, on the caller's time."""
-        path = f"inprocess: {reason}"
-        if self.options.mode == "subprocess":
-            self._compile_inprocess(runner, gm, example_inputs, wanted[0], path=path)
-            return
-        for tier in wanted[1:]:
-            runner.keep(tier.name, f"only {wanted[0].name!r} compiles in this process ({reason})")
-        grad = torch.is_grad_enabled()
-        inputs = list(example_inputs)
-        self._local.submit(self._then_check, self._compile_local, (
-            runner, wanted[0], path, lambda: (_sharing_copy(gm), inputs, _is_dynamic(gm)), grad,
-            False))
-
-    def _compile_local(self, runner: GraphRunner, tier: Tier, path: str,
-                       build: Callable[[], tuple[torch.fx.GraphModule, list[Any], bool]],
-                       grad: bool, blocking: bool) -> None:
-        """Inductor in this process, for a graph or an artifact that cannot travel; the tier
-        serves at once (``blocking``) or swaps in."""
-        t = time.monotonic()
-        try:
-            gm, inputs, dynamic = build()
-            with torch.set_grad_enabled(grad):
-                fn = compat.standalone_compile(gm, inputs, dict(tier.config), dynamic=dynamic,
-                                               donate=True)
-        except Exception as e:
-            self._fail(runner, tier.name, f"{path.removeprefix('inprocess: ')}; compiling it in "
-                                          f"this process failed too: {type(e).__name__}: {e}")
-            return
-        self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
-        bump("inprocess_compiles")
-        runner.arrived(tier.name, path)
-        if blocking:
-            runner.serve_now(tier.name, fn)
-        else:
-            runner.swap_in(tier.name, fn)
-
-    def _compile_unsaveable(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
-                            error: CompileFailed, *, blocking: bool) -> None:
-        """A worker compiled the graph, but inductor could not save the artifact (control
-        flow operators): compile it again here, from what the worker got."""
-        reason = "inductor cannot save this graph's artifact (control flow operators)"
-        with self._cond:
-            first = runner.graph_id not in self._compiled_here
-            self._compiled_here.add(runner.graph_id)
-        if not first:  # as for graphs that cannot travel: one tier, no benchmark here
-            runner.keep(tier.name, f"another tier compiles in this process ({reason})")
-            return
-        log.info("graph %s: %s; compiling tier %r in this process", runner.graph_id,
-                 error.remote_message, tier.name)
-        path = f"inprocess: {reason}"
-        args = (runner, tier, path, lambda: landed(request.graph_bytes, request.inputs),
-                request.grad_enabled, blocking)
-        if blocking:
-            self._compile_local(*args)
-        else:
-            self._local.submit(self._then_check, self._compile_local, args)
-
     # ------------------------------------------------------------------ worker jobs
 
     def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> JobFuture:
@@ -354,7 +293,8 @@ class Coordinator(BlockingModes):
                 self._submit(runner, request, tier, retries - 1, key)
                 return
             if isinstance(error, CompileFailed) and unsaveable(error):
-                self._compile_unsaveable(runner, request, tier, error, blocking=False)
+                self.local.unsaveable(runner, request, tier, error.remote_message,
+                                      blocking=False)
                 return
             if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
                 runner.fail(tier.name, reason_of(error), level=logging.DEBUG)
@@ -426,23 +366,6 @@ class Coordinator(BlockingModes):
                     break
                 self._cond.wait(remaining)
         return self.status()
-
-
-def _sharing_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A graph inductor may rewrite while ``gm`` keeps serving eagerly, holding the same
-    tensors (an artifact of a copy of them would update the copies)."""
-    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-
-
-def _is_dynamic(gm: torch.fx.GraphModule) -> bool:
-    """Whether dynamo traced the graph with symbolic sizes (compile it for them, not for the
-    example inputs' sizes)."""
-    for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("example_value")
-        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and any(
-                isinstance(d, torch.SymInt) for d in value.shape)):
-            return True
-    return False
 
 
 def _profiled(tier: Tier) -> Tier:
