@@ -10,7 +10,7 @@ from hotswap.errors import CompileFailed, JobTimeout, MemoryLimitExceeded, Seria
 from hotswap.orchestrator.compile_job import InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.inputs import describe_inputs
-from hotswap.orchestrator.transport import mutated_attributes
+from hotswap.orchestrator.transport import mutated_attributes, submodule_reason
 
 __all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "portable_inputs",
            "reason_of", "unsaveable"]
@@ -32,6 +32,9 @@ def portable_inputs(gm: torch.fx.GraphModule,
     described = describe_inputs(gm, example_inputs)
     if isinstance(described, str):
         return described
+    submodule = submodule_reason(gm)
+    if submodule is not None:
+        return submodule
     mutated = mutated_attributes(gm)
     if mutated:
         return (f"the graph updates tensors it holds as attributes in place "

@@ -45,7 +45,8 @@ from torch.fx.node import map_aggregate
 
 from hotswap.orchestrator.pickling import dumps
 
-__all__ = ["Untravelable", "get_attr_value", "land_graph", "mutated_attributes", "ship_graph"]
+__all__ = ["Untravelable", "get_attr_value", "land_graph", "mutated_attributes", "ship_graph",
+           "submodule_reason"]
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,17 @@ def _records(gm: torch.fx.GraphModule) -> _Subgraph:
             attrs[node.target] = (_records(value) if isinstance(value, torch.fx.GraphModule)
                                   else value)
         elif node.op == "call_module":
-            raise Untravelable(f"the graph calls submodule {node.target!r} (call_module); "
-                               "its weights would travel by value")
+            raise Untravelable(submodule_reason(gm) or "call_module")
     return _Subgraph(records, attrs)
+
+
+def submodule_reason(gm: torch.fx.GraphModule) -> str | None:
+    """Why a graph that calls a submodule as a unit must not leave the user's process (nor be
+    stored: cache keys cover the tensors a graph reads, not a submodule's weights)."""
+    node = next(iter(gm.graph.find_nodes(op="call_module")), None)
+    if node is None:
+        return None
+    return f"the graph calls submodule {node.target!r} (call_module); its weights would travel by value"
 
 
 # Ops whose result shares storage with their first argument: an in-place op on the result

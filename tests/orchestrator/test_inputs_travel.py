@@ -109,9 +109,10 @@ def test_a_graph_that_cannot_travel_compiles_in_this_process(mode: str) -> None:
         assert [t for t, _ in status.kept] == ["max-autotune"], status
 
 
-def test_submodules_called_as_a_unit_compile_here_with_the_users_weights() -> None:
-    """A call_module graph (dynamo with nn.Module inlining off) never ships its weights: it
-    compiles in this process, and later changes to the weights show in its outputs."""
+@pytest.mark.parametrize("mode", ["async", "subprocess"])
+def test_submodules_called_as_a_unit_compile_here_with_the_users_weights(mode: str) -> None:
+    """A call_module graph (dynamo with nn.Module inlining off) never ships its weights, nor
+    is it stored: it compiles in this process, and later changes to the weights show."""
 
     class Net(torch.nn.Module):
         def __init__(self) -> None:
@@ -125,10 +126,12 @@ def test_submodules_called_as_a_unit_compile_here_with_the_users_weights() -> No
     gm = torch.fx.symbolic_trace(net)
     assert any(n.op == "call_module" for n in gm.graph.nodes)
     x = torch.randn(4, 8)
-    backend = hotswap.backend(mode="async", workers=1)
-    runner = backend(gm, [x])
-    runner(x)
-    (status,) = hotswap.wait(backend, timeout_s=240)
+    backend = hotswap.backend(mode=mode, workers=1)
+    with hotswap.counters_delta() as d:
+        runner = backend(gm, [x])
+        runner(x)
+        (status,) = hotswap.wait(backend, timeout_s=240)
+    assert d["inprocess_compiles"] == 1 and d["worker_compiles"] == 0, d
     assert status.tier == "default" and status.path.startswith(
         "inprocess: the graph calls submodule 'linear'"), status
     with torch.no_grad():
