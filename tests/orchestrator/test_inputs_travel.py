@@ -137,3 +137,32 @@ def test_submodules_called_as_a_unit_compile_here_with_the_users_weights(mode: s
     with torch.no_grad():
         net.linear.weight.mul_(2)
     torch.testing.assert_close(runner(x), net(x))
+
+
+def test_an_input_no_path_can_compile_fails_its_tier_with_both_reasons() -> None:
+    """An input neither a worker nor this process can compile for: the calls are served
+    eagerly, status names both reasons, and on_failure="raise" raises TierFailed at the call."""
+
+    class Opaque:
+        scale = 2.0
+
+    graph = torch.fx.Graph()
+    x, opaque = graph.placeholder("x"), graph.placeholder("opaque")
+    scale = graph.call_function(getattr, (opaque, "scale"))
+    graph.output((graph.call_function(operator.mul, (x, scale)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    inputs = [torch.randn(4), Opaque()]
+    backend = hotswap.backend(mode="async", workers=1, on_failure="raise")
+    runner = backend(gm, inputs)
+    (out,) = runner(*inputs)  # eager
+    torch.testing.assert_close(out, inputs[0] * 2)
+    (status,) = hotswap.wait(backend, timeout_s=240)
+    assert status.tier == "eager" and len(status.failures) == 1, status
+    reason = status.failures[0][1]
+    assert "graph input opaque of type Opaque cannot travel" in reason
+    assert "compiling it in this process failed too" in reason
+    with pytest.raises(hotswap.TierFailed) as info:
+        runner(*inputs)
+    assert info.value.tier == "default"
+    (out,) = runner(*inputs)  # raised once; served eagerly again
+    torch.testing.assert_close(out, inputs[0] * 2)
