@@ -11,8 +11,9 @@ Reported per case: graphs, the tier each reached (``eager`` where none did), the
 reason, and the time from process start until the final tier serves (or until --timeout-s,
 marked "ladder pending", when a higher tier is still compiling while every graph already
 serves compiled code), next to ``torch.compile``'s first call from its process start (ratio).
-Exit status 1 when, on a model torch.compile compiles, a hotswap case leaves a graph eager or
-differs from eager.
+A case matches eager when its largest difference is within the dtype's tolerance or 1.5x
+torch.compile's own difference on that model. Exit status 1 when, on a model torch.compile
+compiles, a hotswap case leaves a graph eager or does not match; 2 on a usage error.
 """
 
 from __future__ import annotations
