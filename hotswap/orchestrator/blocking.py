@@ -99,7 +99,9 @@ class BlockingModes:
                 fn = self._compile_inprocess_and_store(runner, gm, example_inputs, tier, key,
                                                        described)
         except Exception as e:
-            self._fail(runner, tier.name, f"inductor raised {type(e).__name__}: {e}")
+            why = path.removeprefix("inprocess: ") + "; compiling it in this process failed too: " \
+                if path != "inprocess" else ""
+            self._fail(runner, tier.name, f"{why}inductor raised {type(e).__name__}: {e}")
             return
         self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
         bump("inprocess_compiles")

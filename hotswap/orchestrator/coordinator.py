@@ -91,8 +91,8 @@ class Coordinator(BlockingModes):
                          notify=self._notify,
                          store_verdict=lambda key, v: self.cache.store_verdict(key, v))
         self.cache = CacheAccess(options.cache_dir, options.timeout_s)
-        # Graphs and artifacts that cannot travel (local.py).
-        self.local = LocalCompiler(self.recorder, self._fail, self._then_check)
+        # Artifacts that cannot travel back from a worker (local.py).
+        self.local = LocalCompiler(self.recorder, self._fail)
         if options.mode != "inprocess":
             shared_pool(options.workers)  # warm the pool now, before the first graph arrives
             # The cache stamp's version lookups, off the user's first call.
@@ -122,12 +122,14 @@ class Coordinator(BlockingModes):
             self._compile_inprocess(runner, gm, example_inputs, wanted[0])
         else:
             request = self._request(gm, example_inputs)
-            if isinstance(request, str) and self.options.mode == "subprocess":
-                # It cannot go to a worker; the call waits anyway: compile it right here.
+            if isinstance(request, str):
+                # It cannot go to a worker: compile its first tier right here, in the call
+                # (local.py says why not on a thread beside the user's calls).
+                for tier in wanted[1:]:
+                    runner.keep(tier.name, f"only {wanted[0].name!r} compiles in this process "
+                                           f"({request})")
                 self._compile_inprocess(runner, gm, example_inputs, wanted[0],
                                         path=f"inprocess: {request}")
-            elif isinstance(request, str):
-                self.local.graph(runner, gm, example_inputs, wanted, request)
             else:
                 self._requests[graph_id] = request
                 self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())

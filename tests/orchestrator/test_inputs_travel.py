@@ -140,8 +140,8 @@ def test_submodules_called_as_a_unit_compile_here_with_the_users_weights(mode: s
 
 
 def test_an_input_no_path_can_compile_fails_its_tier_with_both_reasons() -> None:
-    """An input neither a worker nor this process can compile for: the calls are served
-    eagerly, status names both reasons, and on_failure="raise" raises TierFailed at the call."""
+    """An input neither a worker nor this process can compile for: status names both
+    reasons, on_failure="raise" raises TierFailed at the first call, later calls are eager."""
 
     class Opaque:
         scale = 2.0
@@ -154,8 +154,6 @@ def test_an_input_no_path_can_compile_fails_its_tier_with_both_reasons() -> None
     inputs = [torch.randn(4), Opaque()]
     backend = hotswap.backend(mode="async", workers=1, on_failure="raise")
     runner = backend(gm, inputs)
-    (out,) = runner(*inputs)  # eager
-    torch.testing.assert_close(out, inputs[0] * 2)
     (status,) = hotswap.wait(backend, timeout_s=240)
     assert status.tier == "eager" and len(status.failures) == 1, status
     reason = status.failures[0][1]
