@@ -249,18 +249,22 @@ def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
             "overhead_ns": (via - raw) * 1e9}
 
 
+def cold_env(root: str) -> dict[str, str]:
+    """This process's environment with inductor's, triton's and hotswap's caches in empty
+    directories under ``root``: what a fresh process of a benchmark row starts with."""
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+            "HOTSWAP_CACHE_DIR": os.path.join(root, "hotswap")}
+
+
 def spawn_row(row: str, args: argparse.Namespace, *, warm: bool = False,
               env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one row in a fresh process with empty inductor, triton and hotswap caches; with
     ``warm``, run it twice on the same caches and report the second run. ``env`` overrides
     (e.g. a HOTSWAP_CACHE_DIR shared by several rows)."""
     overrides = env or {}
-    env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="hotswap-bench-") as cache:
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
-        env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
-        env["HOTSWAP_CACHE_DIR"] = os.path.join(cache, "hotswap")
-        env.update(overrides)
+        env = {**cold_env(cache), **overrides}
         if row.startswith("pytorch:"):
             env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
         cmd = [sys.executable, "-m", "hotswap.benchmark", "--row", row, "--model", args.model,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -84,11 +83,10 @@ def _max_error(workload: Any, compiled: Any) -> float:
 
 def spawn_case(model: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """``run_case`` in a fresh process with empty caches; an error result if it dies."""
-    env = dict(os.environ)
+    from hotswap.benchmark import cold_env
+
     with tempfile.TemporaryDirectory(prefix="hotswap-corpus-") as cache:
-        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
-                   TRITON_CACHE_DIR=os.path.join(cache, "triton"),
-                   HOTSWAP_CACHE_DIR=os.path.join(cache, "hotswap"))
+        env = cold_env(cache)
         cmd = [sys.executable, "-m", "hotswap.corpus_cmd", "--case", model, "--modes", mode,
                "--device", args.device, "--dtype", args.dtype, "--timeout-s",
                str(args.timeout_s)] + (["--train"] if args.train else []) + (
@@ -229,6 +227,7 @@ def _save(path: str | None, info: dict[str, Any], cases: list[dict[str, Any]]) -
 
 def run(args: argparse.Namespace) -> int:
     from hotswap import corpus
+    from hotswap.benchmark import _cuda
 
     if args.device is None:
         args.device = "cuda" if _cuda() else "cpu"
@@ -277,15 +276,6 @@ def run(args: argparse.Namespace) -> int:
 def _usage(message: str) -> int:
     print(f"hotswap corpus: error: {message}", file=sys.stderr)
     return 2
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

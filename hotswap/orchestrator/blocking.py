@@ -99,9 +99,10 @@ class BlockingModes:
                 fn = self._compile_inprocess_and_store(runner, gm, example_inputs, tier, key,
                                                        described)
         except Exception as e:
-            why = path.removeprefix("inprocess: ") + "; compiling it in this process failed too: " \
-                if path != "inprocess" else ""
-            self._fail(runner, tier.name, f"{why}inductor raised {type(e).__name__}: {e}")
+            # On the path of a graph that cannot travel, the reason it could not comes first.
+            why = path.removeprefix("inprocess: ")
+            prefix = f"{why}; compiling it in this process failed too: " if why != path else ""
+            self._fail(runner, tier.name, f"{prefix}inductor raised {type(e).__name__}: {e}")
             return
         self.recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
         bump("inprocess_compiles")

@@ -53,7 +53,7 @@ from hotswap.orchestrator.request import (
     reason_of,
     unsaveable,
 )
-from hotswap.orchestrator.transport import Untravelable, ship_graph
+from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.workers import JobFuture
 
@@ -255,8 +255,6 @@ class Coordinator(BlockingModes):
             return described
         try:
             graph_bytes = ship_graph(gm)
-        except Untravelable as e:
-            return str(e)
         except Exception as e:
             return f"this graph cannot be pickled ({type(e).__name__}: {e})"
         # The caller's grad mode decides whether AOTAutograd builds a backward graph.

@@ -111,8 +111,7 @@ class Loader:
     wait for a load nobody will use. A daemon thread is simply dropped.
     """
 
-    def __init__(self, name: str = "hotswap-load") -> None:
-        self._name = name
+    def __init__(self) -> None:
         self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -120,7 +119,7 @@ class Loader:
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name,
+                self._thread = threading.Thread(target=self._run, name="hotswap-load",
                                                 daemon=True)
                 self._thread.start()
         self._tasks.put((fn, args))

@@ -45,7 +45,7 @@ from torch.fx.node import map_aggregate
 
 from hotswap.orchestrator.pickling import dumps
 
-__all__ = ["Untravelable", "get_attr_value", "land_graph", "mutated_attributes", "ship_graph",
+__all__ = ["get_attr_value", "land_graph", "mutated_attributes", "ship_graph",
            "submodule_reason"]
 
 
@@ -55,10 +55,6 @@ class _Ref:
     would walk into one)."""
 
     name: str
-
-
-class Untravelable(ValueError):
-    """A graph that must not go to another process; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +84,8 @@ def _records(gm: torch.fx.GraphModule) -> _Subgraph:
             attrs[node.target] = (_records(value) if isinstance(value, torch.fx.GraphModule)
                                   else value)
         elif node.op == "call_module":
-            raise Untravelable(submodule_reason(gm) or "call_module")
+            # portable_inputs() keeps such graphs here; this guards any other caller
+            raise ValueError(submodule_reason(gm))
     return _Subgraph(records, attrs)
 
 
