@@ -43,9 +43,12 @@ def environment_stamp(devices: Iterable[str] = ()) -> dict[str, Any]:
             index = torch.device(device).index or 0
             major, minor = torch.cuda.get_device_capability(index)
             gpus.append(f"{torch.cuda.get_device_name(index)} sm_{major}{minor}")
+    # The CPU's vector capability: a CPU kernel built for AVX-512 must not load on an AVX2
+    # machine sharing the cache (and loads take the worker's vector-ISA probe with the entry).
     return {"format": FORMAT_VERSION, "torch": torch.__version__,
             "torch_build": torch.version.git_version, "cuda": torch.version.cuda,
-            "triton": triton_version, "gpus": gpus}
+            "triton": triton_version, "gpus": gpus,
+            "cpu": torch.backends.cpu.get_cpu_capability()}
 
 
 def prepare_stamp() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from hotswap.orchestrator import compat
+from hotswap.orchestrator import compat, load_guard
 from hotswap.orchestrator.compat import Buffer
 
 __all__ = ["entry_parts", "load_entry", "pack_entry"]
@@ -29,16 +29,25 @@ _MAGIC = b"HSE1"
 _HEAD = struct.Struct("!4sI")
 
 
-def pack_entry(artifact: bytes, files: dict[str, bytes]) -> bytes:
-    """The artifact plus the kernel files the compile produced, as one entry."""
-    header = msgpack.packb({"artifact": len(artifact),
-                            "files": [[path, len(data)] for path, data in files.items()]},
-                           use_bin_type=True)
+def pack_entry(artifact: bytes, files: dict[str, bytes],
+               probes: dict[str, Any] | None = None) -> bytes:
+    """The artifact plus the kernel files the compile produced, as one entry; ``probes`` is
+    what the compiling process's probes found (``load_guard.probes()``)."""
+    fields: dict[str, Any] = {"artifact": len(artifact),
+                              "files": [[path, len(data)] for path, data in files.items()]}
+    if probes:
+        fields["probes"] = probes
+    header = msgpack.packb(fields, use_bin_type=True)
     return b"".join([_HEAD.pack(_MAGIC, len(header)), header, artifact, *files.values()])
 
 
 def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
     """(artifact, {path: file}) of an entry, as views into it. ValueError if malformed."""
+    artifact, files, _ = _unpack(entry)
+    return artifact, files
+
+
+def _unpack(entry: Buffer) -> tuple[memoryview, dict[str, memoryview], dict[str, Any]]:
     view = memoryview(entry)
     if len(view) < _HEAD.size:
         raise ValueError("not a hotswap artifact entry (too short)")
@@ -50,6 +59,9 @@ def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
         header = msgpack.unpackb(view[_HEAD.size:offset], raw=False)
         artifact_size = int(header["artifact"])
         sizes = [(str(path), int(n)) for path, n in header["files"]]
+        probes = header.get("probes", {})
+        if not isinstance(probes, dict):
+            raise TypeError(f"probes is a {type(probes).__name__}")
     except Exception as e:
         raise ValueError(f"artifact entry has an unreadable header: {e}") from e
     if offset + artifact_size + sum(n for _, n in sizes) != len(view):
@@ -60,24 +72,26 @@ def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
     for path, n in sizes:
         files[path] = view[offset:offset + n]
         offset += n
-    return artifact, files
+    return artifact, files, probes
 
 
 def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -> Any:
     """Put the entry's kernel files where this process's inductor looks (when it lacks them:
-    a separate TORCHINDUCTOR_CACHE_DIR; saves re-running the C++ compiler), then load it
-    under the inductor config its tier compiled with.
+    a separate TORCHINDUCTOR_CACHE_DIR), take what the compiling process's probes found, then
+    load it under the inductor config its tier compiled with, building nothing
+    (load_guard.py; a compiler it does run counts as ``load_compiler_runs``).
 
     The config matters at load: the artifact's wrapper names its C++ kernels by source, and
     inductor finds (or builds) each kernel's library under the compiler flags this process's
     config picks now. Loaded under another config, a tier compiled with ``cpp.simdlen=1``
     missed the worker's library and was rebuilt with the machine's vector ISA flags."""
-    artifact, files = entry_parts(entry)
-    if files:
-        compat.restore_files(compat.inductor_cache_dir(), files)
-    if not config_patches:
-        return compat.artifact_from_bytes(artifact)
     from torch._inductor import config
 
-    with config.patch(dict(config_patches)):
+    artifact, files, probes = _unpack(entry)
+    if files:
+        compat.restore_files(compat.inductor_cache_dir(), files)
+    if probes:
+        load_guard.adopt(probes)
+    with load_guard.count_compiler_runs(), config.patch(
+            {**dict(config_patches or {}), **load_guard.load_config()}):
         return compat.artifact_from_bytes(artifact)

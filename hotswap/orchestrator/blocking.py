@@ -20,6 +20,7 @@ from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compile_job import CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
+from hotswap.orchestrator.load_guard import probes, record_precompiled_headers
 from hotswap.orchestrator.local import LocalCompiler
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
@@ -115,6 +116,7 @@ class BlockingModes:
         """standalone_compile (inductor's compile plus a saveable artifact), stored like a
         worker's result, kernel files included."""
         started = time.time() - 1.0  # mtime granularity
+        record_precompiled_headers()  # the entry names them (load_guard.py)
         artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
                                              dynamic=any(m.symbols for m in inputs))
         files = compat.files_written_since(compat.inductor_cache_dir(), started)
@@ -123,7 +125,7 @@ class BlockingModes:
         except compat.UnsaveableArtifact as e:
             log.info("graph %s: %s; serving it unstored", runner.graph_id, e)
             return artifact
-        self.cache.store(key, tier.name, pack_entry(data, files))
+        self.cache.store(key, tier.name, pack_entry(data, files, probes()))
         return artifact
 
     def _compile_blocking(self: _Host, runner: GraphRunner, request: GraphRequest, tier: Tier,

@@ -99,11 +99,15 @@ def warm_worker(_: Any = None) -> None:
     import torch._inductor.graph
     import torch._inductor.lowering
 
+    from hotswap.orchestrator.load_guard import record_precompiled_headers, reprobe_if_cut_short
+
+    record_precompiled_headers()
     device = "cpu"
     if not torch.cuda.is_available():
         from torch._inductor import cpu_vec_isa
 
         cpu_vec_isa.pick_vec_isa()
+        reprobe_if_cut_short()
     else:
         torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.empty(1, device="cuda")
@@ -263,7 +267,9 @@ def compile_graph(request: CompileRequest) -> CompileResult:
 
     from hotswap.orchestrator import compat
     from hotswap.orchestrator.artifacts import pack_entry
+    from hotswap.orchestrator.load_guard import probes, record_precompiled_headers
 
+    record_precompiled_headers()  # where warm_worker did not run
     if request.fault is not None:
         instead = _carry_out(request.fault, request.slow_s)
         if instead is not None:
@@ -281,6 +287,6 @@ def compile_graph(request: CompileRequest) -> CompileResult:
     with stage("collect_files", tier=request.tier):
         since = started if _files_since_s is None else min(started, _files_since_s)
         files = compat.files_written_since(compat.inductor_cache_dir(), since)
-        entry = pack_entry(data, files)
+        entry = pack_entry(data, files, probes())
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry)

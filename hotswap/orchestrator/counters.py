@@ -25,6 +25,9 @@ COUNTER_NAMES = (
     "memory_limit_kills",      # MemoryLimitExceeded: over HOTSWAP_WORKER_RSS_LIMIT_BYTES
     "serialization_failures",  # SerializationFailed: a payload or result would not (un)pickle
     "cache_rejects",           # cache entries refused (checksum, signature, stamp) and removed
+    # Processes this process started to load artifacts or warm their load path (a compiler,
+    # an ISA probe), a compiler's version query aside: 0 when every kernel arrived built.
+    "load_compiler_runs",
 )
 
 _lock = threading.Lock()

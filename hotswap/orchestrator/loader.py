@@ -9,8 +9,8 @@ while the loader ran, each op could wait 5 ms, and an eager 9-op MLP call on CPU
 (``HOTSWAP_SWITCH_INTERVAL_S``, default 0.2 ms) so a waiting caller gets the GIL back within
 that, and puts the user's value back once the loader is idle.
 
-Work that mostly waits on subprocesses (inductor's vector-ISA probe runs g++ and a Python
-subprocess per ISA) runs ``at_lowest_priority`` (niceness 19 and, on Linux, ``SCHED_IDLE``):
+Work that mostly waits on the OS (hashing torch's or triton's sources, the driver's start)
+runs ``at_lowest_priority`` (niceness 19 and, on Linux, ``SCHED_IDLE``):
 its processes then yield the CPU to the user's threads. Not loads themselves: a low-priority
 thread that holds the GIL leaves the user's threads waiting for it to be scheduled again.
 """

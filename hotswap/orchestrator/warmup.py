@@ -1,15 +1,15 @@
 """Warming this process's load path before the first artifact arrives.
 
 A first load in a process pays once for what every later load reuses: inductor's runtime
-imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU), a hash of
-torch's sources, and on CPU inductor's vector-ISA probe (g++ and a Python subprocess per ISA,
-over a second of CPU). Paid during the swap, that is seconds of delay; paid while the user's
+imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU) and a hash
+of torch's sources. (It used to pay inductor's CPU vector-ISA probe too; loads now take the
+worker's, load_guard.py.) Paid during the swap, that is seconds of delay; paid while the user's
 calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
 process, on a daemon thread of its own, in steps per device kind:
 
     common   imports; then, at the lowest priority, the source hash
-    cpu      at the lowest priority: the vector-ISA probe, and a first (tiny) C++ kernel
-             loaded as inductor loads its own, which preprocesses its precompiled header
+    cpu      the C++ loading machinery's imports (nothing is probed or built to load:
+             load_guard.py)
     cuda     triton's runtime imports; at the lowest priority triton's source hash and
              driver start
 
@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from hotswap.orchestrator.load_guard import count_compiler_runs
 from hotswap.orchestrator.loader import at_lowest_priority, quick_gil_handoff
 
 __all__ = ["start_warmup", "wait_warmup"]
@@ -49,26 +50,11 @@ def _common() -> None:
         at_lowest_priority(torch_key)
 
 
-# A vectorized C++ kernel as inductor generates them: loading it does the first-load work of
-# every such kernel (vector-ISA probe, preprocessing inductor's precompiled C++ header).
-_TINY_CPU_KERNEL = r"""
-#include <torch/csrc/inductor/cpp_prefix.h>
-extern "C"  void  kernel(float* in_out_ptr0)
-{
-    auto tmp0 = at::vec::Vectorized<float>::loadu(in_out_ptr0, static_cast<int64_t>(1));
-    (tmp0 + tmp0).store(in_out_ptr0, static_cast<int64_t>(1));
-}
-"""
-
-
 def _cpu() -> None:
-    def first_kernel() -> None:
-        from torch._inductor import codecache, cpu_vec_isa
-
-        cpu_vec_isa.pick_vec_isa()
-        codecache.CppPythonBindingsCodeCache.load_pybinding(["float*"], _TINY_CPU_KERNEL)
-
-    at_lowest_priority(first_kernel)
+    # What loading a C++ kernel imports. No probe and no compiler: loads take the worker's
+    # vector-ISA probe with the artifact and find its kernels built (load_guard.py).
+    import torch._inductor.cpp_builder
+    import torch._inductor.cpu_vec_isa  # noqa: F401
 
 
 def _cuda() -> None:
@@ -115,7 +101,7 @@ class _Warmup:
             step = self._queue.get()
             t = time.monotonic()
             try:
-                with quick_gil_handoff:
+                with quick_gil_handoff, count_compiler_runs():
                     _STEPS[step]()
             except Exception as e:  # a load pays for it later, that is all
                 log.info("hotswap: warming the load path (%s) failed: %s: %s", step,

@@ -1,0 +1,123 @@
+"""The serving process loads artifacts without building anything, and no kill poisons it.
+
+The end-to-end cases run in fresh processes: the test process has probed and compiled in
+earlier tests, which would hide a probe or a compile the load itself starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hotswap.orchestrator import load_guard
+from hotswap.orchestrator.artifacts import _unpack, pack_entry
+
+# Serve a zoo model in this (fresh) process until its tier lands; print what happened.
+_SERVE = r"""
+import json, sys, threading, time
+import psutil, torch, hotswap
+from hotswap import zoo
+
+def storm(seconds):
+    # Kill every process this one started (workers, their compilers), again and again.
+    me, end, kills = psutil.Process(), time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        for child in me.children(recursive=True):
+            try:
+                child.kill(); kills += 1
+            except psutil.Error:
+                pass
+        time.sleep(0.02)
+    return kills
+
+storm_s = float(sys.argv[1])
+kills = 0
+if storm_s:
+    early = zoo.make("convnet", device="cpu", dtype="float32")
+    first = hotswap.compile(early.target, mode="async", tiers=["default"], workers=1)
+    with torch.no_grad():
+        early.step(first, 0)  # its graph ships while the workers start and die
+    kills = storm(storm_s)
+w = zoo.make("mlp", device="cpu", dtype="float32")
+m = hotswap.compile(w.target, mode="async", tiers=["default"], workers=1)
+with hotswap.counters_delta() as d, torch.no_grad():
+    w.step(m, 0)
+    statuses = hotswap.wait(m, timeout_s=240)
+    err = w.error(w.step(m, 1), 1)
+print(json.dumps({"tiers": [s.tier for s in statuses], "paths": [s.path for s in statuses],
+                  "failures": [f for s in statuses for f in s.failures],
+                  "delta": dict(d), "err": err, "tol": w.tolerance, "kills": kills}))
+"""
+
+
+def _serve(tmp_path: Path, inductor_dir: str, storm_s: float = 0.0) -> dict[str, Any]:
+    env = {**os.environ, "HOTSWAP_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor_dir)}
+    done = subprocess.run([sys.executable, "-c", _SERVE, str(storm_s)], env=env,
+                          capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_fresh_process_loads_cpu_artifacts_without_running_a_compiler(tmp_path: Path) -> None:
+    cold = _serve(tmp_path, "inductor-cold")
+    assert cold["paths"] == ["worker"] and cold["tiers"] == ["default"], cold
+    assert cold["delta"]["worker_compiles"] == 1
+    assert cold["delta"]["load_compiler_runs"] == 0
+    assert cold["err"] <= cold["tol"]
+    # A warm replica: the same artifact cache, an inductor cache without the kernels.
+    warm = _serve(tmp_path, "inductor-warm")
+    assert warm["paths"] == ["cache"] and warm["tiers"] == ["default"], warm
+    assert warm["delta"]["cache_hits"] == 1
+    assert warm["delta"]["worker_compiles"] == 0 and warm["delta"]["inprocess_compiles"] == 0
+    assert warm["delta"]["load_compiler_runs"] == 0
+    assert warm["err"] <= warm["tol"]
+
+
+def test_a_kill_storm_during_warmup_leaves_later_graphs_compiling(tmp_path: Path) -> None:
+    after = _serve(tmp_path, "inductor", storm_s=4.0)
+    assert after["kills"] > 0
+    assert after["tiers"] == ["default"] and after["paths"] == ["worker"], after
+    assert after["delta"]["load_compiler_runs"] == 0
+    assert after["err"] <= after["tol"]
+
+
+def test_an_entry_carries_the_probes_and_malformed_ones_are_refused() -> None:
+    probes = {"vec_isa": pickle.dumps([]), "headers": [["h.h", "g++ -O3", "/nowhere/x.h"]]}
+    _, _, found = _unpack(pack_entry(b"artifact", {"a.so": b"1"}, probes))
+    assert found == probes
+    assert _unpack(pack_entry(b"artifact", {}))[2] == {}
+    with pytest.raises(ValueError, match="vec_isa"):
+        load_guard.adopt({"vec_isa": "avx512"})
+    with pytest.raises(ValueError, match="headers"):
+        load_guard.adopt({"headers": [["only", "two"]]})
+
+
+def test_an_adopted_header_that_is_not_built_is_built_as_usual(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    from torch._inductor import codecache
+
+    built: list[str] = []
+
+    def real(header: str, cmd_line: str, **_: Any) -> str:
+        built.append(header)
+        return str(tmp_path / "built.h")
+
+    monkeypatch.setattr(codecache, "_precompile_header", real)
+    monkeypatch.setattr(load_guard, "_headers_hooked", False)
+    monkeypatch.setattr(load_guard, "_headers", {})
+    present = tmp_path / "present.h"
+    (tmp_path / "present.h.gch").write_bytes(b"pch")
+    load_guard.adopt({"headers": [["a.h", "cmd", str(present)],
+                                  ["b.h", "cmd", str(tmp_path / "missing.h")]]})
+    assert codecache._precompile_header("a.h", "cmd") == str(present)  # no preprocessor run
+    assert codecache._precompile_header("b.h", "cmd") == str(tmp_path / "built.h")
+    assert built == ["b.h"]
