@@ -80,18 +80,19 @@ class CompileResult:
         return (CompileResult, (self.graph_id, self.tier, pickle.PickleBuffer(self.entry)))
 
 
-# Ship cache files written after this time with the next result (set by warm_worker).
+# Ship cache files written after this time with the next result (set by warm_device).
 _files_since_s: float | None = None
 
 
-def warm_worker(_: Any = None) -> None:
-    """Run once per worker before it reports ready: pay every per-process cost of the first
-    compile (imports, the CUDA context and inductor's compile pool on a GPU machine, the CPU
-    vector-ISA probe on a CPU one, and one tiny compile of the worker's device).
+def warm_device(_: Any = None) -> None:
+    """A worker's first warm-up step, run after it reports ready unless a job is already
+    waiting (a job pays what it needs itself): the per-process costs of a first compile on
+    this machine's device. CUDA: the context and inductor's compile pool. CPU: inductor's
+    vector-ISA probe, which builds and loads a C++ program per ISA (8.3 s one after another
+    on our 2-core box, 5.1 s with the ISAs probed side by side, as here).
 
-    The vector-ISA probe builds and runs a C++ program per ISA; on our H200 machine, with an
-    empty inductor cache, it took 53 s. A GPU machine's worker leaves it to its first CPU graph,
-    as an in-process compile would."""
+    On our H200 machine the probe took 53 s with an empty inductor cache, so a GPU machine's
+    worker leaves it to its first CPU graph, as an in-process compile would."""
     global _files_since_s
     _files_since_s = time.time() - 1.0  # the first job also ships what warming up compiled
     import torch
@@ -99,14 +100,15 @@ def warm_worker(_: Any = None) -> None:
     import torch._inductor.graph
     import torch._inductor.lowering
 
-    from hotswap.orchestrator.load_guard import record_precompiled_headers, reprobe_if_cut_short
+    from hotswap.orchestrator.load_guard import (
+        probe_vec_isa,
+        record_precompiled_headers,
+        reprobe_if_cut_short,
+    )
 
     record_precompiled_headers()
-    device = "cpu"
     if not torch.cuda.is_available():
-        from torch._inductor import cpu_vec_isa
-
-        cpu_vec_isa.pick_vec_isa()
+        probe_vec_isa()
         reprobe_if_cut_short()
     else:
         torch.cuda.init()  # type: ignore[no-untyped-call]
@@ -116,8 +118,13 @@ def warm_worker(_: Any = None) -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.warm_pool()
-        device = "cuda"
-    _compile_once(device)
+
+
+def warm_compile(_: Any = None) -> None:
+    """A worker's last warm-up step (skipped when a job is waiting): one tiny compile."""
+    import torch
+
+    _compile_once("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _compile_once(device: str) -> None:
@@ -262,20 +269,28 @@ def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[
     return land_graph(graph_bytes, inputs, mode), inputs, dynamic
 
 
+def _cpu_graph(metas: tuple[InputMeta, ...]) -> bool:
+    devices = {m.device.split(":")[0] for m in metas if m.is_tensor}
+    return "cpu" in devices and len(devices) == 1
+
+
 def compile_graph(request: CompileRequest) -> CompileResult:
     import torch
 
     from hotswap.orchestrator import compat
     from hotswap.orchestrator.artifacts import pack_entry
-    from hotswap.orchestrator.load_guard import probes, record_precompiled_headers
+    from hotswap.orchestrator.load_guard import probe_vec_isa, probes, record_precompiled_headers
 
-    record_precompiled_headers()  # where warm_worker did not run
+    record_precompiled_headers()  # where warm_device did not run
     if request.fault is not None:
         instead = _carry_out(request.fault, request.slow_s)
         if instead is not None:
             return instead  # type: ignore[no-any-return]
     with stage("graph_unpickle", tier=request.tier):
         gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
+    if _cpu_graph(request.inputs):  # a job that came before warm_device did: probe side by side
+        with stage("vec_isa_probe", tier=request.tier):
+            probe_vec_isa()  # answered from inductor's caches once probed
     global _files_since_s
     started = time.time() - 1.0  # mtime granularity
     with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,

@@ -18,6 +18,7 @@ where waiting is the point).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -355,7 +356,10 @@ class Coordinator(BlockingModes):
     def status(self) -> list[GraphStatus]:
         with self._cond:
             runners = list(self.runners)
-        return [r.status() for r in runners]
+        statuses = [r.status() for r in runners]
+        note = shared_pool(self.options.workers).cpu_note() if self.options.background else ""
+        return [dataclasses.replace(s, waiting=note) if note and s.pending else s
+                for s in statuses]
 
     def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -61,6 +61,9 @@ class GraphStatus:
     # How the serving tier got here: "eager" (none did), "worker", "cache", or
     # "inprocess: <why the graph could not go to a worker>".
     path: str = "eager"
+    # Why the pending tiers wait, where hotswap knows ("" otherwise), e.g. "waiting on CPU:
+    # ..." when the caller's threads starve the compile workers (workers/starvation.py).
+    waiting: str = ""
 
 
 def _close(new: Any, ref: Any) -> bool:

@@ -27,6 +27,7 @@ import contextlib
 import functools
 import os
 import pickle
+import platform
 import sys
 import threading
 from collections.abc import Iterator
@@ -34,8 +35,8 @@ from typing import Any
 
 from hotswap.orchestrator.counters import bump
 
-__all__ = ["adopt", "count_compiler_runs", "load_config", "probes", "record_precompiled_headers",
-           "reprobe_if_cut_short"]
+__all__ = ["adopt", "count_compiler_runs", "load_config", "probe_vec_isa", "probes",
+           "record_precompiled_headers", "reprobe_if_cut_short"]
 
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.spawn", "os.system",
                            "os.exec", "os.fork"})
@@ -158,6 +159,31 @@ def record_precompiled_headers() -> None:
     codecache._precompile_header = precompile_header  # type: ignore[assignment]
 
 
+def probe_vec_isa() -> None:
+    """Workers: run inductor's vector-ISA probe with the ISAs this CPU has checked side by
+    side (each check is a compiler run and a process that loads its result; inductor caches
+    each answer, and then picks from them as it always does)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch._inductor import cpu_vec_isa
+
+    candidates = _promised(cpu_vec_isa)
+    if len(candidates) > 1:
+        with ThreadPoolExecutor(len(candidates), thread_name_prefix="hotswap-probe") as pool:
+            list(pool.map(bool, candidates))
+    cpu_vec_isa.pick_vec_isa()
+
+
+def _promised(cpu_vec_isa: Any) -> list[Any]:
+    """The ISAs whose CPU flags this (x86) machine has: what the probe checks."""
+    checker = getattr(cpu_vec_isa, "x86_isa_checker", None)
+    if checker is None or platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    flags = set(checker())
+    return [isa for isa in cpu_vec_isa.supported_vec_isa_list
+            if all(flag in flags for flag in str(isa).split())]
+
+
 def reprobe_if_cut_short() -> None:
     """Workers: probe again, once, when an ISA the CPU has failed its build check. A build
     killed from outside fails the check for good in this process (inductor caches the
@@ -165,10 +191,7 @@ def reprobe_if_cut_short() -> None:
     from torch._inductor import cpu_vec_isa
 
     found = cpu_vec_isa.valid_vec_isa_list()
-    flags = set(cpu_vec_isa.x86_isa_checker()) if hasattr(cpu_vec_isa, "x86_isa_checker") else set()
-    promised = [isa for isa in cpu_vec_isa.supported_vec_isa_list
-                if flags and all(flag in flags for flag in str(isa).split())]
-    if len(found) >= len(promised):
+    if len(found) >= len(_promised(cpu_vec_isa)):
         return
     for cls in {type(isa) for isa in cpu_vec_isa.supported_vec_isa_list}:
         for klass in cls.__mro__:

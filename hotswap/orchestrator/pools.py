@@ -30,7 +30,9 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
             nice, idle = worker_priority()
             pool = WorkerPool(size, worker_env=env, nice=nice, idle=idle,
                               rss_limit_bytes=_rss_limit(), warm_modules=(
-                "torch", "torch._inductor.compile_fx", "hotswap.orchestrator.compile_job:warm_worker"))
+                "torch", "torch._inductor.compile_fx",
+                "hotswap.orchestrator.compile_job:warm_device",
+                "hotswap.orchestrator.compile_job:warm_compile"))
             pool.start()
             _pools[workers] = pool
         return pool

@@ -63,6 +63,11 @@ class _Channel:
             if frames:
                 return frames[0]
 
+    def pending(self, wait_s: float = 0.0) -> bool:
+        """Whether a frame is waiting to be read, within ``wait_s`` (recv() leaves the
+        decoder between frames)."""
+        return bool(select.select([self._read_fd], [], [], wait_s)[0])
+
     def send(self, kind: MessageKind, job_id: int, *parts: bytes | memoryview) -> None:
         with self._write_lock:
             for chunk in encode_frame(kind, job_id, *parts):
@@ -173,6 +178,16 @@ def _run_job(channel: _Channel, frame: Frame) -> None:
         _job_id = 0
 
 
+_READY_ROUND_TRIP_S = 0.1
+
+
+def _warm(entry: str, run: Callable[[str], Any]) -> None:
+    try:
+        run(entry)
+    except Exception as e:  # a missing optional module must not stop the worker
+        print(f"hotswap worker {os.getpid()}: could not pre-warm {entry}: {e}", file=sys.stderr)
+
+
 def _kill_own_group_and_exit() -> None:
     # Children that left our process group would survive killpg; kill them by name first.
     try:
@@ -257,19 +272,23 @@ def main(argv: list[str] | None = None) -> int:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     start = time.monotonic()
-    for entry in init.get("warm_modules", []):
-        try:
-            if ":" in entry:  # "module:function": a warm-up step to run, not just an import
-                resolve_job(entry)(None)
-            else:
-                importlib.import_module(entry)
-        except Exception as e:  # a missing optional module must not stop the worker
-            print(f"hotswap worker {os.getpid()}: could not pre-warm {entry}: {e}",
-                  file=sys.stderr)
+    entries = init.get("warm_modules", [])
+    for entry in entries:
+        if ":" not in entry:
+            _warm(entry, importlib.import_module)
     channel.send(
         MessageKind.READY, 0, encode_control({"pid": os.getpid(), "warm_s": time.monotonic() - start})
     )
     _channel = channel
+    # "module:function" entries: warm-up steps, while no job waits (a job pays for itself).
+    # A job queued before we were ready comes within the pool's round trip to READY.
+    wait_s = _READY_ROUND_TRIP_S
+    for entry in entries:
+        if ":" in entry:
+            if channel.pending(wait_s):
+                break
+            wait_s = 0.0
+            _warm(entry, lambda name: resolve_job(name)(None))
     while True:
         frame = channel.recv()
         if frame is None or frame.kind == MessageKind.SHUTDOWN:

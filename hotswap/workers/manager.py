@@ -62,6 +62,7 @@ from hotswap.workers.protocol import (
     encode_frame,
     encode_job_request,
 )
+from hotswap.workers.starvation import POLL_S, CpuWatch
 
 if TYPE_CHECKING:
     from hotswap.workers.pool import JobFuture
@@ -175,6 +176,7 @@ class Manager:
         self._last_start_error = ""
         self._next_rss_poll_s = 0.0
         self._selector = selectors.DefaultSelector()
+        self.cpu = CpuWatch(config.nice, config.idle)  # starvation.py
 
     def reset_start_failures(self) -> None:
         """New demand gets a fresh round of start attempts (called under inbox.lock)."""
@@ -241,6 +243,8 @@ class Manager:
                       if not w.ready]
         if self.config.rss_limit_bytes is not None and self._running:
             deadlines.append(self._next_rss_poll_s)
+        if self._cpu_needed():
+            deadlines.append(self.cpu.next_poll_s)
         return max(0.0, min(deadlines) - now) if deadlines else None
 
     def _spawn(self, slot: int) -> None:
@@ -277,8 +281,9 @@ class Manager:
         self._selector.register(parent_r, selectors.EVENT_READ, ("io", worker))
         with self.inbox.lock:
             self.workers[worker.pid] = worker
+        nice, idle = self.cpu.start_priority()
         init = {"sys_path": [p for p in sys.path if p], "warm_modules": self.config.warm_modules,
-                "nice": self.config.nice, "idle": self.config.idle}
+                "nice": nice, "idle": idle}
         self._send(worker, MessageKind.INIT, 0, encode_control(init))
 
     def _top_up_workers(self) -> None:
@@ -287,10 +292,17 @@ class Manager:
         if self._start_failures >= _MAX_START_FAILURES:
             self.inbox.fail_all(WorkerStartFailed(self._start_failures, self._last_start_error))
             return
+        # One worker starts at a time: starting is CPU-bound (imports, then on CPU the ISA
+        # probe), and workers starting side by side on a small machine each took longer to
+        # be ready than one alone. More start at once only for jobs that would otherwise wait.
+        with self.inbox.lock:
+            queued = len(self.inbox.jobs)
+        starting = sum(not w.ready for w in self.workers.values())
         used = {w.slot for w in self.workers.values()}
         for slot in range(self.config.workers):
-            if slot not in used:
+            if slot not in used and (starting == 0 or starting < queued):
                 self._spawn(slot)
+                starting += 1
 
     def _send(self, worker: _Worker, kind: MessageKind, job_id: int, *parts: bytes) -> None:
         worker.outbuf.extend(memoryview(b) for b in encode_frame(kind, job_id, *parts) if b)
@@ -382,6 +394,7 @@ class Manager:
         if worker.job is not None:
             with self.inbox.lock:
                 self._running.pop(worker.job.job_id, None)
+            self.cpu.job_ended(worker.pid)
         worker.job = None
         worker.deadline_s = None
 
@@ -403,8 +416,7 @@ class Manager:
             job.future._is_running = True
             if job.timeout_s is not None:
                 worker.deadline_s = time.monotonic() + job.timeout_s
-            parts = encode_job_request(job.name, job.data)
-            job.data = b""  # the frame holds it now; do not keep a second reference
+            parts = encode_job_request(job.name, job.data)  # job.data: kept for a restart
             self._send(worker, MessageKind.JOB_REQUEST, job.job_id, *parts)
 
     def _apply_cancellations(self) -> None:
@@ -434,6 +446,31 @@ class Manager:
                 rss = proctree.tree_rss_bytes(worker.pid)
                 if rss > self.config.rss_limit_bytes:
                     self._kill(worker, ("memory", rss))
+        if now >= self.cpu.next_poll_s:
+            self._watch_cpu(now)
+
+    def _cpu_needed(self) -> set[int]:
+        """Workers whose CPU share matters: running a job, or starting while jobs wait."""
+        with self.inbox.lock:
+            queued = bool(self.inbox.jobs)
+        return {w.pid for w in self.workers.values() if w.kill_reason is None
+                and (w.job is not None or (not w.ready and queued))}
+
+    def _watch_cpu(self, now: float) -> None:
+        """Compiles never starve (starvation.py): raise a starved worker, or where the OS
+        will not, restart its job on a worker started at normal priority."""
+        needed = self._cpu_needed()
+        if not needed:
+            self.cpu.next_poll_s = now + POLL_S
+            return
+        for pid, share in self.cpu.starved(now, needed):
+            worker = self.workers.get(pid)
+            if worker is None:
+                continue
+            if not self.cpu.lowered:
+                continue  # already at the caller's priority: the note says why it waits
+            if not self.cpu.raise_worker(pid, share, self.cpu.starved_for(pid, now)):
+                self._kill(worker, ("starved", share))
 
     def _kill(self, worker: _Worker, reason: tuple[str, Any]) -> None:
         if worker.kill_reason is None:
@@ -459,7 +496,12 @@ class Manager:
             del self.workers[worker.pid]
         job = worker.job
         self._finish(worker)
-        if not worker.ready:
+        if job is not None and worker.kill_reason is not None and worker.kill_reason[0] == "starved":
+            with self.inbox.lock:  # starts over on a worker at normal priority (starvation.py)
+                self.inbox.jobs.appendleft(job)
+            job.future._is_running = False
+            job = None
+        if not worker.ready and (worker.kill_reason or ("",))[0] != "starved":
             self._start_failures += 1
             if not self._last_start_error or worker.kill_reason is None:
                 self._last_start_error = f"last worker exited with code {exitcode}"

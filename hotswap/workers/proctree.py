@@ -1,4 +1,5 @@
-"""Process-tree helpers for the pool: kill a worker with everything it started, measure its RSS.
+"""Process-tree helpers for the pool: kill a worker with everything it started, measure its RSS
+and CPU time, change its priority.
 
 Each worker leads its own session and process group (``start_new_session=True``), so inductor's
 compile subprocesses share its group. A descendant can still leave the group (``setsid``), so
@@ -13,7 +14,7 @@ import signal
 
 import psutil
 
-__all__ = ["descendants", "kill_tree", "tree_rss_bytes"]
+__all__ = ["descendants", "kill_tree", "set_tree_priority", "tree_cpu_s", "tree_rss_bytes"]
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -52,3 +53,55 @@ def tree_rss_bytes(pid: int) -> int:
         return total
     except psutil.Error:
         return 0
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds used by ``pid`` and its descendants (living ones, and those it waited
+    for); 0 when it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def set_tree_priority(pid: int, *, nice: int, idle: bool) -> bool:
+    """Give every thread of ``pid`` and its descendants this niceness and policy (SCHED_IDLE
+    or SCHED_OTHER), and their session's autogroup the niceness (see child.lower_priority).
+    Linux sets both per thread. False when the OS refused any of it: raising a priority needs
+    CAP_SYS_NICE (root) or an RLIMIT_NICE that allows it; lowering one never does."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return True  # gone: nothing to do
+    policy = getattr(os, "SCHED_IDLE" if idle else "SCHED_OTHER", None)
+    ok = True
+    for proc in procs:
+        try:
+            tids = [t.id for t in proc.threads()]
+        except psutil.Error:
+            continue
+        for tid in tids:
+            try:
+                if policy is not None:
+                    os.sched_setscheduler(tid, policy, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            except (ProcessLookupError, FileNotFoundError):
+                continue
+            except PermissionError:
+                ok = False
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(max(nice, 19 if idle else 0)))
+    except PermissionError:
+        ok = False
+    except OSError:
+        pass  # no autogroup scheduling here
+    return ok

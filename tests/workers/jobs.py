@@ -40,3 +40,32 @@ def autogroup_nice(_: Any = None) -> int | None:
             return int(f.read().split("nice")[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+warmed: list[str] = []
+
+
+def warm_slowly(_: Any = None) -> None:
+    """A warm-up step that takes a while."""
+    import time
+
+    time.sleep(1.0)
+    warmed.append("slow")
+
+
+def warm_quickly(_: Any = None) -> None:
+    warmed.append("quick")
+
+
+def warm_steps(_: Any = None) -> list[str]:
+    return list(warmed)
+
+
+def burn(cpu_s: float) -> tuple[int, int]:
+    """Use ``cpu_s`` seconds of this process's CPU; returns (pid, scheduling policy)."""
+    import time
+
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+    return os.getpid(), os.sched_getscheduler(0)

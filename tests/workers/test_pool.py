@@ -218,6 +218,17 @@ def test_workers_prewarm_torch_by_default() -> None:
         assert loaded == {"torch": True, "torch._inductor.compile_fx": True}
 
 
+def test_warm_steps_run_after_ready_and_a_waiting_job_skips_the_rest() -> None:
+    steps = (J + "warm_slowly", J + "warm_quickly")
+    with WorkerPool(1, warm_modules=steps) as pool:
+        # Queued before the worker is ready: it runs first, and no warm-up step runs ahead.
+        assert pool.submit(J + "warm_steps").result(timeout=60) == []
+    with WorkerPool(1, warm_modules=steps) as pool:
+        assert pool.wait_ready(60)
+        time.sleep(0.3)  # the slow step is under way: the job waits for it, then skips the rest
+        assert pool.submit(J + "warm_steps").result(timeout=60) == ["slow"]
+
+
 @pytest.mark.parametrize(
     ("make", "error", "needle"),
     [
