@@ -36,6 +36,8 @@ print(f"{depth}-layer MLP, width {width}, batch {batch}, {device} {dtype}; ladde
 fast = hotswap.compile(model, mode="progressive", tiers=tiers)
 
 latencies: dict[str, list[float]] = {}
+# On a terminal the progress line rewrites itself; in a log or a pipe each is a line of its own.
+live = sys.stdout.isatty()
 start = time.perf_counter()
 tier, last_print = None, 0.0
 with torch.no_grad():
@@ -48,12 +50,15 @@ with torch.no_grad():
         latencies.setdefault(serving, []).append(elapsed_ms)
         now = time.perf_counter() - start
         if serving != tier:
-            print(f"\n[{now:7.2f} s] now served by {serving!r}: {elapsed_ms:.2f} ms/call")
+            print(f"{chr(10) if live else ''}[{now:7.2f} s] now served by {serving!r}: "
+                  f"{elapsed_ms:.2f} ms/call")
             tier = serving
-        elif now - last_print > 1.0:
+        elif now - last_print > (1.0 if live else 5.0):
             status = hotswap.status(fast)[0]
-            sys.stdout.write(f"\r[{now:7.2f} s] serving {status.tier!r}, compiling "
-                             f"{', '.join(status.pending) or 'nothing'} ...")
+            line = (f"[{now:7.2f} s] serving {status.tier!r}, compiling "
+                    f"{', '.join(status.pending) or 'nothing'} ..."
+                    + (f" ({status.waiting})" if status.waiting else ""))
+            sys.stdout.write(f"\r{line}" if live else f"{line}\n")
             sys.stdout.flush()
             last_print = now
         statuses = hotswap.status(fast)
@@ -66,7 +71,7 @@ with torch.no_grad():
             break
         time.sleep(0.005)
     torch.testing.assert_close(fast(x), model(x), rtol=2e-2, atol=2e-2)
-print("\n\noutput matches eager. calls per tier, median latency:")
+print(("\n\n" if live else "\n") + "output matches eager. calls per tier, median latency:")
 for name, values in latencies.items():
     print(f"  {name:<28} {len(values):6d} calls  {statistics.median(values):8.3f} ms")
 [status] = hotswap.status(fast)

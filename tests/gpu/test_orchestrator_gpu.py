@@ -171,3 +171,9 @@ def test_worker_killed_during_autotuning_is_retried_and_the_ladder_completes() -
     assert not status.failures, status  # the retry compiled it
     assert status.tier in TIERS and served["eager"] >= 1
     torch.testing.assert_close(compiled(x, y), f(x, y), rtol=2e-2, atol=2e-2)
+
+
+def test_a_fresh_process_loads_gpu_artifacts_without_running_a_compiler(tmp_path: Path) -> None:
+    from tests.orchestrator.test_load_guard import check_fresh_loads_run_no_compiler
+
+    check_fresh_loads_run_no_compiler(tmp_path, "cuda")

@@ -37,15 +37,16 @@ def storm(seconds):
         time.sleep(0.02)
     return kills
 
-storm_s = float(sys.argv[1])
+storm_s, device = float(sys.argv[1]), sys.argv[2]
+dtype = "bfloat16" if device == "cuda" else "float32"
 kills = 0
 if storm_s:
-    early = zoo.make("convnet", device="cpu", dtype="float32")
+    early = zoo.make("convnet", device=device, dtype=dtype)
     first = hotswap.compile(early.target, mode="async", tiers=["default"], workers=1)
     with torch.no_grad():
         early.step(first, 0)  # its graph ships while the workers start and die
     kills = storm(storm_s)
-w = zoo.make("mlp", device="cpu", dtype="float32")
+w = zoo.make("mlp", device=device, dtype=dtype)
 m = hotswap.compile(w.target, mode="async", tiers=["default"], workers=1)
 with hotswap.counters_delta() as d, torch.no_grad():
     w.step(m, 0)
@@ -57,24 +58,28 @@ print(json.dumps({"tiers": [s.tier for s in statuses], "paths": [s.path for s in
 """
 
 
-def _serve(tmp_path: Path, inductor_dir: str, storm_s: float = 0.0) -> dict[str, Any]:
+def serve_fresh(tmp_path: Path, inductor_dir: str, storm_s: float = 0.0,
+                device: str = "cpu") -> dict[str, Any]:
+    """Serve a zoo MLP in a fresh process on ``tmp_path``'s artifact cache and the inductor
+    cache ``inductor_dir`` (after a kill storm of ``storm_s``); what happened, as a dict."""
     env = {**os.environ, "HOTSWAP_CACHE_DIR": str(tmp_path / "cache"),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor_dir)}
-    done = subprocess.run([sys.executable, "-c", _SERVE, str(storm_s)], env=env,
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor_dir),
+           "TRITON_CACHE_DIR": str(tmp_path / inductor_dir / "triton")}
+    done = subprocess.run([sys.executable, "-c", _SERVE, str(storm_s), device], env=env,
                           capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def test_a_fresh_process_loads_cpu_artifacts_without_running_a_compiler(tmp_path: Path) -> None:
-    cold = _serve(tmp_path, "inductor-cold")
+def check_fresh_loads_run_no_compiler(tmp_path: Path, device: str) -> None:
+    cold = serve_fresh(tmp_path, "inductor-cold", device=device)
     assert cold["paths"] == ["worker"] and cold["tiers"] == ["default"], cold
     assert cold["delta"]["worker_compiles"] == 1
     assert cold["delta"]["load_compiler_runs"] == 0
     assert cold["err"] <= cold["tol"]
     # A warm replica: the same artifact cache, an inductor cache without the kernels.
-    warm = _serve(tmp_path, "inductor-warm")
+    warm = serve_fresh(tmp_path, "inductor-warm", device=device)
     assert warm["paths"] == ["cache"] and warm["tiers"] == ["default"], warm
     assert warm["delta"]["cache_hits"] == 1
     assert warm["delta"]["worker_compiles"] == 0 and warm["delta"]["inprocess_compiles"] == 0
@@ -82,8 +87,12 @@ def test_a_fresh_process_loads_cpu_artifacts_without_running_a_compiler(tmp_path
     assert warm["err"] <= warm["tol"]
 
 
+def test_a_fresh_process_loads_cpu_artifacts_without_running_a_compiler(tmp_path: Path) -> None:
+    check_fresh_loads_run_no_compiler(tmp_path, "cpu")
+
+
 def test_a_kill_storm_during_warmup_leaves_later_graphs_compiling(tmp_path: Path) -> None:
-    after = _serve(tmp_path, "inductor", storm_s=4.0)
+    after = serve_fresh(tmp_path, "inductor", storm_s=4.0)
     assert after["kills"] > 0
     assert after["tiers"] == ["default"] and after["paths"] == ["worker"], after
     assert after["delta"]["load_compiler_runs"] == 0
