@@ -5,7 +5,8 @@ every time is on the user's clock, from that process's start, with nothing left 
 builds a zoo or corpus model and serves it until the final tier serves, with a busy caller
 (a call every --interval-ms) or an idle one (--caller idle: the first call, then none):
   ready             process start -> the first call (imports, the model's construction)
-  prepare           with --prepare: hotswap.prepare(wait=True) before the model (inside ready)
+  prepare           with --prepare: hotswap.prepare() (no wait) before the model is built, as
+                    the README advises (the call's own time; inside ready)
   first out         process start -> the first call's output
   1st call          the first call's latency (dynamo trace + eager run, or + compile)
   compiled          process start -> the final tier serves (torch rows: the first call's end)
@@ -100,8 +101,8 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
 
     prepare_s = None
     if args.prepare and row.startswith("hotswap:") and not row.endswith("inprocess"):
-        t = time.monotonic()  # its own column: workers ready, this process's load path warm
-        hotswap.prepare(workers=args.workers, devices=[args.device], wait=True, timeout_s=300)
+        t = time.monotonic()  # its own column: as the README advises, first thing, no wait
+        hotswap.prepare(workers=args.workers, devices=[args.device])
         prepare_s = time.monotonic() - t
     model, inputs = build(args.model, args.device)
     rss = _PeakRss()
@@ -333,7 +334,7 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 2) -> str:
 def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> list[str]:
     """The table and the targets, as lines (printed, and written into BENCHMARKS.md). Every
     time is from the row's process start; ``ready`` is when it made its first call (imports
-    and the model's construction), ``prepare`` a ``hotswap.prepare(wait=True)`` inside that."""
+    and the model's construction), ``prepare`` a ``hotswap.prepare()`` call inside that."""
     by_row = {r["row"]: r for r in results}
     lines = [f"{'row':<34}{'ready s':>8}{'prepare s':>10}{'first out s':>12}{'1st call s':>11}"
              f"{'compiled s':>11}{'largest ms':>11}{'steady ms':>10}{'eager ms':>9}"
@@ -350,8 +351,10 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> li
 
     def ratio_line(label: str, a: str, a_key: str, b: str, b_key: str, target: float) -> None:
         va, vb = by_row.get(a, {}).get(a_key), by_row.get(b, {}).get(b_key)
+        if a not in by_row or b not in by_row:
+            return  # a row this run did not ask for
         if va is None or vb is None:
-            lines.append(f"  {label}: not measured")
+            lines.append(f"  {label}: not measured (a row failed or never reached its tier)")
             return
         ratio = va / vb
         lines.append(f"  {label}: {va:.3f} / {vb:.3f} = {ratio:.3f}x (target <= {target}x) "
@@ -465,8 +468,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval-ms", type=float, default=5.0,
                         help="pause between a busy caller's calls (default 5)")
     parser.add_argument("--prepare", action="store_true",
-                        help="hotswap rows call hotswap.prepare(wait=True) before building the "
-                             "model (its own column, inside 'ready')")
+                        help="hotswap rows call hotswap.prepare() (no wait) before building the "
+                             "model, as the README advises (its own column, inside 'ready')")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads in each row's process (default: torch's, "
                              "one per core)")
@@ -481,6 +484,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="the GPU-in-10-minutes preset: " + ", ".join(
                             f"{k}={v}" for k, v in QUICK.items()))
+    parser.add_argument("--no-dispatch", dest="dispatch", action="store_false",
+                        help="skip the dispatch-overhead measurement (a process of its own)")
     parser.add_argument("--json", default=None, help="also write all results to this file")
     parser.add_argument("--write-md", default=None, metavar="PATH",
                         help="write the tables into PATH (e.g. BENCHMARKS.md), replacing the "
@@ -527,7 +532,7 @@ def run(args: argparse.Namespace) -> int:
                 results.append(_timed_row(row, args, again="warm"))
             if args.replica and row.startswith("hotswap:") and not row.endswith("inprocess"):
                 results.append(_timed_row(row, args, again="replica"))
-        dispatch = spawn_row("hotswap:dispatch", args)
+        dispatch = spawn_row("hotswap:dispatch", args) if args.dispatch else {"error": "skipped"}
         lines = report(results, dispatch if "error" not in dispatch else None)
         print("\n" + "\n".join(lines))
         sections.append((f"{model} ({args.device})", lines))

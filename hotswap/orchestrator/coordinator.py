@@ -136,7 +136,11 @@ class Coordinator(BlockingModes):
                 self.recorder.span(runner, GRAPH_TIER, "serialize", t0, time.monotonic())
                 keys = self.cache.keys(gm, request.inputs, request.grad_enabled, wanted,
                                        request.num_threads)
-                start_warmup(devices_of(request))  # this process's load path (warmup.py)
+                # This process's load path (warmup.py): its imports hold the GIL for a second
+                # or more, so not during the call dynamo is tracing; a load that comes first
+                # starts it (and waits for it) itself.
+                devices = devices_of(request)
+                runner.after_first_call = lambda: start_warmup(devices)
                 if self.options.mode == "subprocess":
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:

@@ -91,6 +91,9 @@ class GraphRunner:
         self._verify = verify
         self._raise_failures = raise_failures
         self.observer: Observer | None = None
+        # Run once, after the first call served eagerly returns (the coordinator starts this
+        # process's load-path warm-up there).
+        self.after_first_call: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._fn: Fn = self._eager
         # What serves if the current tier fails: (callable, tier name, rank).
@@ -118,7 +121,11 @@ class GraphRunner:
     def _eager(self, *args: Any) -> Any:
         self.eager_calls += 1
         bump("eager_calls")
-        return self._gm(*args)
+        out = self._gm(*args)
+        if self.after_first_call is not None:
+            hook, self.after_first_call = self.after_first_call, None
+            hook()
+        return out
 
     # ------------------------------------------------------------------ state changes
 
