@@ -545,7 +545,8 @@ def run(args: argparse.Namespace) -> int:
         command = "hotswap bench " + " ".join(
             a for a in sys.argv[1:] if not a.startswith("--write-md") and a != args.write_md)
         # a run with its own thread count keeps a section of its own beside the default one
-        section = args.device + (f", threads={args.threads}" if args.threads else "")
+        section = (f"{args.device}, {args.caller} caller from process start"
+                   + (f", threads={args.threads}" if args.threads else ""))
         write_markdown(args.write_md, section, sections, everything["machine"],
                        command.replace("hotswap bench bench", "hotswap bench"))
         print(f"\nwrote the {section} section of {args.write_md}")
