@@ -489,7 +489,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write all results to this file")
     parser.add_argument("--write-md", default=None, metavar="PATH",
                         help="write the tables into PATH (e.g. BENCHMARKS.md), replacing the "
-                             "earlier section of this device (and --threads)")
+                             "earlier section of this device and caller (and --threads)")
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
 
