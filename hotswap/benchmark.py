@@ -360,7 +360,8 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> li
         lines.append(f"  {label}: {va:.3f} / {vb:.3f} = {ratio:.3f}x (target <= {target}x) "
                      f"{'met' if ratio <= target else 'MISSED'}")
 
-    caller = next((r.get("caller") for r in results if "error" not in r), "busy")
+    caller = next((r.get("caller") for r in results  # the torch rows' first call blocks
+                   if "error" not in r and r["row"].startswith("hotswap:")), "busy")
     lines += ["", f"targets ({caller} caller; times from process start)"]
     for row in ("hotswap:async", "hotswap:progressive"):
         ratio_line(f"{row} first output vs dynamo trace + eager call", row, "first_output_s",

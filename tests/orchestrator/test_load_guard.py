@@ -130,3 +130,24 @@ def test_an_adopted_header_that_is_not_built_is_built_as_usual(monkeypatch: pyte
     assert codecache._precompile_header("a.h", "cmd") == str(present)  # no preprocessor run
     assert codecache._precompile_header("b.h", "cmd") == str(tmp_path / "built.h")
     assert built == ["b.h"]
+
+
+def test_status_says_why_pending_tiers_wait_on_cpu(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    import torch
+
+    import hotswap
+    from hotswap import testing
+    from hotswap.workers import WorkerPool
+
+    note = "waiting on CPU: compile workers got 3% of a core for 2.0 s ..."
+    monkeypatch.setattr(WorkerPool, "cpu_note", lambda self: note)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    compiled = hotswap.compile(model, mode="async", tiers=["default"], workers=1,
+                               cache_dir=str(tmp_path))
+    with testing.inject(testing.FaultPlan({"slow": 1.0}, slow_s=3.0)):
+        compiled(torch.randn(4, 8))
+    [pending] = hotswap.status(compiled)
+    assert pending.pending == ("default",) and pending.waiting == note
+    [done] = hotswap.wait(compiled, timeout_s=240)
+    assert done.final and done.waiting == ""  # only pending graphs wait
