@@ -20,7 +20,7 @@ from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compile_job import CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
-from hotswap.orchestrator.load_guard import probes, record_precompiled_headers
+from hotswap.orchestrator.load_guard import cpp_sources, probes, record_precompiled_headers
 from hotswap.orchestrator.local import LocalCompiler
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
@@ -117,9 +117,12 @@ class BlockingModes:
         worker's result, kernel files included."""
         started = time.time() - 1.0  # mtime granularity
         record_precompiled_headers()  # the entry names them (load_guard.py)
-        artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
-                                             dynamic=any(m.symbols for m in inputs))
-        files = compat.files_written_since(compat.inductor_cache_dir(), started)
+        with cpp_sources() as sources:
+            artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
+                                                 dynamic=any(m.symbols for m in inputs))
+        root = compat.inductor_cache_dir()
+        files = {**compat.libraries_built_from(root, sources),
+                 **compat.files_written_since(root, started)}
         try:
             data = compat.artifact_to_bytes(artifact)
         except compat.UnsaveableArtifact as e:

@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -154,6 +154,31 @@ def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20)
             if total > max_bytes:
                 return found  # ship what fits; the loader compiles what is missing
             found[os.path.relpath(path, root)] = data
+    return found
+
+
+def libraries_built_from(root: str, sources: Iterable[str]) -> dict[str, bytes]:
+    """The libraries built from C++ ``sources`` under ``root`` (``<key>*.so`` beside each
+    ``<key>*.cpp``), relative path -> bytes, whenever they were built."""
+    found: dict[str, bytes] = {}
+    for source in set(sources):
+        folder, name = os.path.split(source)
+        key = name.split(".", 1)[0]
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for other in names:
+            if other.startswith(key + ".") and other.endswith(".so"):
+                path = os.path.join(folder, other)
+                rel = os.path.relpath(path, root)
+                if rel.startswith(".."):
+                    continue
+                try:
+                    with open(path, "rb") as f:
+                        found[rel] = f.read()
+                except OSError:
+                    continue
     return found
 
 

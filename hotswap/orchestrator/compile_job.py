@@ -100,16 +100,11 @@ def warm_device(_: Any = None) -> None:
     import torch._inductor.graph
     import torch._inductor.lowering
 
-    from hotswap.orchestrator.load_guard import (
-        probe_vec_isa,
-        record_precompiled_headers,
-        reprobe_if_cut_short,
-    )
+    from hotswap.orchestrator.load_guard import probe_vec_isa, record_precompiled_headers
 
     record_precompiled_headers()
     if not torch.cuda.is_available():
         probe_vec_isa()
-        reprobe_if_cut_short()
     else:
         torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.empty(1, device="cuda")
@@ -279,7 +274,12 @@ def compile_graph(request: CompileRequest) -> CompileResult:
 
     from hotswap.orchestrator import compat
     from hotswap.orchestrator.artifacts import pack_entry
-    from hotswap.orchestrator.load_guard import probe_vec_isa, probes, record_precompiled_headers
+    from hotswap.orchestrator.load_guard import (
+        cpp_sources,
+        probe_vec_isa,
+        probes,
+        record_precompiled_headers,
+    )
 
     record_precompiled_headers()  # where warm_device did not run
     if request.fault is not None:
@@ -294,14 +294,16 @@ def compile_graph(request: CompileRequest) -> CompileResult:
     global _files_since_s
     started = time.time() - 1.0  # mtime granularity
     with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,
-          torch.set_grad_enabled(request.grad_enabled),
+          torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
           compat.intra_op_threads(request.num_threads)):
         data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
         since = started if _files_since_s is None else min(started, _files_since_s)
-        files = compat.files_written_since(compat.inductor_cache_dir(), since)
+        root = compat.inductor_cache_dir()
+        files = {**compat.libraries_built_from(root, sources),
+                 **compat.files_written_since(root, since)}
         entry = pack_entry(data, files, probes())
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry)

@@ -35,8 +35,8 @@ from typing import Any
 
 from hotswap.orchestrator.counters import bump
 
-__all__ = ["adopt", "count_compiler_runs", "load_config", "probe_vec_isa", "probes",
-           "record_precompiled_headers", "reprobe_if_cut_short"]
+__all__ = ["adopt", "count_compiler_runs", "cpp_sources", "load_config", "probe_vec_isa",
+           "probes", "record_precompiled_headers", "reprobe_if_cut_short"]
 
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.spawn", "os.system",
                            "os.exec", "os.fork"})
@@ -133,6 +133,42 @@ def adopt(found: dict[str, Any]) -> None:
         record_precompiled_headers()
 
 
+_sources_lock = threading.Lock()
+_sources: list[str] | None = None
+_write_hooked = False
+
+
+@contextlib.contextmanager
+def cpp_sources() -> Iterator[list[str]]:
+    """Workers: the C++ sources inductor writes (or finds written) inside the block, so that
+    the libraries built from them travel with the entry even when an earlier compile in this
+    worker built them (a max-autotune tier shares most kernels with the default tier: shipped
+    by modification time alone, its entry lacked them and a fresh process rebuilt ten)."""
+    global _sources, _write_hooked
+    from torch._inductor import codecache
+
+    with _sources_lock:
+        if not _write_hooked:
+            real = codecache.write
+
+            def write(*args: Any, **kwargs: Any) -> tuple[str, str]:
+                key, path = real(*args, **kwargs)
+                with _sources_lock:
+                    if _sources is not None and str(path).endswith(".cpp"):
+                        _sources.append(str(path))
+                return key, path
+
+            codecache.write = write
+            _write_hooked = True
+        found: list[str] = []
+        _sources = found
+    try:
+        yield found
+    finally:
+        with _sources_lock:
+            _sources = None
+
+
 def record_precompiled_headers() -> None:
     """Remember every precompiled header inductor builds here (workers ship the list), and
     answer from the list where it names a header that is built: preparing one runs the
@@ -172,6 +208,7 @@ def probe_vec_isa() -> None:
         with ThreadPoolExecutor(len(candidates), thread_name_prefix="hotswap-probe") as pool:
             list(pool.map(bool, candidates))
     cpu_vec_isa.pick_vec_isa()
+    reprobe_if_cut_short()
 
 
 def _promised(cpu_vec_isa: Any) -> list[Any]:
