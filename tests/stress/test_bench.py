@@ -14,7 +14,7 @@ from hotswap import benchmark
 
 ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
             "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters",
-            "slowest_calls"}
+            "slowest_calls", "ready_s", "prepare_s", "first_call_s", "caller"}
 
 
 def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
@@ -29,6 +29,10 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
     for row in data["rows"]:
         assert set(row) >= ROW_KEYS, row
         assert row["to_final_s"] is not None and row["peak_rss_mib"] > 0
+        # On the user's clock: process start -> ready to call -> first output -> compiled.
+        assert 0 < row["ready_s"] < row["first_output_s"] <= row["to_final_s"] + 1e-6
+        assert row["first_output_s"] == pytest.approx(row["ready_s"] + row["first_call_s"])
+        assert row["prepare_s"] is None and row["caller"] == "busy"
         # the slowest calls after the first, slowest first, the largest call among them
         slowest = row["slowest_calls"]
         assert len(slowest) == min(5, row["calls"] - 1)
@@ -44,7 +48,8 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
     assert "hotswap:async first output vs dynamo trace + eager call" in printed
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\nhand-written notes stay")
-    assert text.count("<!-- hotswap bench: cpu -->") == 1 and "pointwise (cpu)" in text
+    marker = "<!-- hotswap bench: cpu, busy caller from process start -->"
+    assert text.count(marker) == 1 and "pointwise (cpu)" in text
 
 
 def test_markdown_section_is_replaced_not_repeated(tmp_path: Path) -> None:
