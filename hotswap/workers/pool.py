@@ -161,7 +161,8 @@ class WorkerPool:
         inbox.wake()
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
-        """Start the pool if needed and block until every worker has pre-warmed."""
+        """Start the pool if needed and block until every worker is ready (its imports done;
+        warm-up steps run after)."""
         inbox = self._started()
         inbox.wake()
         assert self._manager is not None
