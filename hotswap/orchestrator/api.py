@@ -85,15 +85,15 @@ def compile(
 def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
             wait: bool = False, timeout_s: float | None = None) -> bool:
     """Start the compile workers and warm this process's load path now, so that the first
-    swap neither waits for nor competes with one-time costs (about 1.5 s of imports, a hash of
-    torch's sources, on CPU inductor's vector-ISA probe). Call it at start-up, before serving;
-    ``hotswap.compile`` does the same on its own, later.
+    swap neither waits for nor competes with one-time costs (a worker's start: its imports,
+    then the CUDA context or the CPU vector-ISA probe; here: about 1.5 s of imports and a hash
+    of torch's sources). Call it first thing, before building the model, so a worker's start
+    overlaps with the model's construction; ``hotswap.compile`` does the same on its own, later.
 
     workers: the pool to start (as ``hotswap.compile(workers=...)``). devices: those the
-    graphs will run on (default "cuda" when available, else "cpu"; name both to warm both:
-    the CPU warm-up builds C++ probes, which took 53 s on a GPU machine with an empty inductor
-    cache). wait: block until the workers are ready and the warm-up is done, or ``timeout_s``
-    passes. Returns whether everything is ready (always True without ``wait``).
+    graphs will run on (default "cuda" when available, else "cpu"). wait: block until the
+    workers are ready and the warm-up is done, or ``timeout_s`` passes. Returns whether
+    everything is ready (always True without ``wait``).
     """
     Options.create(workers=workers)  # the same checks as compile()
     if devices is None:
