@@ -5,6 +5,7 @@ Every invalid option raises ``ValueError`` here, at ``hotswap.compile``, naming 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,14 +34,37 @@ class Tier:
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
 
+def _fits(default: Any, value: Any) -> bool:
+    """Whether ``value`` may replace an inductor config ``default`` (bools are not ints here)."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return (isinstance(value, int | float) and not isinstance(value, bool)
+                and not math.isnan(value))
+    if isinstance(default, str):
+        return isinstance(value, str)
+    return True  # None, lists, callables...: inductor checks those itself
+
+
 def _check_config_keys(name: str, config: dict[str, Any]) -> None:
+    """Keys inductor knows, each with a value of its default's type (where the default is a
+    bool, int, float or str: a mistyped value fails here, not in a worker's compile)."""
     from torch._inductor import config as inductor_config
 
-    known = set(inductor_config.get_config_copy())
+    known = inductor_config.get_config_copy()
     unknown = sorted(k for k in config if k not in known)
     if unknown:
         raise ValueError(f"tier {name!r}: unknown inductor config key(s) {unknown}; see "
                          "torch._inductor.config for the valid names")
+    for key, value in config.items():
+        default = known[key]
+        if value is not None and not _fits(default, value):
+            kind = type(default).__name__
+            raise ValueError(f"tier {name!r}: inductor config {key!r} takes "
+                             f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} (default "
+                             f"{default!r}), got {value!r}")
 
 
 def parse_tiers(tiers: Any) -> tuple[Tier, ...]:
@@ -108,10 +132,12 @@ class Options:
         unknown = sorted(set(kwargs) - valid)
         if unknown:
             raise ValueError(f"unknown option(s) {unknown}; valid options are {sorted(valid)}")
-        mode = kwargs.get("mode") or _env("HOTSWAP_MODE") or "progressive"
+        # An argument given is checked as given (mode="" and tiers=[] are errors, not defaults).
+        mode = kwargs["mode"] if kwargs.get("mode") is not None else (
+            _env("HOTSWAP_MODE") or "progressive")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid modes are {list(MODES)}")
-        tiers = kwargs.get("tiers") or _env("HOTSWAP_TIERS")
+        tiers = kwargs["tiers"] if kwargs.get("tiers") is not None else _env("HOTSWAP_TIERS")
         if tiers is None:
             tiers = DEFAULT_LADDER if mode == "progressive" else ("default",)
         workers = kwargs.get("workers")
@@ -123,8 +149,9 @@ class Options:
             timeout_s = env_number("HOTSWAP_TIMEOUT_S", float, lambda v: 0 < v < float("inf"),
                                    "a number of seconds > 0")
         if timeout_s is not None and (isinstance(timeout_s, bool)
-                                      or not isinstance(timeout_s, int | float) or timeout_s <= 0):
-            raise ValueError(f"timeout_s must be a number > 0 or None, got {timeout_s!r}")
+                                      or not isinstance(timeout_s, int | float)
+                                      or not math.isfinite(timeout_s) or timeout_s <= 0):
+            raise ValueError(f"timeout_s must be a finite number > 0 or None, got {timeout_s!r}")
         on_failure = kwargs.get("on_failure", "stay")
         if on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {list(ON_FAILURE)}, got {on_failure!r}")

@@ -214,6 +214,14 @@ def test_backend_object_and_entry_point_name() -> None:
         ({"timeout_s": -1}, "timeout_s"),
         ({"on_failure": "explode"}, "on_failure"),
         ({"verify": "yes"}, "verify"),
+        ({"mode": ""}, "valid modes"),          # given is checked, not taken for unset
+        ({"tiers": []}, "non-empty"),
+        ({"timeout_s": float("nan")}, "finite"),
+        ({"timeout_s": float("inf")}, "finite"),
+        ({"tiers": [{"name": "x", "config": {"max_autotune": 1}}]}, "takes a bool"),
+        ({"tiers": [{"name": "x", "config": {"compile_threads": True}}]}, "takes an int"),
+        ({"tiers": [{"name": "x", "config": {"compile_threads": 2.5}}]}, "takes an int"),
+        ({"tiers": [{"name": "x", "config": {"max_autotune_gemm_backends": 3}}]}, "takes a str"),
     ],
 )
 def test_invalid_options_raise_value_error_at_compile(kwargs: dict[str, Any], needle: str) -> None:
