@@ -80,12 +80,23 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotswap", description="torch.compile that never blocks.")
     parser.add_argument("--version", action="version", version=f"hotswap {hotswap.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="check the environment and time a worker start")
-    doctor.add_argument("--workers", type=int, default=1, help="workers to start (default 1)")
+    doctor.add_argument("--workers", type=_positive_int, default=1,
+                        help="workers to start (default 1)")
     doctor.add_argument("--timeout-s", type=float, default=120.0,
                         help="give up after this many seconds (default 120)")
     doctor.set_defaults(func=_doctor)
@@ -107,8 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: the command's; 2 for a usage error (argparse's, or a ValueError or OSError
+    from checking what was asked: a bad number, a cache path that is a file), with a message
+    and no traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (ValueError, OSError) as e:
+        print(f"hotswap {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -56,3 +56,21 @@ def test_cache_commands_on_a_populated_cache(tmp_path: Path,
     assert "1 entries verified, 1 removed" in capsys.readouterr().out
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["doctor", "--workers", "0"], ["doctor", "--workers", "two"]])
+def test_bad_numbers_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "--workers: must be a whole number >= 1" in capsys.readouterr().err
+
+
+def test_a_cache_dir_that_is_a_file_is_a_usage_error_with_a_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("mine")
+    assert main(["cache", "ls", "--cache-dir", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a directory" in err and "Traceback" not in err
+    assert a_file.read_text() == "mine"  # untouched

@@ -71,6 +71,12 @@ class EntryRejected(Exception):
         self.reason = reason
 
 
+def env_max_bytes() -> int | None:
+    """HOTSWAP_CACHE_MAX_BYTES (None: no limit); ValueError naming it when malformed."""
+    return env_number("HOTSWAP_CACHE_MAX_BYTES", int, lambda v: v > 0,
+                      "a whole number of bytes > 0")
+
+
 class ArtifactCache:
     """Signed, size-bounded store of compiled artifacts shared by processes of one user.
 
@@ -83,12 +89,14 @@ class ArtifactCache:
                  max_bytes: int | None = None, stamp: dict[str, Any] | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
         if max_bytes is None:
-            max_bytes = env_number("HOTSWAP_CACHE_MAX_BYTES", int, lambda v: v > 0,
-                                   "a whole number of bytes > 0")
+            max_bytes = env_max_bytes()
         if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes <= 0):
             raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.stamp = dict(stamp) if stamp is not None else None
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(f"the artifact cache {str(self.root)!r} is not a directory; "
+                                     "point cache_dir (--cache-dir, HOTSWAP_CACHE_DIR) at one")
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
         (self.root / "entries").mkdir(mode=0o700, exist_ok=True)

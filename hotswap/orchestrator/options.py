@@ -110,6 +110,18 @@ def _path_option(kwargs: dict[str, Any], name: str, env: str) -> str | None:
     return os.fspath(value) if value is not None else None
 
 
+def _check_environment() -> None:
+    """Every other HOTSWAP_* variable, read now so that a malformed one fails at compile()
+    (ValueError naming it), not in the first call or a background thread."""
+    from hotswap.cache.store import env_max_bytes
+    from hotswap.orchestrator.loader import gil_handoff_s
+    from hotswap.orchestrator.pools import _rss_limit, worker_priority
+    from hotswap.workers.pool import default_workers
+
+    for read in (default_workers, worker_priority, _rss_limit, env_max_bytes, gil_handoff_s):
+        read()
+
+
 @dataclass(frozen=True)
 class Options:
     mode: str = "progressive"
@@ -175,6 +187,7 @@ class Options:
                 or not -1.0 < threshold < 1.0):
             raise ValueError(f"gate_threshold must be a fraction between -1 and 1 (0.02: a tier "
                              f"must be 2% faster to replace the serving one), got {threshold!r}")
+        _check_environment()
         return cls(
             mode=mode,
             tiers=parse_tiers(tiers),

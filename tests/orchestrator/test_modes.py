@@ -229,6 +229,17 @@ def test_invalid_options_raise_value_error_at_compile(kwargs: dict[str, Any], ne
         hotswap.compile(torch.nn.Linear(2, 2), **kwargs)
 
 
+@pytest.mark.parametrize(("name", "value"), [
+    ("HOTSWAP_CACHE_MAX_BYTES", "-1"), ("HOTSWAP_WORKERS", "0"), ("HOTSWAP_WORKER_NICE", "25"),
+    ("HOTSWAP_WORKER_IDLE", "yes"), ("HOTSWAP_WORKER_RSS_LIMIT_BYTES", "lots"),
+    ("HOTSWAP_SWITCH_INTERVAL_S", "2")])
+def test_every_hotswap_variable_is_checked_at_compile(monkeypatch: pytest.MonkeyPatch,
+                                                      name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        hotswap.compile(torch.nn.Linear(2, 2))
+
+
 @pytest.mark.parametrize("value", ["soon", "0", "-3", "inf"])
 def test_bad_timeout_from_the_environment_names_the_variable(
         monkeypatch: pytest.MonkeyPatch, value: str) -> None:
