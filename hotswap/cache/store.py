@@ -122,12 +122,16 @@ class ArtifactCache:
                 self.rejected += 1
             self._reject(key, e.reason)
             return None
-        with self._lock:
-            index = self._read_index()
-            record = index.setdefault(key, {"size": sum(map(len, parts)), "tier": header.get("tier", ""),
-                                            "created_s": header.get("created_s", 0.0)})
-            record["used_s"] = time.time()
-            self._write_index(index)
+        try:  # bookkeeping for eviction, best effort: a full disk must not cost a hit
+            with self._lock:
+                index = self._read_index()
+                record = index.setdefault(key, {"size": sum(map(len, parts)),
+                                                "tier": header.get("tier", ""),
+                                                "created_s": header.get("created_s", 0.0)})
+                record["used_s"] = time.time()
+                self._write_index(index)
+        except OSError as e:
+            log.debug("hotswap cache: could not note the use of %s… (%s)", key[:16], e)
         return payload
 
     def put(self, key: str, payload: bytes | memoryview, *, tier: str = "") -> None:

@@ -40,6 +40,7 @@ class CacheAccess:
         self._failed = False
         self._lock = threading.Lock()
         self._claims: dict[str, filelock.FileLock] = {}
+        self._warned: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -72,14 +73,34 @@ class CacheAccess:
         if plan is not None and plan.draw_cache_fault() and testing.corrupt_entry(self._cache, key):
             plan.count("corrupt-cache")
         rejected = self._cache.rejected
-        entry = self._cache.get(key)
+        try:
+            entry = self._cache.get(key)
+        except OSError as e:  # unreadable, a directory, ...: a miss, never the user's error
+            self._warn_once("read", e)
+            return None
         if self._cache.rejected != rejected:
             bump("cache_rejects")
         return entry
 
+    def _warn_once(self, what: str, error: OSError) -> None:
+        with self._lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            root = self._cache.root if self._cache is not None else self._cache_dir
+            log.warning("hotswap: could not %s the artifact cache at %s (%s: %s); serving "
+                        "without it where it fails (check its permissions and free space, or "
+                        "set HOTSWAP_CACHE_DIR)", what, root, type(error).__name__, error)
+
     def verdict(self, key: str) -> bytes | None:
         """The gate's verdict on ``key``'s tier in an earlier run, if any."""
-        return self._cache.get(verdict_key(key)) if self._cache is not None else None
+        if self._cache is None:
+            return None
+        try:
+            return self._cache.get(verdict_key(key))
+        except OSError as e:
+            self._warn_once("read", e)
+            return None
 
     def store(self, key: str | None, tier: str, entry: bytes | memoryview) -> CachedEntry | None:
         """Store a tier's packed artifact (``artifacts.pack_entry``) under ``key``; where a
@@ -103,7 +124,7 @@ class CacheAccess:
         try:
             self._cache.put(key, payload, tier=tier)
         except OSError as e:  # a full disk must not cost the user the tier they already have
-            log.warning("hotswap: could not write the artifact cache: %s", e)
+            self._warn_once("write", e)
             return False
         return True
 

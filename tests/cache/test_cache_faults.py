@@ -1,0 +1,57 @@
+"""The environment breaks the cache, never the user's call: a full disk at a hit, an entry
+that cannot be read. (The rest of the fault matrix is the environment-faults work.)"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.cache import ArtifactCache
+from hotswap.cache.key import environment_stamp
+from hotswap.orchestrator.cache_access import CacheAccess
+
+
+def _disk_full(*_: object, **__: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_hit_on_a_full_disk_is_still_a_hit(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ArtifactCache(tmp_path, stamp=environment_stamp())
+    cache.put("c" * 64, b"payload", tier="default")
+    monkeypatch.setattr(ArtifactCache, "_write_index", _disk_full)
+    assert cache.get("c" * 64) == b"payload"
+
+
+def test_every_call_is_served_when_the_disk_fills_under_a_warm_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+    x = torch.randn(4, 8)
+    torch._dynamo.reset()
+    hotswap.compile(model, mode="subprocess", workers=1, cache_dir=str(tmp_path))(x)  # warm
+    monkeypatch.setattr(ArtifactCache, "_write_index", _disk_full)
+    torch._dynamo.reset()
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(model, mode="subprocess", workers=1, cache_dir=str(tmp_path))
+        torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+    assert d["cache_hits"] == 1 and d["worker_compiles"] == 0
+
+
+def test_an_unreadable_entry_is_a_miss_logged_once(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    access = CacheAccess(str(tmp_path), None)
+    access.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])  # opens the cache
+    assert access.enabled
+    for key in ("a" * 64, "b" * 64):
+        path = access._cache._path(key)  # type: ignore[union-attr]
+        path.mkdir(parents=True)  # an entry path that is a directory: IsADirectoryError
+    with caplog.at_level(logging.WARNING, logger="hotswap"):
+        assert access.get("a" * 64) is None and access.get("b" * 64) is None
+    warnings = [r for r in caplog.records if "could not read the artifact cache" in r.message]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0].message
