@@ -91,7 +91,7 @@ class Coordinator(BlockingModes):
                              self._then_check, fn, args),
                          notify=self._notify,
                          store_verdict=lambda key, v: self.cache.store_verdict(key, v))
-        self.cache = CacheAccess(options.cache_dir, options.timeout_s)
+        self.cache = CacheAccess(options.cache_dir, options.limit_s())
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
         if options.mode != "inprocess":
@@ -251,7 +251,7 @@ class Coordinator(BlockingModes):
 
     def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
         return shared_pool(self.options.workers).submit(BENCH_JOB, request,
-                                                        timeout_s=self.options.timeout_s)
+                                                        timeout_s=self.options.limit_s())
 
     def _request(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> GraphRequest | str:
         """The graph as compile jobs ship it, or why it cannot go to a worker."""
@@ -274,7 +274,7 @@ class Coordinator(BlockingModes):
                              request.inputs, request.grad_enabled, request.num_threads, fault=fault,
                              slow_s=plan.slow_s if plan is not None else 0.0)
         return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
-                                                        timeout_s=self.options.timeout_s)
+                                                        timeout_s=self.options.limit_s(tier))
 
     def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier, retries: int,
                 key: str | None) -> None:

@@ -26,6 +26,17 @@ TIER_PRESETS: dict[str, dict[str, Any]] = {
 DEFAULT_LADDER = ("default", "max-autotune")
 
 
+# Default time limits, so that no wait is forever (a stopped worker, a hung compile). The
+# slowest compiles measured: a corpus model's default tier on the 2-core box, 80 s (Swin-T's
+# 203 s from process start included imports and three graphs); max-autotune on the H200, a few
+# minutes. 10 minutes, and 30 for autotuning tiers, leave room for machines several times
+# slower. HOTSWAP_TIMEOUT_S / timeout_s replace both.
+DEFAULT_LIMIT_S = 600.0
+AUTOTUNE_FACTOR = 3
+_AUTOTUNE_KEYS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
+                  "coordinate_descent_tuning")
+
+
 @dataclass(frozen=True)
 class Tier:
     """A rung of the ladder: a name and the inductor config patches it compiles under."""
@@ -202,6 +213,17 @@ class Options:
             gate_threshold=float(threshold),
             profile_dir=profile_dir,
         )
+
+    def limit_s(self, tier: Tier | None = None) -> float:
+        """How long a compile of ``tier`` (or any wait on one: another process's claim on it,
+        a benchmark) may take: ``timeout_s`` when set, else ``DEFAULT_LIMIT_S``, times
+        ``AUTOTUNE_FACTOR`` for an autotuning tier (or for no tier in particular). A job over
+        it is a tier failure (JobTimeout) and its worker is replaced."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        if tier is None or any(tier.config.get(k) for k in _AUTOTUNE_KEYS):
+            return DEFAULT_LIMIT_S * AUTOTUNE_FACTOR
+        return DEFAULT_LIMIT_S
 
     @property
     def background(self) -> bool:

@@ -370,3 +370,35 @@ def test_a_500_node_chain_travels_and_compiles_forward_and_backward() -> None:
         _close(workload.step(compiled, 2), workload.reference(2))
     assert status.tier == "default" and not status.failures, status
     assert d["worker_compiles"] == 1 and d["eager_calls"] == 2
+
+
+def test_default_time_limits_per_tier_and_the_override() -> None:
+    from hotswap.orchestrator import options
+
+    opts = Options.create(mode="progressive")
+    default, autotune = opts.tiers
+    assert opts.limit_s(default) == options.DEFAULT_LIMIT_S
+    assert opts.limit_s(autotune) == options.DEFAULT_LIMIT_S * options.AUTOTUNE_FACTOR
+    assert opts.limit_s() == options.DEFAULT_LIMIT_S * options.AUTOTUNE_FACTOR
+    chosen = Options.create(mode="progressive", timeout_s=5)
+    assert chosen.limit_s(default) == chosen.limit_s(autotune) == 5.0
+
+
+def test_a_hung_compile_fails_its_tier_at_the_default_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotswap import testing
+    from hotswap.orchestrator import options
+
+    monkeypatch.setattr(options, "DEFAULT_LIMIT_S", 3.0)  # instead of waiting ten minutes
+    model, inputs = mlp()
+    compiled = hotswap.compile(model, mode="subprocess", workers=1)
+    with testing.inject(testing.FaultPlan({"hang": 1.0})), hotswap.counters_delta() as d:
+        _close(compiled(*inputs), model(*inputs))  # the first call waited 3 s, then eager
+    [status] = hotswap.status(compiled)
+    assert status.tier == "eager" and "JobTimeout" in status.failures[0][1]
+    assert d["job_timeouts"] == 1
+    torch._dynamo.reset()
+    later = hotswap.compile(torch.nn.Sequential(torch.nn.Linear(4, 4)), mode="subprocess",
+                            workers=1)
+    later(torch.randn(2, 4))
+    assert hotswap.status(later)[0].tier == "default"  # the pool replaced the hung worker
