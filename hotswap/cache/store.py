@@ -1,10 +1,12 @@
 """The artifact cache on disk: one signed file per (graph, tier), an index, LRU eviction.
 
-    <root>/                      mode 0700
+    <root>/                      mode 0700 when hotswap creates it (an existing one keeps its own)
+      HOTSWAP_CACHE              marker: a directory without it is used only if empty
       secret.key                 32 random bytes, mode 0600, made on first use
       index.msgpack              {key: {size, tier, created_s, used_s}}; rebuilt from entries if lost
       index.lock                 filelock guarding the index
       entries/<k[:2]>/<k>.hsa    MAGIC | u32 header length | msgpack header | payload | HMAC-SHA256
+      locks/<k>.lock             cross-process compile claims
 
 Artifacts contain pickles: loading a foreign or tampered file runs its code. So an entry is
 returned only if its magic, lengths, SHA-256, HMAC (this cache's secret) and stamp (torch build,
@@ -43,6 +45,10 @@ FORMAT_VERSION = 2
 MAGIC = b"HSWPA\x00\x01\x00"
 _LEN = struct.Struct("!I")
 _MAC_BYTES = 32
+# A directory is a hotswap cache when it holds this file (_claim_root).
+MARKER = "HOTSWAP_CACHE"
+# What a cache holds besides the marker (a cache from before markers holds only these).
+_CACHE_FILES = frozenset({"entries", "locks", "secret.key", "index.msgpack", "index.lock"})
 
 
 def default_cache_dir() -> Path:
@@ -94,11 +100,7 @@ class ArtifactCache:
             raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.stamp = dict(stamp) if stamp is not None else None
-        if self.root.exists() and not self.root.is_dir():
-            raise NotADirectoryError(f"the artifact cache {str(self.root)!r} is not a directory; "
-                                     "point cache_dir (--cache-dir, HOTSWAP_CACHE_DIR) at one")
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
+        self._claim_root()
         (self.root / "entries").mkdir(mode=0o700, exist_ok=True)
         self._lock = filelock.FileLock(str(self.root / "index.lock"))
         self._secret = self._load_secret()
@@ -296,6 +298,32 @@ class ArtifactCache:
             total -= index.pop(key)["size"]
             with contextlib.suppress(FileNotFoundError):
                 self._path(key).unlink()
+
+    def _claim_root(self) -> None:
+        """Make ``root`` a hotswap cache, or refuse before touching it. A directory becomes one
+        only when hotswap creates it, when it is empty, or when it is one already (its marker
+        file; or, from before markers, nothing but a cache's own files). Only a directory
+        hotswap creates is made private (0700): one you made keeps the mode you gave it."""
+        root = self.root
+        if root.exists() and not root.is_dir():
+            raise NotADirectoryError(f"the artifact cache {str(root)!r} is not a directory; "
+                                     "point cache_dir (--cache-dir, HOTSWAP_CACHE_DIR) at one")
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(mode=0o700, parents=True)
+        marker = root / MARKER
+        if marker.exists():
+            return
+        foreign = sorted(n for n in os.listdir(root)
+                         if n not in _CACHE_FILES and not n.startswith((".key-", ".tmp-")))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise ValueError(f"refusing to use {str(root)!r} as the artifact cache: it holds "
+                             f"files of its own ({shown}) and no {MARKER} marker; choose a new or "
+                             "empty directory (cache_dir, --cache-dir, HOTSWAP_CACHE_DIR)")
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"hotswap artifact cache, format {FORMAT_VERSION}\n")
+        os.replace(tmp, marker)
 
     def _load_secret(self) -> bytes:
         path = self.root / "secret.key"

@@ -1,5 +1,5 @@
 """The environment breaks the cache, never the user's call: a full disk at a hit, an entry
-that cannot be read. (The rest of the fault matrix is the environment-faults work.)"""
+that cannot be read, a directory that is not a cache."""
 
 from __future__ import annotations
 
@@ -55,3 +55,53 @@ def test_an_unreadable_entry_is_a_miss_logged_once(tmp_path: Path,
         assert access.get("a" * 64) is None and access.get("b" * 64) is None
     warnings = [r for r in caplog.records if "could not read the artifact cache" in r.message]
     assert len(warnings) == 1 and str(tmp_path) in warnings[0].message
+
+
+def _snapshot(path: Path) -> tuple[int, list[str]]:
+    return path.stat().st_mode, sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_a_foreign_directory_is_refused_untouched(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from hotswap.cli import main
+
+    home = tmp_path / "home"
+    (home / "projects").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    home.chmod(0o755)
+    before = _snapshot(home)
+    with pytest.raises(ValueError, match="refusing to use"):
+        ArtifactCache(home)
+    for action in ("ls", "stats", "verify", "clear"):
+        assert main(["cache", action, "--cache-dir", str(home)]) == 2
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    x = torch.randn(2, 8)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="hotswap"):
+        compiled = hotswap.compile(model, mode="subprocess", workers=1, cache_dir=str(home))
+        torch.testing.assert_close(compiled(x), model(x))  # served, compiled, uncached
+    assert hotswap.status(compiled)[0].tier == "default"
+    assert "refusing to use" in caplog.text
+    assert _snapshot(home) == before
+
+
+def test_an_empty_directory_becomes_a_cache_and_keeps_its_mode(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    mine.chmod(0o750)
+    cache = ArtifactCache(mine, stamp=environment_stamp())
+    cache.put("d" * 64, b"x", tier="default")
+    assert (mine / "HOTSWAP_CACHE").exists() and mine.stat().st_mode & 0o777 == 0o750
+    assert ArtifactCache(mine, stamp=environment_stamp()).get("d" * 64) == b"x"  # opens again
+    fresh = tmp_path / "fresh" / "cache"
+    ArtifactCache(fresh)
+    assert fresh.stat().st_mode & 0o777 == 0o700  # one hotswap creates is private
+
+
+def test_a_cache_from_before_markers_is_adopted(tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    cache = ArtifactCache(old, stamp=environment_stamp())
+    cache.put("e" * 64, b"payload", tier="default")
+    (old / "HOTSWAP_CACHE").unlink()  # as a cache written before markers
+    assert ArtifactCache(old, stamp=environment_stamp()).get("e" * 64) == b"payload"
+    assert (old / "HOTSWAP_CACHE").exists()
