@@ -208,6 +208,13 @@ class ArtifactCache:
         locks.mkdir(mode=0o700, exist_ok=True)
         return filelock.FileLock(str(locks / f"{key}.lock"), thread_local=False)
 
+    def claim_owner_path(self, key: str) -> Path:
+        """Where the process holding ``key``'s compile lock writes its pid (the lock file
+        itself is truncated by every acquire attempt), so that waiters can tell a stopped
+        holder from a busy one."""
+        self._path(key)
+        return self.root / "locks" / f"{key}.owner"
+
     # ------------------------------------------------------------------ helpers
 
     def entry_path(self, key: str) -> Path:

@@ -12,11 +12,15 @@ this process live in ``_claims``: taken in the user's call, released on the load
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
+import time
 from typing import Any
 
 import filelock
+import psutil
 import torch
 
 from hotswap import testing
@@ -27,7 +31,18 @@ from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import verdict_key
 from hotswap.orchestrator.options import Tier
 
-__all__ = ["CacheAccess"]
+__all__ = ["STOPPED_GRACE_S", "CacheAccess"]
+
+_POLL_S = 0.5
+# A claim's holder stopped this long (SIGSTOP, a suspended terminal job) is given up on.
+STOPPED_GRACE_S = 2.0
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False  # gone: the OS released its lock, the next acquire gets it
 
 log = logging.getLogger("hotswap")
 
@@ -144,6 +159,10 @@ class CacheAccess:
             return False
         with self._lock:
             self._claims[key] = lock
+        try:
+            self._cache.claim_owner_path(key).write_text(str(os.getpid()))
+        except OSError:
+            pass  # waiters then cannot tell if we stop; the time limit still bounds them
         return True
 
     def claimed_hit(self, key: str) -> bytes | None:
@@ -157,15 +176,43 @@ class CacheAccess:
         with self._lock:
             lock = self._claims.pop(key, None) if key is not None else None
         if lock is not None:
+            if self._cache is not None and key is not None:
+                with contextlib.suppress(OSError):
+                    self._cache.claim_owner_path(key).unlink()
             lock.release()
 
     def wait_for_holder(self, key: str) -> bool:
-        """Block until the process holding ``key``'s compile lock lets go (False: timed out)."""
+        """Block until the process holding ``key``'s compile lock lets go. False (compile
+        here instead) after the time limit, or once the holder has been stopped (SIGSTOP,
+        Ctrl-Z) for ``STOPPED_GRACE_S``: a suspended process must not stall every other
+        process on the cache."""
         assert self._cache is not None
         lock = self._cache.compile_lock(key)
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        stopped_since: float | None = None
+        while True:
+            try:
+                lock.acquire(timeout=_POLL_S)
+            except filelock.Timeout:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return False
+                holder = self._holder(key)
+                if holder is None or not _stopped(holder):
+                    stopped_since = None
+                    continue
+                stopped_since = stopped_since if stopped_since is not None else now
+                if now - stopped_since >= STOPPED_GRACE_S:
+                    log.warning("hotswap: process %d holds the compile claim on %s… but is "
+                                "stopped; compiling it here instead", holder, key[:16])
+                    return False
+                continue
+            lock.release()
+            return True
+
+    def _holder(self, key: str) -> int | None:
+        assert self._cache is not None
         try:
-            lock.acquire(timeout=self._timeout_s or -1)
-        except filelock.Timeout:
-            return False
-        lock.release()
-        return True
+            return int(self._cache.claim_owner_path(key).read_text())
+        except (OSError, ValueError):
+            return None
