@@ -17,6 +17,7 @@ compiles again. Writes go to a temporary file renamed into place: a reader never
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import logging
@@ -222,12 +223,23 @@ class ArtifactCache:
         return self._path(key)
 
     def _path(self, key: str) -> Path:
+        """``key``'s entry path. Never through a symlink: a linked ``entries`` folder, shard or
+        entry would send reads, rewrites and removals outside the cache (OSError ELOOP)."""
         if not key or not all(c in "0123456789abcdef" for c in key):
             raise ValueError(f"cache keys are lowercase hex digests, got {key!r}")
-        return self.root / "entries" / key[:2] / f"{key}.hsa"
+        path = self.root / "entries" / key[:2] / f"{key}.hsa"
+        for part in (path.parent.parent, path.parent, path):
+            if part.is_symlink():
+                raise OSError(errno.ELOOP, f"{part} is a symlink; hotswap does not follow "
+                                           "links inside its cache (remove it)")
+        return path
 
     def _entry_paths(self) -> Iterator[Path]:
-        yield from (self.root / "entries").glob("*/*.hsa")
+        entries = self.root / "entries"
+        if entries.is_symlink():
+            return
+        yield from (p for p in entries.glob("*/*.hsa")
+                    if not p.parent.is_symlink() and not p.is_symlink())
 
     def _verify(self, parts: tuple[bytes, bytes, bytes], key: str
                 ) -> tuple[dict[str, Any], bytes]:

@@ -105,3 +105,19 @@ def test_a_cache_from_before_markers_is_adopted(tmp_path: Path) -> None:
     (old / "HOTSWAP_CACHE").unlink()  # as a cache written before markers
     assert ArtifactCache(old, stamp=environment_stamp()).get("e" * 64) == b"payload"
     assert (old / "HOTSWAP_CACHE").exists()
+
+
+def test_links_inside_the_cache_are_not_followed(tmp_path: Path) -> None:
+    cache = ArtifactCache(tmp_path / "cache", stamp=environment_stamp())
+    key = "ab" + "0" * 62
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / f"{key}.hsa").write_bytes(b"not ours")
+    (tmp_path / "cache" / "entries" / "ab").symlink_to(outside)  # a linked shard
+    access = CacheAccess(str(tmp_path / "cache"), None)
+    access.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])
+    assert access.get(key) is None  # a miss, not a read through the link
+    assert access.store(key, "default", b"payload") is None  # nor a write
+    assert cache.clear() == 0
+    assert [p.name for p in outside.iterdir()] == [f"{key}.hsa"]
+    assert (outside / f"{key}.hsa").read_bytes() == b"not ours"
