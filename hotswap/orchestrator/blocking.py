@@ -120,9 +120,7 @@ class BlockingModes:
         with cpp_sources() as sources:
             artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
                                                  dynamic=any(m.symbols for m in inputs))
-        root = compat.inductor_cache_dir()
-        files = {**compat.libraries_built_from(root, sources),
-                 **compat.files_written_since(root, started)}
+        files = compat.compile_outputs(sources, started)
         try:
             data = compat.artifact_to_bytes(artifact)
         except compat.UnsaveableArtifact as e:

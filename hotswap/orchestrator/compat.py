@@ -182,6 +182,13 @@ def libraries_built_from(root: str, sources: Iterable[str]) -> dict[str, bytes]:
     return found
 
 
+def compile_outputs(sources: Iterable[str], since_s: float) -> dict[str, bytes]:
+    """What a compile's entry ships from inductor's cache: the libraries built from its C++
+    ``sources`` (whenever they were built) and every file it added since ``since_s``."""
+    root = inductor_cache_dir()
+    return {**libraries_built_from(root, sources), **files_written_since(root, since_s)}
+
+
 def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
     """Write shipped cache files that ``root`` lacks (atomically); returns how many."""
     written = 0

@@ -301,9 +301,7 @@ def compile_graph(request: CompileRequest) -> CompileResult:
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
         since = started if _files_since_s is None else min(started, _files_since_s)
-        root = compat.inductor_cache_dir()
-        files = {**compat.libraries_built_from(root, sources),
-                 **compat.files_written_since(root, since)}
+        files = compat.compile_outputs(sources, since)
         entry = pack_entry(data, files, probes())
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry)
