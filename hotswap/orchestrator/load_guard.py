@@ -203,6 +203,9 @@ def probe_vec_isa() -> None:
 
     from torch._inductor import cpu_vec_isa
 
+    cache_info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
+    if cache_info is not None and cache_info().currsize:
+        return  # probed (and checked) already in this worker: every later job lands here
     candidates = _promised(cpu_vec_isa)
     if len(candidates) > 1:
         with ThreadPoolExecutor(len(candidates), thread_name_prefix="hotswap-probe") as pool:
