@@ -15,6 +15,7 @@ from hotswap.errors import (
     SerializationFailed,
     WorkerCrashed,
     WorkerStartFailed,
+    WorkerStopped,
 )
 from hotswap.orchestrator.counters import counters, counters_delta
 from hotswap.workers import StageEvent, WorkerPool
@@ -38,6 +39,7 @@ __all__ = [
     "WorkerCrashed",
     "WorkerPool",
     "WorkerStartFailed",
+    "WorkerStopped",
     "__version__",
     "backend",
     "compile",

@@ -6,6 +6,7 @@
     │   ├── CompileFailed           the job raised in the worker; remote traceback as __cause__
     │   ├── SerializationFailed     payload or result could not be pickled / unpickled
     │   ├── WorkerCrashed           the worker died (exit code or signal) while running the job
+    │   │   └── WorkerStopped       it was stopped (SIGSTOP, Ctrl-Z) mid-job; killed like a crash
     │   ├── JobTimeout              the job ran past its timeout_s; its process tree was killed
     │   └── MemoryLimitExceeded     the worker's tree went over rss_limit_bytes; it was killed
     └── WorkerStartFailed           workers die before they are ready; queued jobs get this
@@ -26,6 +27,7 @@ __all__ = [
     "SerializationFailed",
     "WorkerCrashed",
     "WorkerStartFailed",
+    "WorkerStopped",
 ]
 
 
@@ -99,6 +101,19 @@ class WorkerCrashed(JobError):
         self.pid = pid
         self.exitcode = exitcode
         self.signal_name = signal_name
+
+
+class WorkerStopped(WorkerCrashed):
+    """The worker running the job was stopped (SIGSTOP, a suspended terminal job) for
+    ``STARVED_AFTER_S``; its process tree was killed, as after a crash (one retry)."""
+
+    def __init__(self, pid: int, stopped_pid: int, *, job: str = "") -> None:
+        JobError.__init__(self, f"worker {pid} was stopped (process {stopped_pid}) while "
+                                f"running {job or 'a job'}; it was killed and replaced", job=job)
+        self.pid = pid
+        self.exitcode = None
+        self.signal_name = "SIGSTOP"
+        self.stopped_pid = stopped_pid
 
 
 class JobTimeout(JobError):

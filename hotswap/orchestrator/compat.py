@@ -62,8 +62,15 @@ class UnsaveableArtifact(RuntimeError):
     ``torch.cond`` and other control-flow operators: "Can't cache HigherOrderOperator")."""
 
 
+def scratch_dir() -> str | None:
+    """A worker's scratch directory (removed with it, however it ends), elsewhere None."""
+    from hotswap.workers import scratch
+
+    return os.environ.get(scratch.ENV)
+
+
 def artifact_to_bytes(artifact: Any) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hotswap-art-", dir=scratch_dir()) as tmp:
         path = os.path.join(tmp, "artifact.bin")
         try:
             artifact.save(path=path, format="binary")
@@ -80,7 +87,7 @@ def artifact_to_bytes(artifact: Any) -> bytes:
 def artifact_from_bytes(data: Buffer) -> Callable[..., Any]:
     from torch._inductor.standalone_compile import CompiledArtifact
 
-    with tempfile.TemporaryDirectory(prefix="hotswap-art-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hotswap-art-", dir=scratch_dir()) as tmp:
         path = os.path.join(tmp, "artifact.bin")
         with open(path, "wb") as f:
             f.write(data)

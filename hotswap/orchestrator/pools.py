@@ -7,6 +7,7 @@ import os
 import threading
 
 from hotswap._env import env_number
+from hotswap.orchestrator.compat import inductor_cache_dir
 from hotswap.workers import WorkerPool
 from hotswap.workers.pool import default_workers
 
@@ -27,6 +28,9 @@ def shared_pool(workers: int | None = None) -> WorkerPool:
             threads = str(max(1, (os.cpu_count() or 1) // size))
             env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
                 "TORCHINDUCTOR_COMPILE_THREADS": threads}
+            # Workers get a TMPDIR of their own (workers/scratch.py); inductor's default cache
+            # lives under the temporary directory, so pin it to the caller's: one cache for all.
+            env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
             nice, idle = worker_priority()
             pool = WorkerPool(size, worker_env=env, nice=nice, idle=idle,
                               rss_limit_bytes=_rss_limit(), warm_modules=(

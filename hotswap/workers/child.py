@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+from hotswap.workers import scratch
 from hotswap.workers.protocol import (
     Frame,
     FrameDecoder,
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if os.getppid() != args.parent_pid:
         return 0  # the parent died before we started
+    scratch.enter()  # what the processes we start leave behind goes with us
     # The parent owns interrupts; a ^C in its terminal must not kill a compile mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(

@@ -48,8 +48,9 @@ from hotswap.errors import (
     SerializationFailed,
     WorkerCrashed,
     WorkerStartFailed,
+    WorkerStopped,
 )
-from hotswap.workers import proctree
+from hotswap.workers import proctree, scratch
 from hotswap.workers.protocol import (
     FrameDecoder,
     MessageKind,
@@ -62,7 +63,7 @@ from hotswap.workers.protocol import (
     encode_frame,
     encode_job_request,
 )
-from hotswap.workers.starvation import POLL_S, CpuWatch
+from hotswap.workers.starvation import POLL_S, STOPPED_GRACE_S, CpuWatch
 
 if TYPE_CHECKING:
     from hotswap.workers.pool import JobFuture
@@ -160,6 +161,7 @@ class _Worker:
         self.deadline_s: float | None = None
         self.kill_reason: tuple[str, Any] | None = None
         self.watching_write = False
+        self.tmpdir: str | None = None  # its TMPDIR (scratch.py), removed when it exits
 
 
 class Manager:
@@ -177,12 +179,14 @@ class Manager:
         self._next_rss_poll_s = 0.0
         self._selector = selectors.DefaultSelector()
         self.cpu = CpuWatch(config.nice, config.idle)  # starvation.py
+        self._stopped_since: dict[int, float] = {}  # worker pid -> first seen stopped
 
     def reset_start_failures(self) -> None:
         """New demand gets a fresh round of start attempts (called under inbox.lock)."""
         self._start_failures = 0
 
     def run(self) -> None:
+        scratch.sweep()  # what pools killed before they could clean up left behind
         self._selector.register(self.inbox.wake_r, selectors.EVENT_READ, ("wake", None))
         try:
             while self._manage_once():
@@ -257,6 +261,8 @@ class Manager:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
         )
+        tmpdir = scratch.make(slot)
+        env[scratch.ENV] = tmpdir
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hotswap.workers", "--read-fd", str(child_r),
@@ -267,10 +273,14 @@ class Manager:
                 stdout=2,  # job output must never land in the user's stdout
                 start_new_session=True,
             )
+        except BaseException:
+            scratch.remove(tmpdir)
+            raise
         finally:
             os.close(child_r)
             os.close(child_w)
         worker = _Worker(slot, proc, parent_r, parent_w)
+        worker.tmpdir = tmpdir
         os.set_blocking(parent_r, False)
         os.set_blocking(parent_w, False)
         try:
@@ -395,6 +405,7 @@ class Manager:
             with self.inbox.lock:
                 self._running.pop(worker.job.job_id, None)
             self.cpu.job_ended(worker.pid)
+        self._stopped_since.pop(worker.pid, None)
         worker.job = None
         worker.deadline_s = None
 
@@ -467,7 +478,18 @@ class Manager:
             worker = self.workers.get(pid)
             if worker is None:
                 continue
-            if not self.cpu.lowered:
+            stopped = proctree.stopped(pid)
+            if stopped is not None:
+                # SIGSTOP, a suspended terminal job: it would hold its job until the time
+                # limit. A crash instead, once it stays stopped: the job is retried once.
+                since = self._stopped_since.setdefault(pid, now)
+                if now - since >= STOPPED_GRACE_S:
+                    log.warning("hotswap: worker %d is stopped (process %d, for %.1f s); "
+                                "killing it and replacing it", pid, stopped, now - since)
+                    self._kill(worker, ("stopped", stopped))
+                continue
+            self._stopped_since.pop(pid, None)
+            if not self.cpu.lowered or self.cpu.is_raised(pid):
                 continue  # already at the caller's priority: the note says why it waits
             if not self.cpu.raise_worker(pid, share, self.cpu.starved_for(pid, now)):
                 self._kill(worker, ("starved", share))
@@ -486,6 +508,7 @@ class Manager:
         self._read_remaining(worker)
         exitcode = worker.proc.wait()
         proctree.kill_group(worker.pid)  # inductor subprocesses it left behind
+        scratch.remove(worker.tmpdir)  # and the temporary files of what was killed
         for fd in (worker.read_fd, worker.write_fd, worker.pidfd):
             if fd >= 0:
                 with contextlib.suppress(KeyError, ValueError):
@@ -570,5 +593,7 @@ def _death_error(worker: _Worker, job: Job, exitcode: int, rss_limit: int | None
         return MemoryLimitExceeded(worker.pid, int(value), rss_limit or 0, job=job.name)
     if what == "shutdown":
         return PoolClosed(f"the pool was terminated while {job.name} ran")
+    if what == "stopped":
+        return WorkerStopped(worker.pid, int(value), job=job.name)
     signal_name = signal.Signals(-exitcode).name if exitcode < 0 else None
     return WorkerCrashed(worker.pid, exitcode, signal_name, job=job.name)

@@ -14,7 +14,8 @@ import signal
 
 import psutil
 
-__all__ = ["descendants", "kill_tree", "set_tree_priority", "tree_cpu_s", "tree_rss_bytes"]
+__all__ = ["descendants", "kill_tree", "set_tree_priority", "stopped", "tree_cpu_s",
+           "tree_rss_bytes"]
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -69,6 +70,21 @@ def tree_cpu_s(pid: int) -> float:
             times = proc.cpu_times()
             total += times.user + times.system + times.children_user + times.children_system
     return total
+
+
+def stopped(pid: int) -> int | None:
+    """A process of ``pid``'s tree that is stopped (SIGSTOP, SIGTSTP, a debugger's stop), or
+    None: a stopped process holds up its whole job."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                return int(proc.pid)
+    return None
 
 
 def set_tree_priority(pid: int, *, nice: int, idle: bool) -> bool:

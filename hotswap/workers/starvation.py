@@ -17,6 +17,10 @@ the OS refuses, the starved worker is killed, its job goes back to the front of 
 and workers start at normal priority from then on: the job starts over, having lost the
 little it had done.
 
+A starved worker that is stopped (SIGSTOP, a suspended terminal job) would hold its job
+until the time limit: once stopped for ``STOPPED_GRACE_S`` it is killed and its job fails
+as after a crash (``WorkerStopped``; callers retry once).
+
 What the watch did shows in ``WorkerPool.cpu_note()`` (``hotswap.status`` puts it on the
 pending graphs) and, once, in the log.
 """
@@ -28,13 +32,16 @@ import threading
 
 from hotswap.workers import proctree
 
-__all__ = ["POLL_S", "STARVED_AFTER_S", "STARVED_SHARE", "CpuWatch"]
+__all__ = ["POLL_S", "STARVED_AFTER_S", "STARVED_SHARE", "STOPPED_GRACE_S", "CpuWatch"]
 
 log = logging.getLogger("hotswap")
 
 STARVED_SHARE = 0.25   # of one core
 STARVED_AFTER_S = 2.0
 POLL_S = 0.5
+# A starved worker found stopped (SIGSTOP, Ctrl-Z) this long is killed as if it had crashed;
+# a claim holder stopped this long is given up on (orchestrator/cache_access.py).
+STOPPED_GRACE_S = 2.0
 
 
 class CpuWatch:
@@ -62,8 +69,9 @@ class CpuWatch:
         return (0, False) if self.normal_start else (self.nice, self.idle)
 
     def starved(self, now: float, needed: set[int]) -> list[tuple[int, float]]:
-        """Poll: the needed workers starved for ``STARVED_AFTER_S`` and not yet raised, with
-        their share of a core over that time. Workers no longer needed are forgotten."""
+        """Poll: the needed workers starved for ``STARVED_AFTER_S`` (raised ones too: one may
+        be stopped), with their share of a core over that time. Workers no longer needed are
+        forgotten."""
         self.next_poll_s = now + POLL_S
         for pid in set(self._samples) - needed:
             self._samples.pop(pid, None)
@@ -81,7 +89,7 @@ class CpuWatch:
                 self._starved_since.pop(pid, None)
                 continue
             since = self._starved_since.setdefault(pid, before[0])
-            if now - since >= STARVED_AFTER_S and pid not in self._raised:
+            if now - since >= STARVED_AFTER_S:
                 found.append((pid, share))
         if not self._raised and not self._starved_since:
             self._set_note("")
@@ -110,6 +118,9 @@ class CpuWatch:
             log.warning("hotswap: %s (HOTSWAP_WORKER_NICE / HOTSWAP_WORKER_IDLE set the "
                         "workers' priority)", message)
         return raised
+
+    def is_raised(self, pid: int) -> bool:
+        return pid in self._raised
 
     def job_ended(self, pid: int) -> None:
         """Lower a raised worker again once its job is over (never refused)."""

@@ -69,3 +69,25 @@ def burn(cpu_s: float) -> tuple[int, int]:
     while time.process_time() < end:
         pass
     return os.getpid(), os.sched_getscheduler(0)
+
+
+def temp_dirs(_: Any = None) -> tuple[str, str | None]:
+    """(this worker's Python temporary directory, the TMPDIR its child processes get)."""
+    import tempfile
+
+    return tempfile.gettempdir(), os.environ.get("TMPDIR")
+
+
+def leave_compiler_temp(marker: str) -> None:
+    """As a compile killed mid-build: a child process (the compiler) has written a temporary
+    file in $TMPDIR; its path goes to ``marker``; then hang until killed."""
+    import subprocess
+    import time
+
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ccKILLED.s")
+    subprocess.Popen(["sh", "-c", 'echo partial > "$0"; exec sleep 600', path])
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    with open(marker, "w") as f:
+        f.write(path)
+    time.sleep(600)
