@@ -48,6 +48,9 @@ _LEN = struct.Struct("!I")
 _MAC_BYTES = 32
 # A directory is a hotswap cache when it holds this file (_claim_root).
 MARKER = "HOTSWAP_CACHE"
+# Longest wait for another process's hold on the index (a stopped one holds it for ever):
+# then filelock.Timeout, an OSError, which every caller treats as "index unavailable".
+INDEX_LOCK_WAIT_S = 10.0
 # What a cache holds besides the marker (a cache from before markers holds only these).
 _CACHE_FILES = frozenset({"entries", "locks", "secret.key", "index.msgpack", "index.lock"})
 
@@ -103,7 +106,7 @@ class ArtifactCache:
         self.stamp = dict(stamp) if stamp is not None else None
         self._claim_root()
         (self.root / "entries").mkdir(mode=0o700, exist_ok=True)
-        self._lock = filelock.FileLock(str(self.root / "index.lock"))
+        self._lock = filelock.FileLock(str(self.root / "index.lock"), timeout=INDEX_LOCK_WAIT_S)
         self._secret = self._load_secret()
         self._warned: set[str] = set()
         self.rejected = 0  # entries refused (and removed) by get() so far
@@ -111,8 +114,10 @@ class ArtifactCache:
 
     # ------------------------------------------------------------------ entries
 
-    def get(self, key: str) -> bytes | None:
-        """The payload stored under ``key``, or None (missing, or rejected and removed)."""
+    def get(self, key: str, *, touch: bool = True) -> bytes | None:
+        """The payload stored under ``key``, or None (missing, or rejected and removed).
+        ``touch=False`` leaves noting the use (for eviction) to a later ``touch(key)``: a
+        caller on the user's path reads, and writes nothing."""
         path = self._path(key)
         try:
             parts = _read_entry(path)
@@ -125,17 +130,28 @@ class ArtifactCache:
                 self.rejected += 1
             self._reject(key, e.reason)
             return None
-        try:  # bookkeeping for eviction, best effort: a full disk must not cost a hit
+        if touch:
+            self.touch(key, size=sum(map(len, parts)), header=header)
+        return payload
+
+    def touch(self, key: str, *, size: int | None = None,
+              header: dict[str, Any] | None = None) -> None:
+        """Note that ``key`` was used now, for LRU eviction. Best effort: an index that cannot
+        be written (full disk, a lock held too long) leaves eviction slightly less exact."""
+        try:
             with self._lock:
                 index = self._read_index()
-                record = index.setdefault(key, {"size": sum(map(len, parts)),
-                                                "tier": header.get("tier", ""),
-                                                "created_s": header.get("created_s", 0.0)})
+                record = index.get(key)
+                if record is None:
+                    if size is None:
+                        size = self._path(key).stat().st_size
+                    header = header or {}
+                    record = index[key] = {"size": size, "tier": header.get("tier", ""),
+                                           "created_s": header.get("created_s", 0.0)}
                 record["used_s"] = time.time()
                 self._write_index(index)
         except OSError as e:
             log.debug("hotswap cache: could not note the use of %s… (%s)", key[:16], e)
-        return payload
 
     def put(self, key: str, payload: bytes | memoryview, *, tier: str = "") -> None:
         """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes."""
@@ -225,7 +241,7 @@ class ArtifactCache:
     def _path(self, key: str) -> Path:
         """``key``'s entry path. Never through a symlink: a linked ``entries`` folder, shard or
         entry would send reads, rewrites and removals outside the cache (OSError ELOOP)."""
-        if not key or not all(c in "0123456789abcdef" for c in key):
+        if not _is_key(key):
             raise ValueError(f"cache keys are lowercase hex digests, got {key!r}")
         path = self.root / "entries" / key[:2] / f"{key}.hsa"
         for part in (path.parent.parent, path.parent, path):
@@ -235,11 +251,14 @@ class ArtifactCache:
         return path
 
     def _entry_paths(self) -> Iterator[Path]:
+        """Every entry file: named by its key, in its key's shard, not a link. Anything else
+        under ``entries`` is not hotswap's, and listing, verifying and clearing leave it."""
         entries = self.root / "entries"
         if entries.is_symlink():
             return
         yield from (p for p in entries.glob("*/*.hsa")
-                    if not p.parent.is_symlink() and not p.is_symlink())
+                    if _is_key(p.stem) and p.parent.name == p.stem[:2]
+                    and not p.parent.is_symlink() and not p.is_symlink())
 
     def _verify(self, parts: tuple[bytes, bytes, bytes], key: str
                 ) -> tuple[dict[str, Any], bytes]:
@@ -270,10 +289,13 @@ class ArtifactCache:
     def _reject(self, key: str, reason: str, *, warn: bool = True) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
-        with self._lock:
-            index = self._read_index()
-            if index.pop(key, None) is not None:
-                self._write_index(index)
+        try:  # the next rebuild or put drops a record left behind
+            with self._lock:
+                index = self._read_index()
+                if index.pop(key, None) is not None:
+                    self._write_index(index)
+        except OSError as e:
+            log.debug("hotswap cache: could not drop %s… from the index (%s)", key[:16], e)
         if warn and key not in self._warned:
             self._warned.add(key)
             log.warning("hotswap cache: entry %s… refused and removed (%s); compiling again",
@@ -363,6 +385,10 @@ class ArtifactCache:
             raise ValueError(f"{path} is not a hotswap cache key (32 bytes); remove it or choose "
                              "another cache_dir")
         return secret
+
+
+def _is_key(name: str) -> bool:
+    return len(name) >= 2 and all(c in "0123456789abcdef" for c in name)
 
 
 def _read_entry(path: Path) -> tuple[bytes, bytes, bytes]:

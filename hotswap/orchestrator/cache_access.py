@@ -30,12 +30,11 @@ from hotswap.orchestrator.bench_job import CachedEntry
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import verdict_key
 from hotswap.orchestrator.options import Tier
+from hotswap.workers.starvation import STOPPED_GRACE_S
 
 __all__ = ["STOPPED_GRACE_S", "CacheAccess"]
 
 _POLL_S = 0.5
-# A claim's holder stopped this long (SIGSTOP, a suspended terminal job) is given up on.
-STOPPED_GRACE_S = 2.0
 
 
 def _stopped(pid: int) -> bool:
@@ -55,7 +54,13 @@ class CacheAccess:
         self._failed = False
         self._lock = threading.Lock()
         self._claims: dict[str, filelock.FileLock] = {}
-        self._warned: set[str] = set()
+        self._notes: dict[str, str] = {}  # what failed -> its first message (status, log)
+
+    @property
+    def note(self) -> str:
+        """What went wrong with the cache in this process ("" when nothing did)."""
+        with self._lock:
+            return "; ".join(self._notes.values())
 
     @property
     def enabled(self) -> bool:
@@ -72,7 +77,8 @@ class CacheAccess:
                                                 stamp=environment_stamp(devices))
                 except (OSError, ValueError) as e:
                     self._failed = True
-                    log.warning("hotswap: artifact cache disabled: %s", e)
+                    self._notes["open"] = f"artifact cache disabled: {e}"
+                    log.warning("hotswap: %s", self._notes["open"])
         if self._cache is None or self._cache.stamp is None:
             return {}
         stamp = self._cache.stamp
@@ -89,30 +95,34 @@ class CacheAccess:
             plan.count("corrupt-cache")
         rejected = self._cache.rejected
         try:
-            entry = self._cache.get(key)
+            entry = self._cache.get(key, touch=False)
         except OSError as e:  # unreadable, a directory, ...: a miss, never the user's error
             self._warn_once("read", e)
             return None
         if self._cache.rejected != rejected:
             bump("cache_rejects")
+        if entry is not None:  # the index notes the use off the user's path (best effort)
+            threading.Thread(target=self._cache.touch, args=(key,), daemon=True,
+                             name="hotswap-cache-touch").start()
         return entry
 
     def _warn_once(self, what: str, error: OSError) -> None:
+        root = self._cache.root if self._cache is not None else self._cache_dir
+        note = (f"could not {what} the artifact cache at {root} ({type(error).__name__}: "
+                f"{error}); serving without it where it fails (check its permissions and free "
+                "space, or set HOTSWAP_CACHE_DIR)")
         with self._lock:
-            first = what not in self._warned
-            self._warned.add(what)
+            first = what not in self._notes
+            self._notes.setdefault(what, note)
         if first:
-            root = self._cache.root if self._cache is not None else self._cache_dir
-            log.warning("hotswap: could not %s the artifact cache at %s (%s: %s); serving "
-                        "without it where it fails (check its permissions and free space, or "
-                        "set HOTSWAP_CACHE_DIR)", what, root, type(error).__name__, error)
+            log.warning("hotswap: %s", note)
 
     def verdict(self, key: str) -> bytes | None:
         """The gate's verdict on ``key``'s tier in an earlier run, if any."""
         if self._cache is None:
             return None
         try:
-            return self._cache.get(verdict_key(key))
+            return self._cache.get(verdict_key(key), touch=False)
         except OSError as e:
             self._warn_once("read", e)
             return None
@@ -152,11 +162,14 @@ class CacheAccess:
         the entry and released the lock between our miss and our claim.
         """
         assert self._cache is not None
-        lock = self._cache.compile_lock(key)
         try:
+            lock = self._cache.compile_lock(key)
             lock.acquire(timeout=0)
         except filelock.Timeout:
             return False
+        except OSError as e:  # the locks folder cannot be written: compile, unclaimed
+            self._warn_once("lock", e)
+            return True
         with self._lock:
             self._claims[key] = lock
         try:
@@ -187,13 +200,17 @@ class CacheAccess:
         Ctrl-Z) for ``STOPPED_GRACE_S``: a suspended process must not stall every other
         process on the cache."""
         assert self._cache is not None
-        lock = self._cache.compile_lock(key)
+        try:
+            lock = self._cache.compile_lock(key)
+        except OSError as e:
+            self._warn_once("lock", e)
+            return False
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         stopped_since: float | None = None
         while True:
             try:
                 lock.acquire(timeout=_POLL_S)
-            except filelock.Timeout:
+            except filelock.Timeout:  # before OSError: filelock.Timeout is a TimeoutError
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     return False
@@ -207,6 +224,9 @@ class CacheAccess:
                                 "stopped; compiling it here instead", holder, key[:16])
                     return False
                 continue
+            except OSError as e:
+                self._warn_once("lock", e)
+                return False
             lock.release()
             return True
 

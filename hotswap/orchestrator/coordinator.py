@@ -362,7 +362,8 @@ class Coordinator(BlockingModes):
             runners = list(self.runners)
         statuses = [r.status() for r in runners]
         note = shared_pool(self.options.workers).cpu_note() if self.options.background else ""
-        return [dataclasses.replace(s, waiting=note) if note and s.pending else s
+        cache = self.cache.note
+        return [dataclasses.replace(s, waiting=note if s.pending else "", cache=cache)
                 for s in statuses]
 
     def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:

@@ -64,6 +64,9 @@ class GraphStatus:
     # Why the pending tiers wait, where hotswap knows ("" otherwise), e.g. "waiting on CPU:
     # ..." when the caller's threads starve the compile workers (workers/starvation.py).
     waiting: str = ""
+    # What went wrong with the artifact cache in this process ("" when nothing did): it could
+    # not be opened, read, written or locked; the graph is served and compiled without it.
+    cache: str = ""
 
 
 def _close(new: Any, ref: Any) -> bool:

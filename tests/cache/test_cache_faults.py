@@ -121,3 +121,19 @@ def test_links_inside_the_cache_are_not_followed(tmp_path: Path) -> None:
     assert cache.clear() == 0
     assert [p.name for p in outside.iterdir()] == [f"{key}.hsa"]
     assert (outside / f"{key}.hsa").read_bytes() == b"not ours"
+
+
+def test_clear_removes_only_what_hotswap_wrote(tmp_path: Path) -> None:
+    cache = ArtifactCache(tmp_path, stamp=environment_stamp())
+    key = "ab" + "1" * 62
+    cache.put(key, b"payload", tier="default")
+    shard = cache.entry_path(key).parent
+    strangers = [shard / "notes.hsa", shard / "README", tmp_path / "entries" / "cd" /
+                 f"{key}.hsa"]  # not a key's name; not an entry; an entry in the wrong shard
+    for path in strangers:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"not hotswap's")
+    assert cache.clear() == 1
+    assert not cache.entry_path(key).exists()
+    assert all(p.read_bytes() == b"not hotswap's" for p in strangers)
+    assert cache.verify() == [] and cache.entries() == []
