@@ -5,6 +5,7 @@ and nothing outside the cache is touched.
     fault                          where                      what the user gets
     full disk (ENOSPC)             entry and index writes     compiled tier, uncached
     full disk, warm cache          index write at a hit       the hit
+    a real full disk (tmpfs)       all of the above           the hit; compiled tier, uncached
     unreadable entry (EACCES)      entry read                 a miss: compiled again
     unreadable compile lock        locks/<key>.lock           compiled without the claim
     unreadable index               index.msgpack              the hit; compiled tier, unindexed
@@ -15,13 +16,16 @@ and nothing outside the cache is touched.
     foreign directory              every cache command        exit 2, nothing touched
     symlinked shard                entries/<k[:2]>            a miss, nothing written through
 
-Faults a root process would not see (permissions) are injected where the OS would raise them.
+Faults a root process would not see (permissions) are injected where the OS would raise them;
+a full disk is both injected and real (a filled tmpfs, where this process may mount one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,6 +111,46 @@ def test_full_disk_under_a_warm_cache(tmp_path: Path, monkeypatch: pytest.Monkey
     status, delta, _ = _serve(tmp_path / "cache")
     assert status.tier == "default" and status.path == "cache"
     assert delta["cache_hits"] == 1 and delta["worker_compiles"] == 0
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A real full disk: a tmpfs of ``size`` at ``path`` (root only; else the injected
+    ENOSPC tests above stand alone)."""
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}",
+                                            "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root); ENOSPC is injected above")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+
+
+def test_a_real_full_disk(tmp_path: Path) -> None:
+    _warm(tmp_path / "cache")
+    with _small_disk(tmp_path / "small", "8m") as disk:
+        shutil.copytree(tmp_path / "cache", disk / "cache")
+        _fill(disk)
+        status, delta, _ = _serve(disk / "cache")  # the warm cache, on a full disk
+        assert status.path == "cache" and delta["cache_hits"] == 1
+        torch._dynamo.reset()
+        (disk / "cache" / "index.msgpack").unlink()  # nothing for a cold run to rewrite in place
+        shutil.rmtree(disk / "cache" / "entries")
+        _fill(disk)
+        status, delta, _ = _serve(disk / "cache")
+        assert status.tier == "default" and delta["worker_compiles"] == 1
+        assert "No space left on device" in status.cache
 
 
 def test_unreadable_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
