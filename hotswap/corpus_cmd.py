@@ -26,7 +26,8 @@ import tempfile
 import time
 from typing import Any
 
-MODES = ("async", "progressive", "subprocess", "inprocess")
+from hotswap.orchestrator.options import MODES
+
 # A CI-sized subset: a CNN with max-pooling, a ViT, a decoder LLM, an encoder-decoder.
 QUICK = ("resnet", "vit", "llama", "t5")
 

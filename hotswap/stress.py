@@ -26,10 +26,10 @@ from typing import Any
 import psutil
 
 from hotswap import testing
+from hotswap.orchestrator.options import MODES
 
 __all__ = ["OBSERVED", "CaseResult", "StressReport", "run_stress"]
 
-MODES = ("inprocess", "subprocess", "async", "progressive")
 # Fault kind -> the counter that must move by exactly as much.
 OBSERVED = {"crash": "worker_crashes", "hang": "job_timeouts", "oom": "memory_limit_kills",
             "unpicklable": "serialization_failures", "corrupt-cache": "cache_rejects"}

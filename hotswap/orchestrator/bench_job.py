@@ -1,4 +1,4 @@
-"""The benchmark job (``hotswap.orchestrator.bench_job:bench_tiers``), run inside a worker.
+"""The benchmark job (``wire.BENCH_JOB``), run inside a worker.
 
 The gate and the profile's tier comparison measure artifacts here, not in the user's process:
 a benchmark there would take the GIL and the device from the user's calls. The worker loads
@@ -10,48 +10,15 @@ it is (``eager``), so every tier gets a speed-up over eager.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from hotswap.orchestrator.compile_job import InputMeta
-from hotswap.profiles.records import KernelBreakdown, TierBench
+from hotswap.orchestrator.wire import BenchReply, BenchRequest, CachedEntry
 from hotswap.workers import stage
 
-__all__ = ["BenchReply", "BenchRequest", "CachedEntry", "bench_tiers"]
+__all__ = ["bench_tiers"]
 
 
-@dataclass(frozen=True)
-class CachedEntry:
-    """An entry the worker reads from the artifact cache itself, so that the user's process
-    neither pickles nor sends its bytes (tens of MB for a GPU tier, copied holding the GIL)."""
-
-    cache_dir: str
-    key: str
-
-
-@dataclass(frozen=True)
-class BenchRequest:
-    graph_id: str
-    entries: dict[str, bytes | CachedEntry]  # tier -> artifacts.pack_entry(...), or where
-    inputs: tuple[InputMeta, ...]
-    grad_enabled: bool
-    graph_bytes: bytes = b""         # transport.ship_graph(); adds an "eager" row when given
-    budget_ms: float = 200.0         # per tier
-    purpose: str = "compare"         # "gate" or "compare"
-    breakdown: bool = False          # also profile each tier's kernels
-    num_threads: int | None = None   # the caller's intra-op threads: time what it will run
-    # tier -> the inductor config it compiled with; its artifact loads under it (load_entry)
-    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BenchReply:
-    benches: list[TierBench]
-    kernels: list[KernelBreakdown] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)  # tier -> why it has no row
-
-
-def bench_tiers(request: BenchRequest) -> BenchReply:
+def bench_tiers(wire: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from hotswap.orchestrator import compat
@@ -61,6 +28,7 @@ def bench_tiers(request: BenchRequest) -> BenchReply:
     from hotswap.profiles.bench import compare_tiers
     from hotswap.profiles.kernels import kernel_breakdown
 
+    request = BenchRequest.from_wire(wire)
     device = next((m.device for m in request.inputs if m.is_tensor), "cpu")
     errors: dict[str, str] = {}
     calls: dict[str, Any] = {}
@@ -88,7 +56,7 @@ def bench_tiers(request: BenchRequest) -> BenchReply:
                     kernels.append(kernel_breakdown(request.graph_id, tier, fn, device=device))
                 except Exception as e:
                     errors[f"{tier}/kernels"] = f"{type(e).__name__}: {e}"
-    return BenchReply(benches, kernels, errors)
+    return BenchReply(benches, kernels, errors).to_wire()
 
 
 def _read(entry: bytes | CachedEntry) -> bytes:

@@ -17,7 +17,6 @@ from hotswap.errors import CompileFailed, HotswapError, WorkerCrashed
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.artifacts import pack_entry
 from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.compile_job import CompileResult, InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
 from hotswap.orchestrator.load_guard import cpp_sources, probes, record_precompiled_headers
@@ -32,6 +31,7 @@ from hotswap.orchestrator.request import (
     reason_of,
     unsaveable,
 )
+from hotswap.orchestrator.wire import CompileResult, InputMeta
 from hotswap.workers import JobFuture
 
 __all__ = ["BlockingModes"]
@@ -168,7 +168,7 @@ class BlockingModes:
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
         try:
-            result: CompileResult = future.result()
+            result = CompileResult.from_wire(future.result())
         except WorkerCrashed as e:
             if retries <= 0:
                 raise

@@ -25,11 +25,10 @@ import torch
 
 from hotswap import testing
 from hotswap.cache import ArtifactCache
-from hotswap.cache.key import cache_key, environment_stamp
-from hotswap.orchestrator.bench_job import CachedEntry
 from hotswap.orchestrator.counters import bump
-from hotswap.orchestrator.gate import verdict_key
+from hotswap.orchestrator.keys import environment_stamp, tier_key, verdict_key
 from hotswap.orchestrator.options import Tier
+from hotswap.orchestrator.wire import CachedEntry
 from hotswap.workers.starvation import STOPPED_GRACE_S
 
 __all__ = ["STOPPED_GRACE_S", "CacheAccess"]
@@ -82,7 +81,7 @@ class CacheAccess:
         if self._cache is None or self._cache.stamp is None:
             return {}
         stamp = self._cache.stamp
-        return {t.name: cache_key(gm, inputs, grad_enabled, t.config, stamp, num_threads)
+        return {t.name: tier_key(gm, inputs, grad_enabled, t.config, stamp, num_threads)
                 for t in wanted}
 
     def get(self, key: str | None) -> bytes | None:

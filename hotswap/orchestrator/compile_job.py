@@ -1,83 +1,18 @@
-"""The compile job (``hotswap.orchestrator.compile_job:compile_graph``), run inside a worker.
-
-The coordinator ships the dynamo graph pickled, and its inputs as metadata only (shape, stride,
-dtype, device, requires_grad): parameters are graph inputs and may be gigabytes, so their values
-never travel. Constants the graph holds (get_attr tensors) travel inside the pickled graph.
+"""The compile job (``wire.COMPILE_JOB``), run inside a worker: a ``CompileRequest``'s graph
+rebuilt on inputs made from its metadata, compiled by inductor, its artifact packed with the
+files it needs (wire.py says what travels). Also the workers' warm-up steps.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import time
-from dataclasses import dataclass
-from typing import Any, SupportsIndex
+from typing import Any
 
+from hotswap.orchestrator.wire import CompileRequest, CompileResult, InputMeta
 from hotswap.workers import emit_stage, stage
 
-__all__ = ["CompileRequest", "CompileResult", "InputMeta", "compile_graph", "landed",
-           "real_inputs"]
-
-
-@dataclass(frozen=True)
-class InputMeta:
-    """One graph input. ``shape`` holds example (hint) sizes; ``sizes`` names the symbol of each
-    dynamic dim (``None`` where static). A SymInt input has ``symbol`` set and ``hint``."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: str
-    device: str
-    requires_grad: bool
-    sizes: tuple[str | None, ...] = ()
-    symbol: str | None = None
-    hint: int = 0
-    # A dynamic view's strides by expression (None where static); empty when contiguous.
-    strides: tuple[str | None, ...] = ()
-    # A plain Python input (None, bool, int, float), sent by value (dtype "constant").
-    value: bool | int | float | None = None
-
-    @property
-    def is_tensor(self) -> bool:
-        return self.symbol is None and self.dtype != "constant"
-
-    @property
-    def symbols(self) -> list[tuple[str, int]]:
-        if self.symbol is not None:
-            return [(self.symbol, self.hint)]
-        found = [(name, hint) for name, hint in zip(self.sizes, self.shape, strict=False) if name]
-        return found + [(expr, hint) for expr, hint in zip(self.strides, self.stride, strict=False)
-                        if expr and expr.isidentifier()]
-
-
-@dataclass(frozen=True)
-class CompileRequest:
-    graph_id: str
-    tier: str
-    config_patches: dict[str, Any]
-    graph_bytes: bytes           # transport.ship_graph(); unpickled only here, in the worker
-    inputs: tuple[InputMeta, ...]
-    grad_enabled: bool
-    num_threads: int | None = None  # the caller's intra-op threads (CPU graphs; C++ codegen)
-    fault: str | None = None     # hotswap.testing: a fault to carry out instead of (or before)
-    slow_s: float = 0.0          # compiling; never set outside tests and stress runs
-
-
-@dataclass(frozen=True)
-class CompileResult:
-    graph_id: str
-    tier: str
-    # artifacts.pack_entry(artifact, files): the saved artifact, plus the files the compile
-    # added to the worker's inductor cache (compiled C++ kernels above all: inductor bundles
-    # triton kernels into the artifact, not C++ ones), restored where it loads. Packed here,
-    # in the worker, so that the user's process never copies it: it travels out of band and
-    # arrives as a view into the pool's receive buffer.
-    entry: bytes | memoryview
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
-        if int(protocol) < 5:
-            return super().__reduce_ex__(protocol)
-        return (CompileResult, (self.graph_id, self.tier, pickle.PickleBuffer(self.entry)))
+__all__ = ["compile_graph", "landed", "real_inputs", "warm_compile", "warm_device"]
 
 
 # Ship cache files written after this time with the next result (set by warm_device).
@@ -269,7 +204,7 @@ def _cpu_graph(metas: tuple[InputMeta, ...]) -> bool:
     return "cpu" in devices and len(devices) == 1
 
 
-def compile_graph(request: CompileRequest) -> CompileResult:
+def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from hotswap.orchestrator import compat
@@ -281,6 +216,7 @@ def compile_graph(request: CompileRequest) -> CompileResult:
         record_precompiled_headers,
     )
 
+    request = CompileRequest.from_wire(wire)
     record_precompiled_headers()  # where warm_device did not run
     if request.fault is not None:
         instead = _carry_out(request.fault, request.slow_s)
@@ -304,4 +240,4 @@ def compile_graph(request: CompileRequest) -> CompileResult:
         files = compat.compile_outputs(sources, since)
         entry = pack_entry(data, files, probes())
     _files_since_s = None
-    return CompileResult(request.graph_id, request.tier, entry)
+    return CompileResult(request.graph_id, request.tier, entry).to_wire()

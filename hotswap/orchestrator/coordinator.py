@@ -30,21 +30,19 @@ from typing import Any
 import torch
 
 from hotswap import testing
-from hotswap.cache.key import prepare_stamp
 from hotswap.errors import CompileFailed, PoolClosed, WorkerCrashed
 from hotswap.orchestrator.artifacts import load_entry
-from hotswap.orchestrator.bench_job import BenchReply, BenchRequest
 from hotswap.orchestrator.blocking import BlockingModes
 from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.compile_job import CompileRequest, CompileResult
 from hotswap.orchestrator.counters import bump
-from hotswap.orchestrator.gate import BENCH_JOB, Gate, Measure, unpack_verdict
+from hotswap.orchestrator.gate import Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
+from hotswap.orchestrator.keys import prepare_stamp
 from hotswap.orchestrator.loader import Loader
 from hotswap.orchestrator.local import LocalCompiler
 from hotswap.orchestrator.options import Options, Tier
 from hotswap.orchestrator.pools import shared_pool
-from hotswap.orchestrator.recording import GRAPH_TIER, PROFILE_CONFIG, Recorder
+from hotswap.orchestrator.recording import PROFILE_CONFIG, Recorder
 from hotswap.orchestrator.request import (
     GraphRequest,
     count_error,
@@ -56,6 +54,15 @@ from hotswap.orchestrator.request import (
 )
 from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
+from hotswap.orchestrator.wire import (
+    BENCH_JOB,
+    COMPILE_JOB,
+    BenchReply,
+    BenchRequest,
+    CompileRequest,
+    CompileResult,
+)
+from hotswap.profiles.records import GRAPH_TIER
 from hotswap.workers import JobFuture
 
 __all__ = ["Coordinator"]
@@ -63,7 +70,6 @@ __all__ = ["Coordinator"]
 
 log = logging.getLogger("hotswap")
 
-COMPILE_JOB = "hotswap.orchestrator.compile_job:compile_graph"
 # How long a load waits for the process warm-up of its devices (warmup.py) before it goes on.
 _WARMUP_WAIT_S = 60.0
 _graph_ids = itertools.count(1)
@@ -250,8 +256,18 @@ class Coordinator(BlockingModes):
             self._notify()
 
     def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
-        return shared_pool(self.options.workers).submit(BENCH_JOB, request,
-                                                        timeout_s=self.options.limit_s())
+        job = shared_pool(self.options.workers).submit(BENCH_JOB, request.to_wire(),
+                                                       timeout_s=self.options.limit_s())
+        reply: Future[BenchReply] = Future()
+
+        def arrived(done: Future[Any]) -> None:
+            try:
+                reply.set_result(BenchReply.from_wire(done.result()))
+            except BaseException as e:
+                reply.set_exception(e)
+
+        job.add_done_callback(arrived)
+        return reply
 
     def _request(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> GraphRequest | str:
         """The graph as compile jobs ship it, or why it cannot go to a worker."""
@@ -273,7 +289,7 @@ class Coordinator(BlockingModes):
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
                              request.inputs, request.grad_enabled, request.num_threads, fault=fault,
                              slow_s=plan.slow_s if plan is not None else 0.0)
-        return shared_pool(self.options.workers).submit(COMPILE_JOB, job,
+        return shared_pool(self.options.workers).submit(COMPILE_JOB, job.to_wire(),
                                                         timeout_s=self.options.limit_s(tier))
 
     def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier, retries: int,
@@ -308,7 +324,7 @@ class Coordinator(BlockingModes):
                 self._fail(runner, tier.name, reason_of(error))
                 return
             self.recorder.worker_job(runner, tier.name, future.stage_events, submitted, done)
-            result = future.result()
+            result = CompileResult.from_wire(future.result())
             try:
                 fn = self._load(runner, result, tier)
             except Exception as e:

@@ -19,7 +19,6 @@ profiles each tier's kernels; those records go to the timeline, not to the decis
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -29,25 +28,19 @@ from typing import Any
 
 import msgpack
 
-from hotswap.orchestrator.bench_job import BenchReply, BenchRequest, CachedEntry
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
 from hotswap.orchestrator.recording import Recorder
+from hotswap.orchestrator.wire import BenchReply, BenchRequest, CachedEntry
 from hotswap.profiles.bench import DEFAULT_BUDGET_MS, gate_decision
 
-__all__ = ["BENCH_JOB", "Gate", "Measure", "verdict_key"]
+__all__ = ["Gate", "Measure"]
 
 log = logging.getLogger("hotswap")
 
-BENCH_JOB = "hotswap.orchestrator.bench_job:bench_tiers"
 # Runs a BenchRequest somewhere (a worker, by default) and resolves with its BenchReply.
 Measure = Callable[[BenchRequest], "Future[BenchReply]"]
 Submit = Callable[[Callable[..., Any], Any], None]
-
-
-def verdict_key(tier_key: str) -> str:
-    """The cache key of the gate's verdict on the artifact stored under ``tier_key``."""
-    return hashlib.sha256(f"{tier_key}:gate-verdict".encode()).hexdigest()
 
 
 def pack_verdict(serving: str, reason: str) -> bytes:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hotswap.orchestrator.compile_job import InputMeta
+from hotswap.orchestrator.wire import InputMeta
 
 __all__ = ["describe_inputs"]
 

@@ -24,12 +24,11 @@ import torch
 
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.graph import GraphRunner, Observer, ProfiledGraphRunner
-from hotswap.profiles.records import Span, Swap
+from hotswap.profiles.records import GRAPH_TIER, Span, Swap
 from hotswap.profiles.timeline import Timeline, category_of, self_time_by_category
 
 __all__ = ["GRAPH_TIER", "PROFILE_CONFIG", "Recorder"]
 
-GRAPH_TIER = "-"  # spans that belong to the graph, not to one of its tiers
 # Inductor config for profiling runs: kernels named for what they fuse, C++ kernels visible to
 # torch.profiler (as inductor's own ``compiled_module.py -p`` wants them).
 PROFILE_CONFIG = {"triton.unique_kernel_names": True, "cpp.enable_kernel_profile": True}

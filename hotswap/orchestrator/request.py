@@ -7,10 +7,10 @@ from typing import NamedTuple
 import torch
 
 from hotswap.errors import CompileFailed, JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
-from hotswap.orchestrator.compile_job import InputMeta
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.inputs import describe_inputs
 from hotswap.orchestrator.transport import mutated_attributes, submodule_reason
+from hotswap.orchestrator.wire import InputMeta
 
 __all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "portable_inputs",
            "reason_of", "unsaveable"]

@@ -14,9 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
-    "BenchResult", "Call", "GateDecision", "KernelBreakdown", "Record", "RunInfo", "Span", "Swap",
-    "TierBench", "record_from_dict",
+    "GRAPH_TIER", "BenchResult", "Call", "GateDecision", "KernelBreakdown", "Record", "RunInfo",
+    "Span", "Swap", "TierBench", "record_from_dict",
 ]
+
+
+# The tier of spans that belong to the graph, not to one of its tiers (dynamo trace, serialize).
+GRAPH_TIER = "-"
 
 
 class _Record:

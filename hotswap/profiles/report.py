@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hotswap.profiles.records import (
+    GRAPH_TIER,
     Call,
     GateDecision,
     KernelBreakdown,
@@ -34,7 +35,6 @@ STAGE_ORDER = ("dynamo_trace", "serialize", "cache_lookup", "queue_wait", "worke
                "cache_load", "inprocess_compile", "gate_bench", "swap", "first_call")
 COMPILE_ORDER = ("aot_autograd", "lowering", "codegen", "autotuning", "kernel_compile",
                  "artifact_save", "load", "inductor_other")
-GRAPH_TIER = "-"  # stages that belong to the graph, not to one tier (dynamo trace, serialize)
 
 
 @dataclass

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import hotswap
-from hotswap.cache.key import cache_key, environment_stamp
 from hotswap.orchestrator.inputs import describe_inputs
+from hotswap.orchestrator.keys import environment_stamp, tier_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,17 +99,17 @@ def test_key_changes_with_each_of_its_parts() -> None:
     (gm_f, ex_f), (gm_g, ex_g), (gm_f5, ex_f5) = captured[:3]
     inputs_f = describe_inputs(gm_f, ex_f)
     stamp = environment_stamp()
-    base = cache_key(gm_f, inputs_f, False, {}, stamp)
-    assert base == cache_key(gm_f, inputs_f, False, {}, dict(stamp))  # deterministic
+    base = tier_key(gm_f, inputs_f, False, {}, stamp)
+    assert base == tier_key(gm_f, inputs_f, False, {}, dict(stamp))  # deterministic
     variants = [
-        cache_key(gm_g, describe_inputs(gm_g, ex_g), False, {}, stamp),     # graph code
-        cache_key(gm_f5, describe_inputs(gm_f5, ex_f5), False, {}, stamp),  # input shapes
-        cache_key(gm_f, inputs_f, True, {}, stamp),                          # grad mode
-        cache_key(gm_f, inputs_f, False, {"max_autotune": True}, stamp),     # tier config
-        cache_key(gm_f, inputs_f, False, {}, {**stamp, "torch": "2.11.0"}),  # torch version
-        cache_key(gm_f, inputs_f, False, {}, {**stamp, "gpus": ["H200 sm_90"]}),  # device
-        cache_key(gm_f, inputs_f, False, {}, {**stamp, "format": 99}),       # format version
-        cache_key(gm_f, inputs_f, False, {}, stamp, num_threads=1),           # CPU threads
+        tier_key(gm_g, describe_inputs(gm_g, ex_g), False, {}, stamp),     # graph code
+        tier_key(gm_f5, describe_inputs(gm_f5, ex_f5), False, {}, stamp),  # input shapes
+        tier_key(gm_f, inputs_f, True, {}, stamp),                          # grad mode
+        tier_key(gm_f, inputs_f, False, {"max_autotune": True}, stamp),     # tier config
+        tier_key(gm_f, inputs_f, False, {}, {**stamp, "torch": "2.11.0"}),  # torch version
+        tier_key(gm_f, inputs_f, False, {}, {**stamp, "gpus": ["H200 sm_90"]}),  # device
+        tier_key(gm_f, inputs_f, False, {}, {**stamp, "format": 99}),       # format version
+        tier_key(gm_f, inputs_f, False, {}, stamp, num_threads=1),           # CPU threads
     ]
     assert len({base, *variants}) == len(variants) + 1
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import hotswap
-from hotswap.orchestrator.bench_job import BenchReply, BenchRequest, CachedEntry
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.options import Options
+from hotswap.orchestrator.wire import BenchReply, BenchRequest, CachedEntry
 from hotswap.profiles import (
     Call,
     GateDecision,
