@@ -21,7 +21,15 @@ from hotswap.orchestrator.counters import counters, counters_delta
 from hotswap.workers import StageEvent, WorkerPool
 
 if TYPE_CHECKING:
-    from hotswap.orchestrator.api import backend, compile, prepare, status, wait
+    from hotswap.orchestrator.api import (
+        backend,
+        compile,
+        prepare,
+        runtime,
+        shutdown,
+        status,
+        wait,
+    )
     from hotswap.orchestrator.graph import GraphStatus, TierFailed
 
 __version__ = "0.1.0"
@@ -46,6 +54,8 @@ __all__ = [
     "counters",
     "counters_delta",
     "prepare",
+    "runtime",
+    "shutdown",
     "status",
     "wait",
 ]
@@ -54,6 +64,8 @@ _LAZY = {
     "backend": "hotswap.orchestrator.api",
     "compile": "hotswap.orchestrator.api",
     "prepare": "hotswap.orchestrator.api",
+    "runtime": "hotswap.orchestrator.api",
+    "shutdown": "hotswap.orchestrator.api",
     "status": "hotswap.orchestrator.api",
     "wait": "hotswap.orchestrator.api",
     "GraphStatus": "hotswap.orchestrator.graph",

@@ -211,7 +211,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
 def _spinners(count: int) -> list[subprocess.Popen[bytes]]:
     """``count`` processes that spin at the priority hotswap's compile workers run at (same
     niceness, session niceness and ``SCHED_IDLE`` settings)."""
-    from hotswap.orchestrator.pools import worker_priority
+    from hotswap.orchestrator.runtime import worker_priority
 
     nice, idle = worker_priority()
     code = (f"from hotswap.workers.child import lower_priority\n"

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+import hotswap
 from hotswap import testing
 from hotswap.orchestrator.options import MODES
 
@@ -122,15 +123,12 @@ class _RssWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        from hotswap.orchestrator import pools
-
         while not self._stop.wait(0.2):
-            for pool in list(pools._pools.values()):
-                for pid in pool.worker_pids():
-                    try:
-                        self.peak = max(self.peak, psutil.Process(pid).memory_info().rss)
-                    except psutil.Error:
-                        pass
+            for pid in hotswap.runtime().worker_pids():
+                try:
+                    self.peak = max(self.peak, psutil.Process(pid).memory_info().rss)
+                except psutil.Error:
+                    pass
 
     def stop(self) -> int:
         self._stop.set()
@@ -203,9 +201,7 @@ def _join_all(threads: list[threading.Thread], timeout_s: float) -> bool:
 
 def _leaked_processes(grace_s: float = 5.0) -> list[int]:
     """Terminate the shared pools, then list any child process still alive after ``grace_s``."""
-    from hotswap.orchestrator import pools
-
-    pools._shutdown_pools()
+    hotswap.shutdown()
     deadline = time.monotonic() + grace_s
     while True:
         alive = [p.pid for p in psutil.Process().children(recursive=True)
@@ -285,9 +281,7 @@ def run_stress(models: list[str], modes: list[str], *, reps: int = 1, concurrenc
 
 
 def _restarts() -> int:
-    from hotswap.orchestrator import pools
-
-    return sum(pool.restarts for pool in list(pools._pools.values()))
+    return hotswap.runtime().restarts
 
 
 def parse_faults(spec: str, *, seed: int = 0, slow_s: float = 0.2) -> testing.FaultPlan:

@@ -40,14 +40,11 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 def _shared_pool_pids() -> set[int]:
     import sys
 
-    pools = sys.modules.get("hotswap.orchestrator.pools")
-    if pools is None:
-        return set()
-    pids: set[int] = set()
-    for pool in list(pools._pools.values()):
-        pids.update(pool.worker_pids())
-    # Workers being replaced right now are not listed yet; give them a moment.
-    return pids
+    if "hotswap.orchestrator.runtime" not in sys.modules:
+        return set()  # nothing has started hotswap's runtime
+    import hotswap
+
+    return set(hotswap.runtime().worker_pids())
 
 
 @pytest.fixture(autouse=True)

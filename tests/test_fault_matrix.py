@@ -43,7 +43,6 @@ import hotswap
 from hotswap import testing
 from hotswap.cache import ArtifactCache, store
 from hotswap.cli import main as cli
-from hotswap.orchestrator.pools import shared_pool
 from hotswap.workers.starvation import STOPPED_GRACE_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,7 +232,7 @@ def test_foreign_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_stopped_worker(tmp_path: Path) -> None:
     """Subprocess mode's first call waits for the compile: a stopped worker must not hold it."""
-    pool = shared_pool(1)
+    pool = hotswap.runtime().pool(1)
     stopped: list[int] = []
 
     def stop_the_busy_worker() -> None:

@@ -1,4 +1,5 @@
-"""Public API: ``hotswap.compile``, ``hotswap.backend``, ``status``, ``wait``, the entry point."""
+"""Public API: ``hotswap.compile``, ``backend``, ``prepare``, ``status``, ``wait``, ``runtime``,
+``shutdown``, and the ``torch.compile(backend="hotswap")`` entry point."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import torch
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.graph import GraphStatus
 from hotswap.orchestrator.options import Options
-from hotswap.orchestrator.pools import shared_pool
+from hotswap.orchestrator.runtime import Runtime
+from hotswap.orchestrator.runtime import runtime as _runtime
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 
-__all__ = ["backend", "compile", "hotswap_backend", "prepare", "status", "wait"]
+__all__ = ["backend", "compile", "hotswap_backend", "prepare", "runtime", "shutdown", "status",
+           "wait"]
 
 _by_compiled: weakref.WeakKeyDictionary[Any, Coordinator] = weakref.WeakKeyDictionary()
 _all: weakref.WeakSet[Coordinator] = weakref.WeakSet()
@@ -102,7 +105,7 @@ def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
     unknown = [d for d in devices if d.split(":")[0] not in ("cpu", "cuda")]
     if unknown:
         raise ValueError(f"devices must be 'cpu' or 'cuda[:N]', got {unknown}")
-    pool = shared_pool(workers)
+    pool = _runtime.pool(workers)
     importlib.import_module("torch._dynamo")  # here, before the warm-up thread (warmup.py)
     start_warmup(devices)
     if not wait:
@@ -153,3 +156,14 @@ def status(compiled: Any = None) -> list[GraphStatus]:
 def wait(compiled: Any = None, timeout_s: float | None = None) -> list[GraphStatus]:
     """Block until no tier is pending for any graph of ``compiled`` (or ``timeout_s`` passes)."""
     return [s for c in _coordinators(compiled) for s in c.wait(timeout_s)]
+
+
+def runtime() -> Runtime:
+    """What hotswap runs in this process: its worker pools (``worker_pids()``, ``restarts``)."""
+    return _runtime
+
+
+def shutdown() -> None:
+    """Stop hotswap's workers now (interpreter exit does it too). Tiers still compiling fail
+    quietly and their graphs keep the tier they serve; a later compile starts new workers."""
+    _runtime.shutdown()

@@ -41,7 +41,6 @@ from hotswap.orchestrator.keys import prepare_stamp
 from hotswap.orchestrator.loader import Loader
 from hotswap.orchestrator.local import LocalCompiler
 from hotswap.orchestrator.options import Options, Tier
-from hotswap.orchestrator.pools import shared_pool
 from hotswap.orchestrator.recording import PROFILE_CONFIG, Recorder
 from hotswap.orchestrator.request import (
     GraphRequest,
@@ -52,6 +51,7 @@ from hotswap.orchestrator.request import (
     reason_of,
     unsaveable,
 )
+from hotswap.orchestrator.runtime import runtime
 from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.orchestrator.wire import (
@@ -101,7 +101,7 @@ class Coordinator(BlockingModes):
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
         if options.mode != "inprocess":
-            shared_pool(options.workers)  # warm the pool now, before the first graph arrives
+            runtime.pool(options.workers)  # warm the pool now, before the first graph arrives
             # The cache stamp's version lookups, off the user's first call.
             threading.Thread(target=prepare_stamp, daemon=True, name="hotswap-stamp").start()
 
@@ -256,7 +256,7 @@ class Coordinator(BlockingModes):
             self._notify()
 
     def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
-        job = shared_pool(self.options.workers).submit(BENCH_JOB, request.to_wire(),
+        job = runtime.pool(self.options.workers).submit(BENCH_JOB, request.to_wire(),
                                                        timeout_s=self.options.limit_s())
         reply: Future[BenchReply] = Future()
 
@@ -289,7 +289,7 @@ class Coordinator(BlockingModes):
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
                              request.inputs, request.grad_enabled, request.num_threads, fault=fault,
                              slow_s=plan.slow_s if plan is not None else 0.0)
-        return shared_pool(self.options.workers).submit(COMPILE_JOB, job.to_wire(),
+        return runtime.pool(self.options.workers).submit(COMPILE_JOB, job.to_wire(),
                                                         timeout_s=self.options.limit_s(tier))
 
     def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier, retries: int,
@@ -377,7 +377,7 @@ class Coordinator(BlockingModes):
         with self._cond:
             runners = list(self.runners)
         statuses = [r.status() for r in runners]
-        note = shared_pool(self.options.workers).cpu_note() if self.options.background else ""
+        note = runtime.cpu_note(self.options.workers) if self.options.background else ""
         cache = self.cache.note
         return [dataclasses.replace(s, waiting=note if s.pending else "", cache=cache)
                 for s in statuses]

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hotswap.errors import (
     CompileFailed,
@@ -51,6 +51,7 @@ from hotswap.errors import (
     WorkerStopped,
 )
 from hotswap.workers import proctree, scratch
+from hotswap.workers.future import JobFuture, WorkerInfo
 from hotswap.workers.protocol import (
     FrameDecoder,
     MessageKind,
@@ -64,9 +65,6 @@ from hotswap.workers.protocol import (
     encode_job_request,
 )
 from hotswap.workers.starvation import POLL_S, STOPPED_GRACE_S, CpuWatch
-
-if TYPE_CHECKING:
-    from hotswap.workers.pool import JobFuture
 
 __all__ = ["Inbox", "Manager", "PoolConfig"]
 
@@ -171,7 +169,7 @@ class Manager:
         self.inbox = inbox
         self.config = config
         self.on_exit = on_exit
-        self.workers: dict[int, _Worker] = {}  # by pid; read by callers under inbox.lock
+        self.workers: dict[int, _Worker] = {}  # by pid; callers read snapshots (info())
         self.restarts = 0
         self._running: dict[int, _Worker] = {}
         self._start_failures = 0
@@ -180,6 +178,18 @@ class Manager:
         self._selector = selectors.DefaultSelector()
         self.cpu = CpuWatch(config.nice, config.idle)  # starvation.py
         self._stopped_since: dict[int, float] = {}  # worker pid -> first seen stopped
+
+    def ready_count(self) -> int:
+        """Workers ready for jobs (called under inbox.lock)."""
+        return sum(w.ready for w in self.workers.values())
+
+    def info(self) -> list[WorkerInfo]:
+        """A snapshot of every worker, by slot (called under inbox.lock)."""
+        return [WorkerInfo(w.slot, w.pid, w.ready, w.job is not None, w.started_s, w.ready_s)
+                for w in sorted(self.workers.values(), key=lambda w: w.slot)]
+
+    def cpu_note(self) -> str:
+        return self.cpu.note
 
     def reset_start_failures(self) -> None:
         """New demand gets a fresh round of start attempts (called under inbox.lock)."""

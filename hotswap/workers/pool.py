@@ -16,12 +16,12 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from hotswap._env import env_number
 from hotswap.errors import PoolClosed, SerializationFailed
 from hotswap.workers.child import resolve_job
+from hotswap.workers.future import JobFuture, WorkerInfo
 from hotswap.workers.manager import Inbox, Job, Manager, PoolConfig, WorkerEnv
 from hotswap.workers.protocol import StageEvent
 
@@ -30,45 +30,17 @@ __all__ = ["DEFAULT_WARM_MODULES", "JobFuture", "WorkerInfo", "WorkerPool", "def
 # Importing these takes seconds; a pre-warmed worker pays it before its first job, not during.
 DEFAULT_WARM_MODULES: tuple[str, ...] = ("torch", "torch._inductor.compile_fx")
 
+
 def default_workers() -> int:
     """``HOTSWAP_WORKERS`` if set, else one worker per two cores (1 to 4).
 
     A compile runs its C++ and triton builds side by side on the worker's share of the cores
-    (pools.py), so a worker per core left each compile one thread. On 2 cores, GPT-2 (one
-    graph) served compiled code at 23.6 s from process start with two workers and 17.7 s with
-    one."""
+    (orchestrator/runtime.py), so a worker per core left each compile one thread. On 2 cores,
+    GPT-2 (one graph) served compiled code at 23.6 s from process start with two workers and
+    17.7 s with one."""
     value = env_number("HOTSWAP_WORKERS", int, lambda v: v >= 1,
                        "a whole number >= 1 (unset it for one per two cores, 1 to 4)")
     return value if value is not None else max(1, min(4, (os.cpu_count() or 1) // 2))
-
-
-class JobFuture(Future[Any]):
-    """A ``concurrent.futures.Future`` for one job.
-
-    ``cancel()`` works on a queued job and on a running one: a running job's worker is killed
-    and replaced. ``stage_events`` collects the worker's StageEvents as they stream in.
-    """
-
-    def __init__(self, job: str, job_id: int) -> None:
-        super().__init__()
-        self.job = job
-        self.job_id = job_id
-        self.worker_pid: int | None = None
-        self.stage_events: list[StageEvent] = []
-        self._is_running = False
-
-    def running(self) -> bool:
-        return self._is_running and not self.done()
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    slot: int
-    pid: int
-    ready: bool
-    busy: bool
-    started_s: float
-    ready_s: float | None
 
 
 _live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
@@ -146,7 +118,7 @@ class WorkerPool:
     def cpu_note(self) -> str:
         """Why jobs wait on CPU, where they do ("" otherwise): the workers were starved by
         the caller's threads and raised to its priority, or restarted (starvation.py)."""
-        return self._manager.cpu.note if self._manager is not None else ""
+        return self._manager.cpu_note() if self._manager is not None else ""
 
     @property
     def restarts(self) -> int:
@@ -168,7 +140,7 @@ class WorkerPool:
         assert self._manager is not None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with inbox.ready_cond:
-            while sum(w.ready for w in self._manager.workers.values()) < self.num_workers:
+            while self._manager.ready_count() < self.num_workers:
                 if inbox.closing:
                     return False
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -219,10 +191,7 @@ class WorkerPool:
         if self._inbox is None or self._manager is None:
             return []
         with self._inbox.lock:
-            return [
-                WorkerInfo(w.slot, w.pid, w.ready, w.job is not None, w.started_s, w.ready_s)
-                for w in sorted(self._manager.workers.values(), key=lambda w: w.slot)
-            ]
+            return self._manager.info()
 
     def worker_pids(self) -> list[int]:
         return [info.pid for info in self.workers_info()]

@@ -134,8 +134,6 @@ def test_worker_killed_during_autotuning_is_retried_and_the_ladder_completes() -
     import signal
     import threading
 
-    from hotswap.orchestrator.pools import shared_pool
-
     torch._dynamo.reset()
     x, y = matmul_relu_inputs()
     salt = unseen_scale()
@@ -144,7 +142,7 @@ def test_worker_killed_during_autotuning_is_retried_and_the_ladder_completes() -
         return matmul_relu(a, b) * salt  # a graph no cache has seen: it really autotunes
 
     top = TIERS[-1]
-    pool = shared_pool(2)
+    pool = hotswap.runtime().pool(2)
     pool.wait_ready(300)
     killed: list[int] = []
 

@@ -17,7 +17,6 @@ import torch
 
 import hotswap
 from hotswap.orchestrator.options import Options
-from hotswap.orchestrator.pools import shared_pool
 from tests.conftest import wait_gone
 from tests.orchestrator.models import MODELS, mlp
 
@@ -146,7 +145,7 @@ def test_failing_tier_stays_on_current_tier_and_pool_compiles_next_graph() -> No
 
 
 def test_worker_killed_mid_compile_twice_records_the_crash() -> None:
-    pool = shared_pool(2)
+    pool = hotswap.runtime().pool(2)
     assert pool.wait_ready(120)
     model, inputs = mlp()
     # max_autotune on CPU benchmarks GEMM choices: long enough to be killed mid-compile.
@@ -299,7 +298,7 @@ def test_calls_from_many_threads_across_the_swap() -> None:
 
 
 def test_several_models_share_one_pool() -> None:
-    pool = shared_pool(2)
+    pool = hotswap.runtime().pool(2)
     pids = set(pool.worker_pids())
     models = [mlp() for _ in range(3)]
     compiled = [hotswap.compile(m, mode="async", workers=2) for m, _ in models]
@@ -311,25 +310,24 @@ def test_several_models_share_one_pool() -> None:
 
 
 def test_shared_workers_yield_the_cpu_to_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    pool = shared_pool(2)
+    pool = hotswap.runtime().pool(2)
     jobs = "tests.workers.jobs:"
     assert pool.submit(jobs + "niceness").result(timeout=60) == min(19, os.nice(0) + 19)
     if hasattr(os, "SCHED_IDLE"):
         assert pool.submit(jobs + "sched_policy").result(timeout=60) == os.SCHED_IDLE
     monkeypatch.setenv("HOTSWAP_WORKER_IDLE", "yes")
     with pytest.raises(ValueError, match="HOTSWAP_WORKER_IDLE must be 0 or 1"):
-        shared_pool(3)
+        hotswap.runtime().pool(3)
 
 
 def test_interpreter_exit_with_compiles_pending() -> None:
     code = textwrap.dedent(
         """
         import torch, hotswap
-        from hotswap.orchestrator.pools import shared_pool
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
         compiled = hotswap.compile(model, mode="progressive", workers=2)
         compiled(torch.randn(8, 64))
-        print(" ".join(map(str, shared_pool(2).worker_pids())), flush=True)
+        print(" ".join(map(str, hotswap.runtime().pool(2).worker_pids())), flush=True)
         # exit at once: both tiers are still compiling in the workers
         """
     )
@@ -402,3 +400,27 @@ def test_a_hung_compile_fails_its_tier_at_the_default_limit(
                             workers=1)
     later(torch.randn(2, 4))
     assert hotswap.status(later)[0].tier == "default"  # the pool replaced the hung worker
+
+
+def test_the_default_worker_count_shares_the_pool_of_that_many() -> None:
+    from hotswap.workers.pool import default_workers
+
+    runtime = hotswap.runtime()
+    assert runtime.pool(None) is runtime.pool(default_workers())
+
+
+def test_shutdown_stops_every_worker_and_a_later_compile_starts_again() -> None:
+    model, inputs = mlp()
+    compiled = hotswap.compile(model, mode="subprocess", workers=1)
+    _close(compiled(*inputs), model(*inputs))
+    pids = hotswap.runtime().worker_pids()
+    assert pids
+    hotswap.shutdown()
+    assert hotswap.runtime().worker_pids() == []
+    assert wait_gone(pids, 10.0) == []
+    hotswap.shutdown()  # twice is fine
+    torch._dynamo.reset()
+    again = hotswap.compile(model, mode="subprocess", workers=1)
+    _close(again(*inputs), model(*inputs))
+    assert [s.tier for s in hotswap.status(again)] == ["default"]
+    assert not set(hotswap.runtime().worker_pids()) & set(pids)

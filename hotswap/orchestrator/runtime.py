@@ -1,0 +1,118 @@
+"""What hotswap runs in this process beside the user's code: the compile workers.
+
+``hotswap.runtime()`` is the one process-wide ``Runtime``. Coordinators share its pools, one
+per worker count (``workers=None`` is the default count, so it shares the pool of that many);
+tools read it (worker pids, restarts) instead of reaching into pools; ``hotswap.shutdown()``
+(and interpreter exit) stops it. A compile after a shutdown starts fresh workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from hotswap._env import env_number
+from hotswap.orchestrator.compat import inductor_cache_dir
+from hotswap.workers import WorkerPool
+from hotswap.workers.pool import default_workers
+
+__all__ = ["Runtime", "rss_limit", "runtime", "worker_priority"]
+
+
+class Runtime:
+    """The process's worker pools. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, WorkerPool] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, workers: int | None = None) -> WorkerPool:
+        """The pool of ``workers`` compile workers (None: the default count), started and
+        warming. Malformed HOTSWAP_* settings for workers raise ValueError here."""
+        size = workers or default_workers()
+        with self._lock:
+            pool = self._pools.get(size)
+            if pool is None:
+                pool = self._pools[size] = _start_pool(size)
+            return pool
+
+    def pools(self) -> list[WorkerPool]:
+        with self._lock:
+            return list(self._pools.values())
+
+    def worker_pids(self) -> list[int]:
+        """Every compile worker running now."""
+        return [pid for pool in self.pools() for pid in pool.worker_pids()]
+
+    def cpu_note(self, workers: int | None = None) -> str:
+        """Why that pool's jobs wait on CPU, where they do (``WorkerPool.cpu_note``); "" when
+        it is not running."""
+        with self._lock:
+            pool = self._pools.get(workers or default_workers())
+        return pool.cpu_note() if pool is not None else ""
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced after dying (crash, kill, time or memory limit), in all pools."""
+        return sum(pool.restarts for pool in self.pools())
+
+    def shutdown(self) -> None:
+        """Stop every worker now; jobs still running or queued fail with ``PoolClosed`` (their
+        graphs keep the tier they serve). Safe to call twice; later compiles start again."""
+        with self._lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.terminate()
+
+
+def _start_pool(size: int) -> WorkerPool:
+    # Inductor's own parallel compile would put several processes per worker on a few cores;
+    # share the cores out instead, unless the user chose.
+    threads = str(max(1, (os.cpu_count() or 1) // size))
+    env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
+        "TORCHINDUCTOR_COMPILE_THREADS": threads}
+    # Workers give their child processes a TMPDIR of their own (workers/scratch.py); pin
+    # inductor's cache, which would otherwise follow it, to the caller's: one cache for all.
+    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
+    nice, idle = worker_priority()
+    pool = WorkerPool(size, worker_env=env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
+                      warm_modules=("torch", "torch._inductor.compile_fx",
+                                    "hotswap.orchestrator.compile_job:warm_device",
+                                    "hotswap.orchestrator.compile_job:warm_compile"))
+    pool.start()
+    return pool
+
+
+runtime = Runtime()
+atexit.register(runtime.shutdown)
+
+
+def worker_priority() -> tuple[int, bool]:
+    """The compile workers' (niceness, SCHED_IDLE), from the environment or the defaults."""
+    return _worker_nice(), _worker_idle()
+
+
+def _worker_nice() -> int:
+    """Compile workers yield the CPU to the user's process: niceness 19 (the lowest priority:
+    a worker gets what the user's threads leave) unless HOTSWAP_WORKER_NICE says otherwise
+    (0 keeps the caller's priority)."""
+    nice = env_number("HOTSWAP_WORKER_NICE", int, lambda v: 0 <= v <= 19,
+                      "a whole number from 0 to 19", default=19)
+    assert nice is not None
+    return nice
+
+
+def _worker_idle() -> bool:
+    """Compile workers run under ``SCHED_IDLE`` (Linux): a core they use is the user's again
+    the moment one of the user's threads wakes on it. HOTSWAP_WORKER_IDLE=0 turns it off."""
+    return env_number("HOTSWAP_WORKER_IDLE", int, lambda v: v in (0, 1), "0 or 1",
+                      default=1) == 1
+
+
+def rss_limit() -> int | None:
+    """A worker whose memory passes HOTSWAP_WORKER_RSS_LIMIT_BYTES is killed and its job fails
+    with MemoryLimitExceeded (default: no limit)."""
+    return env_number("HOTSWAP_WORKER_RSS_LIMIT_BYTES", int, lambda v: v > 0,
+                      "a number of bytes > 0")
