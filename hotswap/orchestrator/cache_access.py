@@ -23,11 +23,11 @@ import filelock
 import psutil
 import torch
 
-from hotswap import testing
 from hotswap.cache import ArtifactCache
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.keys import environment_stamp, tier_key, verdict_key
 from hotswap.orchestrator.options import Tier
+from hotswap.orchestrator.runtime import runtime
 from hotswap.orchestrator.wire import CachedEntry
 from hotswap.workers.starvation import STOPPED_GRACE_S
 
@@ -86,14 +86,12 @@ class CacheAccess:
 
     def get(self, key: str | None) -> bytes | None:
         """An entry, if the cache has a valid one; a refused entry counts in cache_rejects.
-        (hotswap.testing's corrupt-cache fault lands here, just before the read.)"""
+"""
         if self._cache is None or key is None:
             return None
-        plan = testing.active()
-        if plan is not None and plan.draw_cache_fault() and testing.corrupt_entry(self._cache, key):
-            plan.count("corrupt-cache")
         rejected = self._cache.rejected
         try:
+            runtime.before_cache_read(self._cache, key)  # hotswap.testing's faults land here
             entry = self._cache.get(key, touch=False)
         except OSError as e:  # unreadable, a directory, ...: a miss, never the user's error
             self._warn_once("read", e)

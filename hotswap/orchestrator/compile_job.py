@@ -5,7 +5,6 @@ files it needs (wire.py says what travels). Also the workers' warm-up steps.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -156,36 +155,6 @@ def _evaluate(expr: str, symbols: dict[str, Any]) -> Any:
     return walk(sympy.sympify(expr))
 
 
-def _carry_out(fault: str, slow_s: float) -> Any:
-    """hotswap.testing's job faults, with the pool's own fault jobs. Returns a result to send
-    instead of compiling (``unpicklable``), or None to go on compiling."""
-    from hotswap.workers import faults
-
-    if fault == "crash":
-        faults.sigkill()
-    elif fault == "hang":
-        faults.hang()
-    elif fault == "oom":
-        # Grow past the pool's limit a block at a time (one huge request would only raise
-        # MemoryError); the pool's RSS watch kills the worker on the way. Without a limit this
-        # would take the machine's memory, so refuse.
-        limit = int(os.environ.get("HOTSWAP_WORKER_RSS_LIMIT_BYTES") or 0)
-        if limit <= 0:
-            raise RuntimeError("the oom fault needs HOTSWAP_WORKER_RSS_LIMIT_BYTES set when "
-                               "the pool starts")
-        blocks: list[bytearray] = []
-        while len(blocks) * (64 << 20) < 2 * limit:
-            block = bytearray(64 << 20)
-            block[::4096] = b"\1" * len(range(0, len(block), 4096))
-            blocks.append(block)
-        faults.hang()
-    elif fault == "unpicklable":
-        return faults.unpicklable_result()
-    elif fault == "slow":
-        faults.sleep(slow_s)
-    return None
-
-
 def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[Any], bool]:
     """The shipped graph rebuilt, with inputs to compile it for (fake ones with the
     coordinator's symbols where it is dynamic), and whether it is."""
@@ -218,10 +187,6 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
 
     request = CompileRequest.from_wire(wire)
     record_precompiled_headers()  # where warm_device did not run
-    if request.fault is not None:
-        instead = _carry_out(request.fault, request.slow_s)
-        if instead is not None:
-            return instead  # type: ignore[no-any-return]
     with stage("graph_unpickle", tier=request.tier):
         gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
     if _cpu_graph(request.inputs):  # a job that came before warm_device did: probe side by side

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from hotswap import testing
 from hotswap.errors import CompileFailed, PoolClosed, WorkerCrashed
 from hotswap.orchestrator.artifacts import load_entry
 from hotswap.orchestrator.blocking import BlockingModes
@@ -56,7 +55,6 @@ from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.orchestrator.wire import (
     BENCH_JOB,
-    COMPILE_JOB,
     BenchReply,
     BenchRequest,
     CompileRequest,
@@ -256,8 +254,8 @@ class Coordinator(BlockingModes):
             self._notify()
 
     def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
-        job = runtime.pool(self.options.workers).submit(BENCH_JOB, request.to_wire(),
-                                                       timeout_s=self.options.limit_s())
+        job = runtime.compiler(self.options.workers).submit_job(
+            BENCH_JOB, request.to_wire(), self.options.limit_s())
         reply: Future[BenchReply] = Future()
 
         def arrived(done: Future[Any]) -> None:
@@ -284,13 +282,9 @@ class Coordinator(BlockingModes):
     # ------------------------------------------------------------------ worker jobs
 
     def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> JobFuture:
-        plan = testing.active()
-        fault = plan.draw_job_fault() if plan is not None else None
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
-                             request.inputs, request.grad_enabled, request.num_threads, fault=fault,
-                             slow_s=plan.slow_s if plan is not None else 0.0)
-        return runtime.pool(self.options.workers).submit(COMPILE_JOB, job.to_wire(),
-                                                        timeout_s=self.options.limit_s(tier))
+                             request.inputs, request.grad_enabled, request.num_threads)
+        return runtime.compiler(self.options.workers).submit(job, self.options.limit_s(tier))
 
     def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier, retries: int,
                 key: str | None) -> None:

@@ -11,9 +11,13 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from hotswap._env import env_number
+from hotswap.cache import ArtifactCache
 from hotswap.orchestrator.compat import inductor_cache_dir
+from hotswap.orchestrator.compilers import Compiler, PoolCompiler
 from hotswap.workers import WorkerPool
 from hotswap.workers.pool import default_workers
 
@@ -26,6 +30,33 @@ class Runtime:
     def __init__(self) -> None:
         self._pools: dict[int, WorkerPool] = {}
         self._lock = threading.Lock()
+        self._compiler_wrappers: list[Callable[[Compiler], Compiler]] = []
+        self._read_hooks: list[Callable[[ArtifactCache, str], None]] = []
+
+    def compiler(self, workers: int | None = None) -> Compiler:
+        """What compiles a tier now: the pool of ``workers``, in every installed wrapper."""
+        compiler: Compiler = PoolCompiler(self.pool(workers))
+        with self._lock:
+            wrappers = list(self._compiler_wrappers)
+        for wrap in wrappers:
+            compiler = wrap(compiler)
+        return compiler
+
+    def wrap_compiler(self, wrap: Callable[[Compiler], Compiler]) -> Callable[[], None]:
+        """Wrap every compile submitted from now on (``wrap(compiler)`` returns the compiler
+        to use); returns the function that removes the wrapper."""
+        return _add(self._lock, self._compiler_wrappers, wrap)
+
+    def on_cache_read(self, hook: Callable[[ArtifactCache, str], None]) -> Callable[[], None]:
+        """Call ``hook(cache, key)`` before each artifact-cache read on the user's path;
+        returns the function that removes it."""
+        return _add(self._lock, self._read_hooks, hook)
+
+    def before_cache_read(self, cache: ArtifactCache, key: str) -> None:
+        with self._lock:
+            hooks = list(self._read_hooks)
+        for hook in hooks:
+            hook(cache, key)
 
     def pool(self, workers: int | None = None) -> WorkerPool:
         """The pool of ``workers`` compile workers (None: the default count), started and
@@ -65,6 +96,18 @@ class Runtime:
             self._pools.clear()
         for pool in pools:
             pool.terminate()
+
+
+def _add(lock: threading.Lock, hooks: list[Any], hook: Any) -> Callable[[], None]:
+    with lock:
+        hooks.append(hook)
+
+    def remove() -> None:
+        with lock:
+            if hook in hooks:
+                hooks.remove(hook)
+
+    return remove
 
 
 def _start_pool(size: int) -> WorkerPool:

@@ -98,8 +98,6 @@ class CompileRequest:
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
     num_threads: int | None = None  # the caller's intra-op threads (CPU graphs; C++ codegen)
-    fault: str | None = None     # hotswap.testing: a fault to carry out instead of (or before)
-    slow_s: float = 0.0          # compiling; never set outside tests and stress runs
 
     def to_wire(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},

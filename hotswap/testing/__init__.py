@@ -14,10 +14,12 @@ Where each fault lands, and what hotswap must make of it:
     slow           the compile job sleeps ``slow_s`` first         -> nothing fails, later swap
     corrupt-cache  a byte of the entry about to be read flips      -> entry refused, recompiled
 
-Job faults ride on the compile request (the worker carries them out with the jobs of
-``hotswap.workers.faults``); cache faults corrupt the file on disk before the read. Each is
-counted the moment it is injected, so a stress run can hold what it injected against what
-hotswap observed (``hotswap.counters()``: worker_crashes, job_timeouts, memory_limit_kills,
+``inject`` installs two wrappers in ``hotswap.runtime()``, and production code knows nothing
+of them: a faulty compiler (a compile drawn a fault is sent as ``jobs.faulty_compile``, which
+carries the fault out in the worker with the jobs of ``hotswap.workers.faults``) and a faulty
+store (a read drawn a fault finds its file corrupted on disk first). Each fault is counted the
+moment it is injected, so a stress run can hold what it injected against what hotswap observed
+(``hotswap.counters()``: worker_crashes, job_timeouts, memory_limit_kills,
 serialization_failures, cache_rejects).
 """
 
@@ -32,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE_FAULTS", "FAULT_KINDS", "JOB_FAULTS", "FaultPlan", "active", "corrupt_entry",
-           "inject"]
+__all__ = ["CACHE_FAULTS", "FAULT_KINDS", "JOB_FAULTS", "FaultPlan", "FaultyCompiler",
+           "corrupt_entry", "inject"]
 
 JOB_FAULTS = ("crash", "hang", "oom", "unpicklable", "slow")
 CACHE_FAULTS = ("corrupt-cache",)
@@ -81,23 +83,44 @@ class FaultPlan:
             self.injected[kind] += 1
 
 
-_active: FaultPlan | None = None
+class FaultyCompiler:
+    """Sends a compile drawn a job fault as ``jobs.faulty_compile``; the rest as they were."""
 
+    def __init__(self, inner: Any, plan: FaultPlan) -> None:
+        self._inner, self._plan = inner, plan
 
-def active() -> FaultPlan | None:
-    """The plan in force, or None (the common case: one global read)."""
-    return _active
+    def submit(self, request: Any, timeout_s: float | None) -> Any:
+        fault = self._plan.draw_job_fault()
+        if fault is None:
+            return self._inner.submit(request, timeout_s)
+        from hotswap.testing.jobs import FAULTY_COMPILE_JOB
+
+        return self._inner.submit_job(FAULTY_COMPILE_JOB, {
+            "fault": fault, "slow_s": self._plan.slow_s, "request": request.to_wire()},
+            timeout_s)
+
+    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> Any:
+        return self._inner.submit_job(job, payload, timeout_s)
 
 
 @contextlib.contextmanager
 def inject(plan: FaultPlan) -> Iterator[FaultPlan]:
-    """Install ``plan`` process-wide for the ``with`` block."""
-    global _active
-    previous, _active = _active, plan
+    """Install ``plan`` process-wide for the ``with`` block: compiles submitted and cache
+    entries read inside it draw their faults from it."""
+    import hotswap
+
+    def corrupt(cache: Any, key: str) -> None:
+        if plan.draw_cache_fault() and corrupt_entry(cache, key):
+            plan.count("corrupt-cache")
+
+    runtime = hotswap.runtime()
+    removals = [runtime.wrap_compiler(lambda inner: FaultyCompiler(inner, plan)),
+                runtime.on_cache_read(corrupt)]
     try:
         yield plan
     finally:
-        _active = previous
+        for remove in removals:
+            remove()
 
 
 def corrupt_entry(cache: Any, key: str) -> bool:
