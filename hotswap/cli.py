@@ -108,11 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--cache-dir", default=None,
                        help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
     cache.set_defaults(func=_cache)
-    from hotswap import benchmark, corpus_cmd, profile_cmd, stress
+    from hotswap.tools import bench, corpus_cmd, profile_cmd, stress
 
     profile_cmd.add_parser(sub)
     stress.add_parser(sub)
-    benchmark.add_parser(sub)
+    bench.add_parser(sub)
     corpus_cmd.add_parser(sub)
     return parser
 

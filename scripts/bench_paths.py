@@ -29,7 +29,7 @@ def _row(path: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import hotswap
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     workload = zoo.make(args.model, device=args.device)
     model, inputs = workload.target, workload.inputs(0)

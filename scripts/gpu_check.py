@@ -144,7 +144,7 @@ def main() -> int:
     if "bench" in steps:
         if (REPO / "BENCHMARKS.md").exists():
             (out / "BENCHMARKS.md").write_text((REPO / "BENCHMARKS.md").read_text())
-        step = _run([*env_py, "-m", "hotswap.benchmark", "--quick", "--device", "cuda",
+        step = _run([*env_py, "-m", "hotswap.tools.bench", "--quick", "--device", "cuda",
                      "--json", str(out / "bench.json"), "--write-md", str(out / "BENCHMARKS.md")],
                     out / "bench.log", left(reserve_s=60 if "profile" in steps else 0), log)
         if (out / "bench.json").exists():
@@ -157,8 +157,8 @@ def main() -> int:
              "--out", str(out / "profile"), "--wait-s", "30"],
             out / "profile.log", left(), log)
     if "corpus" in steps:
-        step = _run([*env_py, "-m", "hotswap.corpus_cmd", "--device", "cuda", "--jobs", "8", "--workers", "2",
-                     "--timeout-s", "240", "--json", str(out / "corpus.json")]
+        step = _run([*env_py, "-m", "hotswap.tools.corpus_cmd", "--device", "cuda", "--jobs", "8",
+                     "--workers", "2", "--timeout-s", "240", "--json", str(out / "corpus.json")]
                     + (["--quick"] if args.quick else []), out / "corpus.log", left(), log)
         if (out / "corpus.json").exists():
             step["results"] = json.loads((out / "corpus.json").read_text())

@@ -13,7 +13,7 @@ import torch
 
 import hotswap
 
-corpus = pytest.importorskip("hotswap.corpus")
+corpus = pytest.importorskip("hotswap.tools.corpus")
 pytest.importorskip("transformers", reason="the corpus needs the models extra")
 
 pytestmark = pytest.mark.slow
@@ -111,8 +111,8 @@ def test_every_corpus_model_builds_and_its_reference_catches_a_wrong_output(name
 
 
 def test_tools_take_corpus_models_by_zoo_name() -> None:
-    from hotswap import zoo
-    from hotswap.benchmark import build
+    from hotswap.tools import zoo
+    from hotswap.tools.bench import build
 
     assert zoo.known("corpus:vit") and not zoo.known("corpus:vit9") and zoo.known("mlp")
     workload = zoo.make("corpus:vit")
@@ -128,7 +128,7 @@ def test_corpus_command_runs_a_model_beside_torch_compile(tmp_path: Any) -> None
     import sys
 
     out = tmp_path / "corpus.json"
-    done = subprocess.run([sys.executable, "-m", "hotswap.corpus_cmd", "--models", "vit",
+    done = subprocess.run([sys.executable, "-m", "hotswap.tools.corpus_cmd", "--models", "vit",
                            "--modes", "async", "--workers", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -137,6 +137,6 @@ def test_corpus_command_runs_a_model_beside_torch_compile(tmp_path: Any) -> None
     assert cases["async"]["paths"] == ["worker"]
     assert cases["async"]["max_error"] <= cases["async"]["tolerance"]
     assert "async: 1/1 models compiled by torch.compile" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "hotswap.corpus_cmd", "--models", "vit9"],
+    bad = subprocess.run([sys.executable, "-m", "hotswap.tools.corpus_cmd", "--models", "vit9"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown corpus models ['vit9']" in bad.stderr

@@ -23,7 +23,7 @@ from hotswap.orchestrator.artifacts import _unpack, pack_entry
 _SERVE = r"""
 import json, sys, threading, time
 import psutil, torch, hotswap
-from hotswap import zoo
+from hotswap.tools import zoo
 
 def storm(seconds):
     # Kill every process this one started (workers, their compilers), again and again.

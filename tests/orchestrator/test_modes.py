@@ -357,7 +357,7 @@ def test_on_failure_raise_in_subprocess_mode_raises_at_the_first_call() -> None:
 def test_a_500_node_chain_travels_and_compiles_forward_and_backward() -> None:
     """PyTorch's async test graph: deep enough that pickling an fx.Graph (a linked list of
     nodes) overflows the stack guard; hotswap ships node records instead."""
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     workload = zoo.make("adds500")
     compiled = hotswap.compile(workload.target, mode="async", workers=2)

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hotswap import benchmark
+from hotswap.tools import bench
 
 ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
             "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters",
@@ -23,7 +23,7 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
     md.write_text("# Benchmarks\n\nhand-written notes stay\n")
     argv = ["--models", "pointwise", "--rows", "hotswap:async,torch:eager-backend",
             "--device", "cpu", "--timeout-s", "90", "--json", str(out), "--write-md", str(md)]
-    assert benchmark.main(argv) == 0
+    assert bench.main(argv) == 0
     data = json.loads(out.read_text())
     assert [r["row"] for r in data["rows"]] == ["hotswap:async", "torch:eager-backend"]
     for row in data["rows"]:
@@ -56,21 +56,21 @@ def test_markdown_section_is_replaced_not_repeated(tmp_path: Path) -> None:
     md = tmp_path / "B.md"
     info = {"date": "d", "torch": "t", "python": "p", "cpus": "2", "device": "x"}
     for n in (1, 2):
-        benchmark.write_markdown(str(md), "cpu", [("m", [f"run {n}"])], info, "hotswap bench")
-    benchmark.write_markdown(str(md), "cuda", [("m", ["gpu"])], info, "hotswap bench")
+        bench.write_markdown(str(md), "cpu", [("m", [f"run {n}"])], info, "hotswap bench")
+    bench.write_markdown(str(md), "cuda", [("m", ["gpu"])], info, "hotswap bench")
     text = md.read_text()
     assert "run 1" not in text and text.count("run 2") == 1 and "gpu" in text
 
 
 def test_bad_rows_and_models() -> None:
     with pytest.raises(SystemExit, match="unknown rows"):
-        benchmark.main(["--rows", "hotswap:warp", "--device", "cpu"])
+        bench.main(["--rows", "hotswap:warp", "--device", "cpu"])
     with pytest.raises(SystemExit, match="unknown bench models"):
-        benchmark.main(["--models", "training", "--device", "cpu"])
+        bench.main(["--models", "training", "--device", "cpu"])
     with pytest.raises(SystemExit, match="--threads must be >= 1"):
-        benchmark.main(["--threads", "0", "--device", "cpu"])
+        bench.main(["--threads", "0", "--device", "cpu"])
     with pytest.raises(SystemExit, match="--floor-s must be > 0"):
-        benchmark.main(["--floor-s", "0", "--device", "cpu"])
+        bench.main(["--floor-s", "0", "--device", "cpu"])
 
 
 def test_machine_floor_row_serves_eager_beside_spinners(tmp_path: Path,
@@ -78,7 +78,7 @@ def test_machine_floor_row_serves_eager_beside_spinners(tmp_path: Path,
     out = tmp_path / "bench.json"
     argv = ["--models", "pointwise", "--rows", "machine:busy-eager", "--device", "cpu",
             "--floor-s", "1.5", "--json", str(out)]
-    assert benchmark.main(argv) == 0
+    assert bench.main(argv) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["to_final_s"] is None and 1.5 <= row["served_s"] < 10
     assert row["counters"]["worker_compiles"] == 0 and row["counters"]["eager_calls"] == 0
@@ -91,7 +91,7 @@ def test_machine_floor_row_serves_eager_beside_spinners(tmp_path: Path,
 def test_spinners_run_at_the_workers_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOTSWAP_WORKER_NICE", "19")
     monkeypatch.delenv("HOTSWAP_WORKER_IDLE", raising=False)
-    (spinner,) = benchmark._spinners(1)
+    (spinner,) = bench._spinners(1)
     try:
         deadline = time.monotonic() + 30
         while os.sched_getscheduler(spinner.pid) != os.SCHED_IDLE:

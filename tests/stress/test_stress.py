@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from hotswap import stress, testing
+from hotswap import testing
 from hotswap.cli import main
+from hotswap.tools import stress
 
 
 def test_injected_faults_are_exactly_the_observed_ones() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hotswap import zoo
+from hotswap.tools import zoo
 
 
 @pytest.mark.parametrize("name", list(zoo.MODELS))

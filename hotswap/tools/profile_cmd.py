@@ -35,8 +35,8 @@ def add_parser(sub: Any) -> None:
     profile.add_argument("target", nargs="?", help="SCRIPT, or 'report' / 'compare'")
     profile.add_argument("args", nargs=argparse.REMAINDER,
                          help="the script's arguments, or the run directories")
-    profile.add_argument("--model", help="a zoo model instead of a script (see hotswap.zoo; "
-                                          "corpus:NAME for a real model of hotswap.corpus)")
+    profile.add_argument("--model", help="a zoo model instead of a script (see hotswap.tools.zoo; "
+                                          "corpus:NAME for a real model of hotswap.tools.corpus)")
     profile.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     profile.add_argument("--dtype", default="float32", help="zoo model dtype (default float32)")
     profile.add_argument("--mode", default="progressive", help="hotswap mode for --model")
@@ -129,7 +129,7 @@ def _serve_model(args: argparse.Namespace, out: str) -> int:
     import torch
 
     import hotswap
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workload = zoo.make(args.model, device=device, dtype=args.dtype)

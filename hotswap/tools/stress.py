@@ -28,6 +28,7 @@ import psutil
 import hotswap
 from hotswap import testing
 from hotswap.orchestrator.options import MODES
+from hotswap.tools.rss import PeakRss
 
 __all__ = ["OBSERVED", "CaseResult", "StressReport", "run_stress"]
 
@@ -113,34 +114,11 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-class _RssWatch:
-    """Peak RSS over the shared pools' workers, sampled on a daemon thread."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hotswap-stress-rss", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            for pid in hotswap.runtime().worker_pids():
-                try:
-                    self.peak = max(self.peak, psutil.Process(pid).memory_info().rss)
-                except psutil.Error:
-                    pass
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        return self.peak
-
-
 def _run_case(model: str, mode: str, rep: int, *, device: str, dtype: str, threads: int,
               calls: int, workers: int | None, job_timeout_s: float, case_timeout_s: float,
               cache_dir: str) -> CaseResult:
     import hotswap
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     workload = zoo.make(model, device=device, dtype=dtype)
     result = CaseResult(model, mode, rep, tolerance=workload.tolerance)
@@ -220,7 +198,7 @@ def run_stress(models: list[str], modes: list[str], *, reps: int = 1, concurrenc
     import torch
 
     import hotswap
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     unknown = sorted(m for m in set(models) if not zoo.known(m)) + sorted(set(modes) - set(MODES))
     if unknown:
@@ -237,7 +215,8 @@ def run_stress(models: list[str], modes: list[str], *, reps: int = 1, concurrenc
     before = hotswap.counters()
     cases: list[CaseResult] = []
     total = reps * len(modes) * len(models)
-    rss = _RssWatch()
+    rss = PeakRss(lambda: hotswap.runtime().worker_pids(), interval_s=0.2, each=True,
+                  name="hotswap-stress-rss")
     restarts_before = _restarts()
     with tempfile.TemporaryDirectory(prefix="hotswap-stress-") as cache_dir, testing.inject(plan):
         for rep in range(1, reps + 1):
@@ -299,14 +278,14 @@ def parse_faults(spec: str, *, seed: int = 0, slow_s: float = 0.2) -> testing.Fa
 def add_parser(sub: Any) -> None:
     import argparse
 
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     stress = sub.add_parser("stress", help="zoo models x modes x concurrency x injected faults",
                             description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     stress.add_argument("--models", default=",".join(zoo.MODELS),
                         help=f"comma list (default: all of {','.join(zoo.MODELS)}); "
-                             "corpus:NAME for a real model of hotswap.corpus")
+                             "corpus:NAME for a real model of hotswap.tools.corpus")
     stress.add_argument("--modes", default=",".join(MODES), help="comma list (default: all four)")
     stress.add_argument("--reps", type=int, default=1, help="repetitions (default 1)")
     stress.add_argument("--concurrency", type=int, default=1,

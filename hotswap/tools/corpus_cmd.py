@@ -45,7 +45,7 @@ def run_case(model: str, mode: str, *, device: str, dtype: str, train: bool,
     import torch
 
     import hotswap
-    from hotswap import corpus
+    from hotswap.tools import corpus
 
     workload = corpus.make(model, device=device, dtype=dtype, train=train)
     built_s = _since_start()
@@ -84,11 +84,11 @@ def _max_error(workload: Any, compiled: Any) -> float:
 
 def spawn_case(model: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """``run_case`` in a fresh process with empty caches; an error result if it dies."""
-    from hotswap.benchmark import cold_env
+    from hotswap.tools.bench import cold_env
 
     with tempfile.TemporaryDirectory(prefix="hotswap-corpus-") as cache:
         env = cold_env(cache)
-        cmd = [sys.executable, "-m", "hotswap.corpus_cmd", "--case", model, "--modes", mode,
+        cmd = [sys.executable, "-m", "hotswap.tools.corpus_cmd", "--case", model, "--modes", mode,
                "--device", args.device, "--dtype", args.dtype, "--timeout-s",
                str(args.timeout_s)] + (["--train"] if args.train else []) + (
                    ["--workers", str(args.workers)] if args.workers else [])
@@ -227,8 +227,8 @@ def _save(path: str | None, info: dict[str, Any], cases: list[dict[str, Any]]) -
 
 
 def run(args: argparse.Namespace) -> int:
-    from hotswap import corpus
-    from hotswap.benchmark import _cuda
+    from hotswap.tools import corpus
+    from hotswap.tools.bench import _cuda
 
     if args.device is None:
         args.device = "cuda" if _cuda() else "cpu"
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join([*lines, "", *totals]))
     _save(args.json, info, cases)
     if args.write_md:
-        from hotswap.benchmark import machine, write_markdown
+        from hotswap.tools.bench import machine, write_markdown
 
         section = f"{args.device}{' train' if args.train else ''}"
         write_markdown(args.write_md, section, [("cases", lines), ("summary", totals)],

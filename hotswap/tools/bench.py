@@ -42,6 +42,8 @@ import tempfile
 import time
 from typing import Any
 
+from hotswap.tools.rss import PeakRss
+
 ROWS = {
     "hotswap:async": "eager at once, then the default tier",
     "hotswap:progressive": "eager, default, then max-autotune",
@@ -60,14 +62,14 @@ BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "p
 
 
 def _bench_model(name: str) -> bool:
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     return name in BENCH_MODELS or (name.startswith("corpus:") and zoo.known(name))
 
 
 def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
     """A zoo model in inference (bf16 on CUDA, float32 on CPU) and its inputs."""
-    from hotswap import zoo
+    from hotswap.tools import zoo
 
     if not _bench_model(name):
         raise SystemExit(f"unknown bench model {name!r}; choose from {list(BENCH_MODELS)} "
@@ -105,7 +107,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         hotswap.prepare(workers=args.workers, devices=[args.device])
         prepare_s = time.monotonic() - t
     model, inputs = build(args.model, args.device)
-    rss = _PeakRss()
+    rss = PeakRss(lambda: [os.getpid()], name="hotswap-bench-rss")
     sync: Any = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     stats: Any = None
     spinners: list[subprocess.Popen[bytes]] = []
@@ -220,37 +222,6 @@ def _spinners(count: int) -> list[subprocess.Popen[bytes]]:
             for _ in range(count)]
 
 
-class _PeakRss:
-    """Peak RSS of this process plus its children (the compile workers), sampled."""
-
-    def __init__(self, interval_s: float = 0.05) -> None:
-        import threading
-
-        import psutil
-
-        self.peak = 0
-        self._stop = threading.Event()
-
-        def sample() -> None:
-            me = psutil.Process()
-            while not self._stop.wait(interval_s):
-                total = 0
-                for proc in [me, *me.children(recursive=True)]:
-                    try:
-                        total += proc.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak = max(self.peak, total)
-
-        self._thread = threading.Thread(target=sample, daemon=True, name="hotswap-bench-rss")
-        self._thread.start()
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(timeout=1)
-        return self.peak
-
-
 def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
     """ns per call through GraphRunner over calling the loaded artifact directly."""
     import timeit
@@ -294,7 +265,7 @@ def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",
         env = {**cold_env(cache), **overrides}
         if row.startswith("pytorch:"):
             env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
-        cmd = [sys.executable, "-m", "hotswap.benchmark", "--row", row, "--model", args.model,
+        cmd = [sys.executable, "-m", "hotswap.tools.bench", "--row", row, "--model", args.model,
                "--device", args.device, "--timeout-s", str(args.timeout_s), "--interval-ms",
                str(args.interval_ms), "--floor-s", str(args.floor_s), "--caller", args.caller] + (
                    ["--threads", str(args.threads)] if args.threads else []) + (
@@ -456,7 +427,7 @@ def write_markdown(path: str, device: str, sections: list[tuple[str, list[str]]]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="mlp",
                         help=f"comma list of zoo models (default mlp); one of {list(BENCH_MODELS)}, "
-                             "or corpus:NAME for a real model of hotswap.corpus")
+                             "or corpus:NAME for a real model of hotswap.tools.corpus")
     parser.add_argument("--rows", default=",".join(ROWS),
                         help="comma list of rows (default all): " + ", ".join(ROWS))
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
@@ -520,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in models if not _bench_model(m)]
     if bad:
         raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)} or "
-                         "corpus:NAME (hotswap.corpus)")
+                         "corpus:NAME (hotswap.tools.corpus)")
     everything: dict[str, Any] = {"machine": machine(), "rows": [], "dispatch": {}}
     sections: list[tuple[str, list[str]]] = []
     for model in models:

@@ -258,24 +258,24 @@ MODELS: dict[str, Callable[[str, torch.dtype], Workload]] = {
 
 
 def known(name: str) -> bool:
-    """A zoo model, or ``corpus:NAME`` for a real architecture of ``hotswap.corpus``."""
+    """A zoo model, or ``corpus:NAME`` for a real architecture of ``hotswap.tools.corpus``."""
     if name.startswith("corpus:"):
-        from hotswap import corpus
+        from hotswap.tools import corpus
 
         return name.removeprefix("corpus:") in corpus.MODELS
     return name in MODELS
 
 
 def make(name: str, *, device: str = "cpu", dtype: torch.dtype | str = torch.float32) -> Workload:
-    """Build zoo model ``name`` (see ``MODELS``; ``corpus:NAME`` builds ``hotswap.corpus``'s
+    """Build zoo model ``name`` (see ``MODELS``; ``corpus:NAME`` builds ``hotswap.tools.corpus``'s
     model NAME) for ``device`` and ``dtype``."""
     if name.startswith("corpus:"):
-        from hotswap import corpus
+        from hotswap.tools import corpus
 
         return corpus.make(name.removeprefix("corpus:"), device=device, dtype=dtype)
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; the zoo has {sorted(MODELS)}, and "
-                         "'corpus:NAME' for the real models of hotswap.corpus")
+                         "'corpus:NAME' for the real models of hotswap.tools.corpus")
     if isinstance(dtype, str):
         resolved = getattr(torch, dtype, None)
         if not isinstance(resolved, torch.dtype):

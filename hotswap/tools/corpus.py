@@ -1,6 +1,6 @@
 """Real architectures from ``transformers``, built from small configs (nothing downloaded).
 
-The zoo (``hotswap.zoo``) is our own code; the corpus is what users bring: vision, text, speech
+The zoo (``hotswap.tools.zoo``) is our own code; the corpus is what users bring: vision, text, speech
 and multimodal models whose graphs use what real models use (max-pooling, stochastic depth,
 rotary embeddings, grouped-query attention, relative position buckets, convolutional feature
 extractors). Each entry builds a ``zoo.Workload`` — the same record stress runs, benchmarks and
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hotswap.zoo import Workload, tolerance
+from hotswap.tools.zoo import Workload, tolerance
 
 __all__ = ["MODELS", "TRAINABLE", "Spec", "make"]
 
