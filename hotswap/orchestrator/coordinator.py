@@ -87,15 +87,14 @@ class Coordinator(BlockingModes):
         self._cond = threading.Condition()
         self._loader = Loader()
         self.recorder = Recorder(options.profile_dir)
+        self.cache = CacheAccess(options.cache_dir, options.limit_s())
         self.gate = Gate(enabled=options.gate and options.mode == "progressive",
                          configs={t.name: dict(t.config) for t in self._ladder(options.tiers)},
                          threshold=options.gate_threshold, recorder=self.recorder,
                          measure=measure or self._bench_in_worker,
                          run_on_loader=lambda fn, args: self._loader.submit(
                              self._then_check, fn, args),
-                         notify=self._notify,
-                         store_verdict=lambda key, v: self.cache.store_verdict(key, v))
-        self.cache = CacheAccess(options.cache_dir, options.limit_s())
+                         notify=self._notify, store_verdict=self.cache.store_verdict)
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
         if options.mode != "inprocess":
@@ -118,7 +117,7 @@ class Coordinator(BlockingModes):
         runner = self.recorder.runner(graph_id, gm, [t.name for t in wanted],
                                       verify=self.options.verify,
                                       raise_failures=self.options.on_failure == "raise")
-        runner.pending.update(t.name for t in wanted)
+        runner.expect(t.name for t in wanted)
         with self._cond:
             self.runners.append(runner)
         if self.recorder.profiling:
@@ -149,6 +148,7 @@ class Coordinator(BlockingModes):
                     self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
                     self._start_ladder(runner, request, wanted, keys)
+                self._forget_if_over(runner)
         self._notify()
         return runner
 
@@ -251,7 +251,14 @@ class Coordinator(BlockingModes):
             runner = args[0]
             if not runner.pending:
                 self.gate.finished(runner, self._requests.get(runner.graph_id))
+                self._forget_if_over(runner)
             self._notify()
+
+    def _forget_if_over(self, runner: GraphRunner) -> None:
+        """Once nothing is pending or measured for a graph, nothing will ship it again: drop
+        its shipped form (its eager fallback stays with the runner)."""
+        if not runner.pending and not self.gate.busy(runner.graph_id):
+            self._requests.pop(runner.graph_id, None)
 
     def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
         job = runtime.compiler(self.options.workers).submit_job(

@@ -94,6 +94,11 @@ class Gate:
         with self._lock:
             return self._comparisons == 0
 
+    def busy(self, graph_id: str) -> bool:
+        """A candidate of this graph is being measured or waits to be."""
+        with self._lock:
+            return graph_id in self._busy
+
     def remember(self, runner: GraphRunner, tier: str, entry: Entry) -> None:
         """A loaded tier's packed artifact, or where the cache holds it (preferred: then the
         bytes are not sent again): what a later benchmark of this graph loads."""

@@ -17,7 +17,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,11 @@ class GraphRunner:
         self.eager_calls = 0
         self._paths: dict[str, str] = {}
 
+    @property
+    def serving(self) -> Fn:
+        """The callable serving calls now (what ``__call__`` dispatches to)."""
+        return self._fn
+
     # ------------------------------------------------------------------ hot path
 
     def __call__(self, *args: Any) -> Any:
@@ -158,6 +163,16 @@ class GraphRunner:
         log.info("graph %s: now served by tier %r", self.graph_id, tier)
         self._observe("swap", tier, previous_tier)
         return True
+
+    def expect(self, tiers: Iterable[str]) -> None:
+        """These tiers are on their way (``status().pending`` until each ends)."""
+        with self._lock:
+            self.pending.update(tiers)
+
+    def add_timing(self, key: str, seconds: float, *, accumulate: bool = True) -> None:
+        """``status().timings_s[key]``: add ``seconds`` to it (or set it)."""
+        with self._lock:
+            self.timings_s[key] = (self.timings_s.get(key, 0.0) if accumulate else 0.0) + seconds
 
     def arrived(self, tier: str, path: str) -> None:
         """Note how ``tier``'s artifact came (``status().path`` while it serves)."""

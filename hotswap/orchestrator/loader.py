@@ -134,6 +134,8 @@ class Loader:
                         fn(*args)
                     except Exception:  # tasks record their own failures; this is a last resort
                         log.exception("hotswap loader task %r failed", fn)
+                    # Idle, this thread must not keep the last task's graph and artifact alive.
+                    task = fn = args = None  # type: ignore[assignment]
                     try:
                         task = self._tasks.get_nowait()
                     except queue.Empty:

@@ -83,7 +83,7 @@ class Recorder:
                                track or threading.current_thread().name, category))
         if not category:
             key = name if tier == GRAPH_TIER else f"{tier}/{name}"
-            runner.timings_s[key] = runner.timings_s.get(key, 0.0) + (end_s - start_s)
+            runner.add_timing(key, end_s - start_s)
 
     def dynamo_trace(self, runner: GraphRunner, backend_called_s: float) -> None:
         """The trace that led to this backend call (profiling runs; needs torch's callbacks)."""
@@ -108,7 +108,7 @@ class Recorder:
                 self.span(runner, tier, event.name, event.start_s, event.end_s, pid=event.pid,
                           track=span.track)
         for category, seconds in self_time_by_category(inner).items():
-            runner.timings_s[f"{tier}/compile:{category}"] = seconds
+            runner.add_timing(f"{tier}/compile:{category}", seconds, accumulate=False)
         if events:
             first = min(e.start_s for e in events)
             last = max(e.end_s for e in events)

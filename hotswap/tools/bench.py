@@ -237,7 +237,7 @@ def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
     hotswap.wait(backend, timeout_s=300)
     compiled(x)  # graduates the artifact from its first-call probation
     runner = backend.runners[0]
-    direct = runner._fn
+    direct = runner.serving
     n = 200_000
     via = min(timeit.repeat(lambda: runner(x), number=n, repeat=5)) / n
     raw = min(timeit.repeat(lambda: direct(x), number=n, repeat=5)) / n

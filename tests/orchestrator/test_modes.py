@@ -424,3 +424,27 @@ def test_shutdown_stops_every_worker_and_a_later_compile_starts_again() -> None:
     _close(again(*inputs), model(*inputs))
     assert [s.tier for s in hotswap.status(again)] == ["default"]
     assert not set(hotswap.runtime().worker_pids()) & set(pids)
+
+
+@pytest.mark.parametrize("mode", ["subprocess", "async", "progressive"])
+def test_a_graph_whose_ladder_is_final_is_not_kept_shipped(mode: str) -> None:
+    """Every shipped graph (its pickled code and constants) was kept for the life of the
+    process; it goes once nothing is pending or measured for it."""
+    import gc
+
+    from hotswap.orchestrator.request import GraphRequest
+
+    def shipped() -> int:  # type(), not isinstance: gc lists weak proxies too
+        return sum(type(o) is GraphRequest for o in gc.get_objects())
+
+    before = shipped()  # graphs of earlier tests still in flight
+    model, inputs = mlp()
+    compiled = hotswap.compile(model, mode=mode, workers=1)
+    _close(compiled(*inputs), model(*inputs))
+    assert all(s.final for s in hotswap.wait(compiled, timeout_s=240))
+    _close(compiled(*inputs), model(*inputs))
+    deadline = time.monotonic() + 10  # the loader thread lets go just after wait() returns
+    while shipped() > before:
+        if time.monotonic() > deadline:
+            raise AssertionError("a GraphRequest outlived its ladder")
+        time.sleep(0.05)
