@@ -13,10 +13,11 @@ from typing import Any, Protocol
 
 import torch
 
-from hotswap.errors import CompileFailed, HotswapError, WorkerCrashed
+from hotswap.errors import CompileFailed, HotswapError
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.artifacts import pack_entry
 from hotswap.orchestrator.cache_access import CacheAccess
+from hotswap.orchestrator.compilers import CompileFuture
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
 from hotswap.orchestrator.load_guard import cpp_sources, probes, record_precompiled_headers
@@ -32,7 +33,6 @@ from hotswap.orchestrator.request import (
     unsaveable,
 )
 from hotswap.orchestrator.wire import CompileResult, InputMeta
-from hotswap.workers import JobFuture
 
 __all__ = ["BlockingModes"]
 
@@ -49,14 +49,14 @@ class _Host(Protocol):
     def _fail(self, runner: GraphRunner, tier: str, reason: str) -> None: ...
     def _await_warmup(self, runner: GraphRunner) -> None: ...
     def _cache_load(self, runner: GraphRunner, tier: Tier, entry: bytes) -> Any: ...
-    def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> JobFuture: ...
+    def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> CompileFuture: ...
     def _load(self, runner: GraphRunner, result: CompileResult, tier: Tier) -> Any: ...
     def _serve_cached_now(self, runner: GraphRunner, tier: Tier, key: str | None) -> bool: ...
     def _compile_inprocess_and_store(self, runner: GraphRunner, gm: torch.fx.GraphModule,
                                      example_inputs: list[Any], tier: Tier, key: str,
                                      inputs: tuple[InputMeta, ...]) -> Any: ...
-    def _compile_and_wait(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
-                          retries: int) -> CompileResult: ...
+    def _compile_and_wait(self, runner: GraphRunner, request: GraphRequest,
+                          tier: Tier) -> CompileResult: ...
 
 
 
@@ -144,7 +144,7 @@ class BlockingModes:
             return
         try:
             try:
-                result = self._compile_and_wait(runner, request, tier, retries=1)
+                result = self._compile_and_wait(runner, request, tier)
                 fn = self._load(runner, result, tier)
             except HotswapError as e:
                 if isinstance(e, CompileFailed) and unsaveable(e):
@@ -162,20 +162,12 @@ class BlockingModes:
         finally:
             self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)
 
-    def _compile_and_wait(self: _Host, runner: GraphRunner, request: GraphRequest, tier: Tier,
-                          retries: int) -> CompileResult:
-        """Blocking modes: one compile job, waited for here; a crashed worker is retried."""
+    def _compile_and_wait(self: _Host, runner: GraphRunner, request: GraphRequest,
+                          tier: Tier) -> CompileResult:
+        """Blocking modes: one compile (retried once on a crashed worker), waited for here."""
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
-        try:
-            result = CompileResult.from_wire(future.result())
-        except WorkerCrashed as e:
-            if retries <= 0:
-                raise
-            count_error(e)
-            log.info("graph %s: worker crashed compiling %r; retrying once", runner.graph_id,
-                     tier.name)
-            return self._compile_and_wait(runner, request, tier, retries - 1)
+        result = CompileResult.from_wire(future.result())
         self.recorder.worker_job(runner, tier.name, future.stage_events, submitted,
                                  time.monotonic())
         return result

@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
-from hotswap.errors import CompileFailed, PoolClosed, WorkerCrashed
+from hotswap.errors import CompileFailed, PoolClosed
 from hotswap.orchestrator.artifacts import load_entry
 from hotswap.orchestrator.blocking import BlockingModes
 from hotswap.orchestrator.cache_access import CacheAccess
+from hotswap.orchestrator.compilers import CompileFuture, RetryingCompiler
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
@@ -61,7 +62,6 @@ from hotswap.orchestrator.wire import (
     CompileResult,
 )
 from hotswap.profiles.records import GRAPH_TIER
-from hotswap.workers import JobFuture
 
 __all__ = ["Coordinator"]
 
@@ -201,7 +201,7 @@ class Coordinator(BlockingModes):
                     return
                 cached = self.cache.claimed_hit(key)
         if cached is None:
-            self._submit(runner, request, tier, retries=1, key=key)
+            self._submit(runner, request, tier, key)
         else:
             bump("cache_hits")
             self._loader.submit(self._then_check, self._load_cached, (runner, tier, cached, key))
@@ -210,7 +210,7 @@ class Coordinator(BlockingModes):
         """Background thread: wait until the process compiling ``key`` lets go, then start
         again (its entry is a hit now; if it failed, this process compiles)."""
         if not self.cache.wait_for_holder(key):
-            self._submit(runner, request, tier, retries=1, key=None)  # too slow: compile here
+            self._submit(runner, request, tier, None)  # too slow: compile here
             return
         self._start_tier(runner, request, tier, key)
 
@@ -227,7 +227,7 @@ class Coordinator(BlockingModes):
             # As in the blocking modes: compile it again (its result replaces the entry).
             log.warning("hotswap: cached artifact of graph %s tier %r failed to load (%s: %s); "
                         "compiling it again", runner.graph_id, tier.name, type(e).__name__, e)
-            self._submit(runner, request, tier, retries=1, key=key)
+            self._submit(runner, request, tier, key)
             return
         runner.arrived(tier.name, "cache")
         self.gate.remember(runner, tier.name, self.cache.ref(key) or entry)
@@ -288,32 +288,28 @@ class Coordinator(BlockingModes):
 
     # ------------------------------------------------------------------ worker jobs
 
-    def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> JobFuture:
+    def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> CompileFuture:
+        """Compile ``tier`` where the runtime compiles (a worker), once more if its worker
+        dies under it."""
         job = CompileRequest(runner.graph_id, tier.name, dict(tier.config), request.graph_bytes,
                              request.inputs, request.grad_enabled, request.num_threads)
-        return runtime.compiler(self.options.workers).submit(job, self.options.limit_s(tier))
+        compiler = RetryingCompiler(runtime.compiler(self.options.workers), on_retry=_retrying)
+        return compiler.submit(job, self.options.limit_s(tier))
 
-    def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier, retries: int,
+    def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
                 key: str | None) -> None:
         submitted = time.monotonic()
         future = self._job(runner, request, tier)
         future.add_done_callback(
             lambda f: self._loader.submit(self._then_check, self._on_done, (
-                runner, request, tier, f, retries, submitted, time.monotonic(), key)))
+                runner, request, tier, f, submitted, time.monotonic(), key)))
 
-    def _on_done(self, runner: GraphRunner, request: GraphRequest, tier: Tier, future: JobFuture,
-                 retries: int, submitted: float, done: float, key: str | None) -> None:
+    def _on_done(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                 future: CompileFuture, submitted: float, done: float, key: str | None) -> None:
         """Loader thread: load a finished tier and swap it in, or record why it failed."""
-        retrying = False
         try:
             error = future.exception()
             count_error(error)
-            if isinstance(error, WorkerCrashed) and retries > 0:
-                log.info("graph %s: worker crashed compiling %r; retrying once",
-                         runner.graph_id, tier.name)
-                retrying = True  # the retry keeps our claim on the compile lock
-                self._submit(runner, request, tier, retries - 1, key)
-                return
             if isinstance(error, CompileFailed) and unsaveable(error):
                 self.local.unsaveable(runner, request, tier, error.remote_message,
                                       blocking=False)
@@ -338,8 +334,7 @@ class Coordinator(BlockingModes):
         except Exception as e:  # never leave a tier pending: wait() would hang
             self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
         finally:
-            if not retrying:
-                self.cache.release(key)  # stored (or failed): processes waiting on us may go on
+            self.cache.release(key)  # stored (or failed): processes waiting on us may go on
 
     def _load(self, runner: GraphRunner, result: CompileResult, tier: Tier) -> Any:
         bump("worker_compiles")
@@ -392,6 +387,12 @@ class Coordinator(BlockingModes):
                     break
                 self._cond.wait(remaining)
         return self.status()
+
+
+def _retrying(error: BaseException, request: CompileRequest) -> None:
+    count_error(error)
+    log.info("graph %s: worker died compiling %r (%s); compiling it once more",
+             request.graph_id, request.tier, error)
 
 
 def _profiled(tier: Tier) -> Tier:
