@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hotswap.tools.rss import PeakRss
@@ -108,9 +109,46 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         prepare_s = time.monotonic() - t
     model, inputs = build(args.model, args.device)
     rss = PeakRss(lambda: [os.getpid()], name="hotswap-bench-rss")
+    compiled, is_final, spinners = _compiled(row, model, args)
+    before = hotswap.counters()
+    ready_s = _since_start()
+    idle = args.caller == "idle" and row != "machine:busy-eager"
     sync: Any = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    stats: Any = None
-    spinners: list[subprocess.Popen[bytes]] = []
+    with torch.no_grad():
+        try:
+            served = _serve(compiled, inputs, is_final, sync, args, idle=idle,
+                            floor=row == "machine:busy-eager")
+        finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
+        peak_rss = rss.stop()  # its sampling thread takes the GIL: not during the steady timing
+        if served.final_s is not None:
+            compiled(*inputs)  # an idle caller's first compiled call (a tier's first call
+            sync()             # is checked against eager): not part of the steady timing
+        steady_ms = (_timer(lambda: compiled(*inputs), args.device)
+                     if served.final_s is not None else None)
+        # Timed last: a warm-up before the first call would be a phase the row leaves out.
+        eager_ms = _timer(lambda: model(*inputs), args.device, 100.0)
+    return {
+        "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
+        "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,
+        "first_call_s": served.durations[0], "first_output_s": ready_s + served.durations[0],
+        "to_final_s": served.final_s, **served.calls(eager_ms),
+        "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20,
+        "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
+                      if row.startswith("hotswap:") else {}),
+        "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
+    }
+
+
+def _compiled(row: str, model: Any, args: argparse.Namespace
+              ) -> tuple[Any, Callable[[], bool], list[subprocess.Popen[bytes]]]:
+    """The row's callable, how to tell its final code serves, and CPU spinners it started."""
+    import torch
+
+    import hotswap
+
     if row.startswith("hotswap:"):
         mode = row.split(":")[1]
         tiers = ["default", "max-autotune-no-cudagraphs"] if mode == "progressive" else None
@@ -119,95 +157,76 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         def is_final() -> bool:
             statuses = hotswap.status(compiled)
             return bool(statuses) and all(s.final for s in statuses)
-    elif row == "torch:eager-backend":
-        compiled = torch.compile(model, backend="eager")
 
-        def is_final() -> bool:
-            return True
-    elif row.startswith("torch:"):
-        mode = "max-autotune-no-cudagraphs" if row.endswith("max-autotune") else None
-        compiled = torch.compile(model, mode=mode)
+        return compiled, is_final, []
+    if row == "torch:eager-backend":
+        return torch.compile(model, backend="eager"), lambda: True, []
+    if row.startswith("torch:"):
+        torch_mode = "max-autotune-no-cudagraphs" if row.endswith("max-autotune") else None
+        return torch.compile(model, mode=torch_mode), lambda: True, []
+    if row == "machine:busy-eager":
+        return model, lambda: False, _spinners(os.cpu_count() or 1)
+    from torch._inductor import compile_fx_async
 
-        def is_final() -> bool:
-            return True
-    elif row == "machine:busy-eager":
-        compiled, spinners = model, _spinners(os.cpu_count() or 1)  # killed below
+    torch._inductor.config.fx_graph_cache = False
+    torch._inductor.config.autotune_local_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    if row.startswith("pytorch:async"):
+        stats: Any = compile_fx_async._AsyncFxCompile
+        stats._reset_stats()
+        return torch.compile(model), lambda: bool(stats._stat_compiled_runs > 0), []
+    stats = compile_fx_async._ProgressiveFxCompile
+    stats._reset_stats()
+    return torch.compile(model), lambda: bool(stats._stat_optimized_runs > 0), []
 
-        def is_final() -> bool:
-            return False
-    else:
-        from torch._inductor import compile_fx_async
 
-        torch._inductor.config.fx_graph_cache = False
-        torch._inductor.config.autotune_local_cache = False
-        torch._functorch.config.enable_autograd_cache = False
-        compiled = torch.compile(model)
-        if row.startswith("pytorch:async"):
-            stats = compile_fx_async._AsyncFxCompile
-            stats._reset_stats()
+class _Served:
+    """The calls a row served until its final code was in (or its time was up)."""
 
-            def is_final() -> bool:
-                return bool(stats._stat_compiled_runs > 0)
-        else:
-            stats = compile_fx_async._ProgressiveFxCompile
-            stats._reset_stats()
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+        self.offsets: list[float] = []  # s after the first call
+        self.final_s: float | None = None
+        self.served_s = 0.0
 
-            def is_final() -> bool:
-                return bool(stats._stat_optimized_runs > 0)
-    before = hotswap.counters()
-    durations: list[float] = []
-    offsets: list[float] = []
-    final_s = None
-    ready_s = _since_start()
+    def calls(self, eager_ms: float) -> dict[str, Any]:
+        later = sorted(self.durations[1:])
+        limit_s = (2 * eager_ms + 10) / 1e3
+        slowest = sorted(range(1, len(self.durations)), key=self.durations.__getitem__)[-5:][::-1]
+        return {
+            "largest_call_ms": max(later, default=0.0) * 1e3, "calls": len(self.durations),
+            "served_s": self.served_s,
+            "p99_call_ms": later[int(0.99 * (len(later) - 1))] * 1e3 if later else 0.0,
+            "calls_over_limit": sum(d > limit_s for d in later),
+            # when the slowest calls started (s after the first call) and took (ms): matched
+            # against the stage timings, they say what stalled them
+            "slowest_calls": [(round(self.offsets[i], 3), round(self.durations[i] * 1e3, 2))
+                              for i in slowest],
+        }
+
+
+def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Callable[[], Any],
+           args: argparse.Namespace, *, idle: bool, floor: bool) -> _Served:
+    """Call as the row's caller does (busy: every ``interval_ms``; idle: once) until the final
+    code serves or the row's time is up."""
+    served = _Served()
     start = time.perf_counter()
-    deadline = start + (args.floor_s if row == "machine:busy-eager" else args.timeout_s)
-    idle = args.caller == "idle" and row != "machine:busy-eager"
-    with torch.no_grad():
-        try:
-            while time.perf_counter() < deadline:
-                if not idle or not durations:
-                    t = time.perf_counter()
-                    compiled(*inputs)
-                    sync()
-                    durations.append(time.perf_counter() - t)
-                    offsets.append(t - start)
-                if is_final():
-                    final_s = _since_start()
-                    break
-                time.sleep(args.interval_ms / 1e3 if not idle else 0.01)
-        finally:
-            served_s = time.perf_counter() - start
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
-        peak_rss = rss.stop()  # its sampling thread takes the GIL: not during the steady timing
-        if final_s is not None:
-            compiled(*inputs)  # an idle caller's first compiled call (a tier's first call
-            sync()             # is checked against eager): not part of the steady timing
-        steady_ms = (_timer(lambda: compiled(*inputs), args.device)
-                     if final_s is not None else None)
-        # Timed last: a warm-up before the first call would be a phase the row leaves out.
-        eager_ms = _timer(lambda: model(*inputs), args.device, 100.0)
-    later = sorted(durations[1:])
-    limit_s = (2 * eager_ms + 10) / 1e3
-    slowest = sorted(range(1, len(durations)), key=durations.__getitem__)[-5:][::-1]
-    return {
-        "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
-        "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,
-        "first_call_s": durations[0], "first_output_s": ready_s + durations[0],
-        "to_final_s": final_s,
-        "largest_call_ms": max(later, default=0.0) * 1e3, "calls": len(durations),
-        "served_s": served_s,
-        "p99_call_ms": later[int(0.99 * (len(later) - 1))] * 1e3 if later else 0.0,
-        "calls_over_limit": sum(d > limit_s for d in later),
-        # when the slowest calls started (s after the first call) and took (ms): matched
-        # against the stage timings, they say what stalled them
-        "slowest_calls": [(round(offsets[i], 3), round(durations[i] * 1e3, 2)) for i in slowest],
-        "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20,
-        "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
-                      if row.startswith("hotswap:") else {}),
-        "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
-    }
+    deadline = start + (args.floor_s if floor else args.timeout_s)
+    try:
+        while time.perf_counter() < deadline:
+            if not idle or not served.durations:
+                t = time.perf_counter()
+                compiled(*inputs)
+                sync()
+                served.durations.append(time.perf_counter() - t)
+                served.offsets.append(t - start)
+            if is_final():
+                served.final_s = _since_start()
+                break
+            time.sleep(args.interval_ms / 1e3 if not idle else 0.01)
+    finally:
+        served.served_s = time.perf_counter() - start
+    return served
 
 
 def _spinners(count: int) -> list[subprocess.Popen[bytes]]:
