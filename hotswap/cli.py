@@ -45,13 +45,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def thread_advice(cores: int, threads: int, cuda: bool) -> str | None:
     """A CPU model whose intra-op threads fill every core shares them with background compiles:
-    its threads wait for each other, and on a VM for a vCPU the host took (~100 ms; README)."""
+    its threads wait for each other, and on a VM for a vCPU the host took (~100 ms; docs/scheduling.md)."""
     if cuda or cores < 2 or threads < cores:
         return None
     return (f"a CPU model with {threads} threads on {cores} cores shares them with hotswap's "
             f"background compiles; if its calls stall while a tier compiles (likely on a VM), "
             f"torch.set_num_threads({cores - 1}) leaves a core free "
-            f"(README: 'When your CPU model uses every core')")
+            f"(hotswap's docs/scheduling.md: 'CPU models that use every core')")
 
 
 def _cache(args: argparse.Namespace) -> int:
