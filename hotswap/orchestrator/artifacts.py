@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from hotswap.orchestrator import compat, load_guard
+from hotswap.orchestrator import compat, kernel_files, load_guard
 from hotswap.orchestrator.compat import Buffer
 
 __all__ = ["entry_parts", "load_entry", "pack_entry"]
@@ -89,7 +89,7 @@ def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -
 
     artifact, files, probes = _unpack(entry)
     if files:
-        compat.restore_files(compat.inductor_cache_dir(), files)
+        kernel_files.restore_files(kernel_files.inductor_cache_dir(), files)
     if probes:
         load_guard.adopt(probes)
     with load_guard.count_compiler_runs(), config.patch(

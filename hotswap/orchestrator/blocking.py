@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from hotswap.errors import CompileFailed, HotswapError
-from hotswap.orchestrator import compat
+from hotswap.orchestrator import compat, kernel_files
 from hotswap.orchestrator.artifacts import pack_entry
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compilers import CompileFuture
@@ -120,7 +120,7 @@ class BlockingModes:
         with cpp_sources() as sources:
             artifact = compat.standalone_compile(gm, example_inputs, dict(tier.config),
                                                  dynamic=any(m.symbols for m in inputs))
-        files = compat.compile_outputs(sources, started)
+        files = kernel_files.compile_outputs(sources, started)
         try:
             data = compat.artifact_to_bytes(artifact)
         except compat.UnsaveableArtifact as e:

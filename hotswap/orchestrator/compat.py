@@ -1,7 +1,9 @@
-"""Everything that differs between the torch versions hotswap supports (2.11 and 2.13).
+"""hotswap's use of torch internals, where the versions it supports (2.11 and 2.13) differ
+or may: inductor's standalone compile and its saved artifacts, inductor's timed events,
+dynamo's compile callbacks, intra-op threads. Keep version checks here.
 
-Both expose ``torch._inductor.standalone_compile(gm, inputs, dynamic_shapes=..., options=...)``
-and ``CompiledArtifact.save/load(path=..., format="binary")``; keep version checks here.
+Both versions expose ``torch._inductor.standalone_compile(gm, inputs, dynamic_shapes=...,
+options=...)`` and ``CompiledArtifact.save/load(path=..., format="binary")``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -109,109 +111,6 @@ def intra_op_threads(num_threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def inductor_cache_dir() -> str:
-    """Where inductor keeps compiled kernels in this process (honours TORCHINDUCTOR_CACHE_DIR)."""
-    import importlib
-
-    for name in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils"):
-        try:
-            return str(importlib.import_module(name).cache_dir())
-        except (ImportError, AttributeError):
-            continue
-    raise RuntimeError("cannot find inductor's cache directory in this torch version")
-
-
-# Inductor's own cache entries (FX graph and AOTAutograd): the artifact carries what they hold
-# and writes them on load. Shipped as files too, a max-autotune tier on GPU sent the same 8 MiB
-# twice, and another worker's entries written meanwhile rode along.
-_CACHE_ENTRY_DIRS = ("fxgraph", "aotautograd")
-# Triton's intermediate forms of a kernel, which its cache (inductor's ``triton/`` unless
-# TRITON_CACHE_DIR says otherwise) keeps beside the binary: loading a kernel reads only the
-# binary and its metadata, and a max-autotune tier on GPU shipped 13.9 MiB of these.
-_TRITON_IR = (".ttir", ".ttgir", ".llir", ".ptx", ".source")
-
-
-def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20) -> dict[str, bytes]:
-    """Files under ``root`` modified at or after ``since_s`` (relative path -> bytes): what a
-    compile added to inductor's cache (its kernels: C++ libraries, sources, triton binaries).
-    Lock and temporary files, inductor's own cache entries and triton's intermediate forms are
-    skipped."""
-    found: dict[str, bytes] = {}
-    total = 0
-    triton = os.path.join(root, "triton") + os.sep
-    for dirpath, dirnames, names in os.walk(root):
-        if dirpath == root:
-            dirnames[:] = [d for d in dirnames if d not in _CACHE_ENTRY_DIRS]
-        in_triton = (dirpath + os.sep).startswith(triton)
-        for name in names:
-            if (name.endswith((".lock", ".tmp")) or name.startswith(".")
-                    or (in_triton and name.endswith(_TRITON_IR))):
-                continue
-            path = os.path.join(dirpath, name)
-            try:
-                if os.stat(path).st_mtime < since_s:
-                    continue
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError:
-                continue
-            total += len(data)
-            if total > max_bytes:
-                return found  # ship what fits; the loader compiles what is missing
-            found[os.path.relpath(path, root)] = data
-    return found
-
-
-def libraries_built_from(root: str, sources: Iterable[str]) -> dict[str, bytes]:
-    """The libraries built from C++ ``sources`` under ``root`` (``<key>*.so`` beside each
-    ``<key>*.cpp``), relative path -> bytes, whenever they were built."""
-    found: dict[str, bytes] = {}
-    for source in set(sources):
-        folder, name = os.path.split(source)
-        key = name.split(".", 1)[0]
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for other in names:
-            if other.startswith(key + ".") and other.endswith(".so"):
-                path = os.path.join(folder, other)
-                rel = os.path.relpath(path, root)
-                if rel.startswith(".."):
-                    continue
-                try:
-                    with open(path, "rb") as f:
-                        found[rel] = f.read()
-                except OSError:
-                    continue
-    return found
-
-
-def compile_outputs(sources: Iterable[str], since_s: float) -> dict[str, bytes]:
-    """What a compile's entry ships from inductor's cache: the libraries built from its C++
-    ``sources`` (whenever they were built) and every file it added since ``since_s``."""
-    root = inductor_cache_dir()
-    return {**libraries_built_from(root, sources), **files_written_since(root, since_s)}
-
-
-def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
-    """Write shipped cache files that ``root`` lacks (atomically); returns how many."""
-    written = 0
-    real_root = os.path.realpath(root)
-    for rel, data in files.items():
-        path = os.path.realpath(os.path.join(root, rel))
-        if not path.startswith(real_root + os.sep) or os.path.exists(path):
-            continue  # never outside the cache dir; never over an existing file
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hotswap-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o755 if path.endswith(".so") else 0o644)
-        os.replace(tmp, path)
-        written += 1
-    return written
 
 
 @contextlib.contextmanager

@@ -176,7 +176,7 @@ def _cpu_graph(metas: tuple[InputMeta, ...]) -> bool:
 def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from hotswap.orchestrator import compat
+    from hotswap.orchestrator import compat, kernel_files
     from hotswap.orchestrator.artifacts import pack_entry
     from hotswap.orchestrator.load_guard import (
         cpp_sources,
@@ -202,7 +202,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
         since = started if _files_since_s is None else min(started, _files_since_s)
-        files = compat.compile_outputs(sources, since)
+        files = kernel_files.compile_outputs(sources, since)
         entry = pack_entry(data, files, probes())
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()

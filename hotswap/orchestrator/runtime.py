@@ -16,8 +16,8 @@ from typing import Any
 
 from hotswap._env import env_number
 from hotswap.cache import ArtifactCache
-from hotswap.orchestrator.compat import inductor_cache_dir
 from hotswap.orchestrator.compilers import Compiler, PoolCompiler
+from hotswap.orchestrator.kernel_files import inductor_cache_dir
 from hotswap.workers import WorkerPool
 from hotswap.workers.pool import default_workers
 

@@ -4,7 +4,7 @@ import os
 import time
 from pathlib import Path
 
-from hotswap.orchestrator import compat
+from hotswap.orchestrator import kernel_files
 
 
 def test_files_written_since_and_restore(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_files_written_since_and_restore(tmp_path: Path) -> None:
     for suffix in ("cubin", "json", "ptx", "llir", "ttir", "ttgir", "source"):
         (kernel / f"k.{suffix}").write_bytes(suffix.encode())
     (src / "ab" / "not_triton.ptx").write_bytes(b"outside triton's cache, kept")
-    files = compat.files_written_since(str(src), since)
+    files = kernel_files.files_written_since(str(src), since)
     triton = os.path.join("triton", "0", "HASH")
     assert files == {os.path.join("ab", "kernel.so"): b"\x7fELF kernel",
                      os.path.join("ab", "kernel.cpp"): b"// source",
@@ -35,7 +35,7 @@ def test_files_written_since_and_restore(tmp_path: Path) -> None:
     (dst / "ab").mkdir(parents=True)
     (dst / "ab" / "kernel.cpp").write_text("// already here")
     escaping = {**files, os.path.join("..", "escape.so"): b"no"}
-    assert compat.restore_files(str(dst), escaping) == 4  # all but the one already there
+    assert kernel_files.restore_files(str(dst), escaping) == 4  # all but the one already there
     assert (dst / "ab" / "kernel.so").read_bytes() == b"\x7fELF kernel"
     assert (dst / "ab" / "kernel.cpp").read_text() == "// already here"  # never overwritten
     assert not (tmp_path / "escape.so").exists()  # never outside the cache dir
