@@ -1,5 +1,6 @@
 """Persistent, signed cache of compiled artifacts (see store.py for the layout and checks)."""
 
-from hotswap.cache.store import ArtifactCache, EntryInfo, default_cache_dir
+from hotswap.cache.root import default_cache_dir
+from hotswap.cache.store import ArtifactCache, EntryInfo
 
 __all__ = ["ArtifactCache", "EntryInfo", "default_cache_dir"]

@@ -1,7 +1,7 @@
 """The artifact cache on disk: one signed file per (graph, tier), an index, LRU eviction.
 
     <root>/                      mode 0700 when hotswap creates it (an existing one keeps its own)
-      HOTSWAP_CACHE              marker: a directory without it is used only if empty
+      HOTSWAP_CACHE              marker: a directory without it is used only if empty (root.py)
       secret.key                 32 random bytes, mode 0600, made on first use
       index.msgpack              {key: {size, tier, created_s, used_s}}; rebuilt from entries if lost
       index.lock                 filelock guarding the index
@@ -35,8 +35,9 @@ import filelock
 import msgpack
 
 from hotswap._env import env_number
+from hotswap.cache.root import claim_root, default_cache_dir, load_secret
 
-__all__ = ["FORMAT_VERSION", "ArtifactCache", "EntryInfo", "default_cache_dir"]
+__all__ = ["FORMAT_VERSION", "ArtifactCache", "EntryInfo"]
 
 log = logging.getLogger("hotswap")
 
@@ -44,24 +45,11 @@ log = logging.getLogger("hotswap")
 # laid out for reading in place (1 was a msgpack map); entries of 1 are simply not looked up.
 FORMAT_VERSION = 2
 MAGIC = b"HSWPA\x00\x01\x00"
-_LEN = struct.Struct("!I")
-_MAC_BYTES = 32
-# A directory is a hotswap cache when it holds this file (_claim_root).
-MARKER = "HOTSWAP_CACHE"
 # Longest wait for another process's hold on the index (a stopped one holds it for ever):
 # then filelock.Timeout, an OSError, which every caller treats as "index unavailable".
 INDEX_LOCK_WAIT_S = 10.0
-# What a cache holds besides the marker (a cache from before markers holds only these).
-_CACHE_FILES = frozenset({"entries", "locks", "secret.key", "index.msgpack", "index.lock"})
-
-
-def default_cache_dir() -> Path:
-    """``HOTSWAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/hotswap``, else ``~/.cache/hotswap``."""
-    env = os.environ.get("HOTSWAP_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hotswap"
+_LEN = struct.Struct("!I")
+_MAC_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -104,10 +92,10 @@ class ArtifactCache:
             raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.stamp = dict(stamp) if stamp is not None else None
-        self._claim_root()
+        claim_root(self.root, FORMAT_VERSION)
         (self.root / "entries").mkdir(mode=0o700, exist_ok=True)
         self._lock = filelock.FileLock(str(self.root / "index.lock"), timeout=INDEX_LOCK_WAIT_S)
-        self._secret = self._load_secret()
+        self._secret = load_secret(self.root)
         self._warned: set[str] = set()
         self.rejected = 0  # entries refused (and removed) by get() so far
         self._count_lock = threading.Lock()
@@ -339,52 +327,6 @@ class ArtifactCache:
             total -= index.pop(key)["size"]
             with contextlib.suppress(FileNotFoundError):
                 self._path(key).unlink()
-
-    def _claim_root(self) -> None:
-        """Make ``root`` a hotswap cache, or refuse before touching it. A directory becomes one
-        only when hotswap creates it, when it is empty, or when it is one already (its marker
-        file; or, from before markers, nothing but a cache's own files). Only a directory
-        hotswap creates is made private (0700): one you made keeps the mode you gave it."""
-        root = self.root
-        if root.exists() and not root.is_dir():
-            raise NotADirectoryError(f"the artifact cache {str(root)!r} is not a directory; "
-                                     "point cache_dir (--cache-dir, HOTSWAP_CACHE_DIR) at one")
-        with contextlib.suppress(FileExistsError):
-            root.mkdir(mode=0o700, parents=True)
-        marker = root / MARKER
-        if marker.exists():
-            return
-        foreign = sorted(n for n in os.listdir(root)
-                         if n not in _CACHE_FILES and not n.startswith((".key-", ".tmp-")))
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-            raise ValueError(f"refusing to use {str(root)!r} as the artifact cache: it holds "
-                             f"files of its own ({shown}) and no {MARKER} marker; choose a new or "
-                             "empty directory (cache_dir, --cache-dir, HOTSWAP_CACHE_DIR)")
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            f.write(f"hotswap artifact cache, format {FORMAT_VERSION}\n")
-        os.replace(tmp, marker)
-
-    def _load_secret(self) -> bytes:
-        path = self.root / "secret.key"
-        if not path.exists():
-            # Write a complete key under a temporary name, then link it into place: a process
-            # racing us sees either no key or a whole one, never an empty file.
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".key-")
-            try:
-                os.fchmod(fd, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(os.urandom(32))
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, path)
-            finally:
-                os.unlink(tmp)
-        secret = path.read_bytes()
-        if len(secret) != 32:
-            raise ValueError(f"{path} is not a hotswap cache key (32 bytes); remove it or choose "
-                             "another cache_dir")
-        return secret
 
 
 def _is_key(name: str) -> bool:

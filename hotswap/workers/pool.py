@@ -22,7 +22,8 @@ from hotswap._env import env_number
 from hotswap.errors import PoolClosed, SerializationFailed
 from hotswap.workers.child import resolve_job
 from hotswap.workers.future import JobFuture, WorkerInfo
-from hotswap.workers.manager import Inbox, Job, Manager, PoolConfig, WorkerEnv
+from hotswap.workers.inbox import Inbox, Job, PoolConfig, WorkerEnv
+from hotswap.workers.manager import Manager
 from hotswap.workers.protocol import StageEvent
 
 __all__ = ["DEFAULT_WARM_MODULES", "JobFuture", "WorkerInfo", "WorkerPool", "default_workers"]
