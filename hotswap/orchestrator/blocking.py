@@ -13,11 +13,9 @@ from typing import Any, Protocol
 
 import torch
 
-from hotswap.errors import CompileFailed, HotswapError
 from hotswap.orchestrator import compat, kernel_files
 from hotswap.orchestrator.artifacts import pack_entry
 from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.compilers import CompileFuture
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.graph import GraphRunner
 from hotswap.orchestrator.load_guard import cpp_sources, probes, record_precompiled_headers
@@ -26,13 +24,12 @@ from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
 from hotswap.orchestrator.request import (
     GraphRequest,
-    count_error,
     cpu_threads,
     portable_inputs,
     reason_of,
-    unsaveable,
 )
-from hotswap.orchestrator.wire import CompileResult, InputMeta
+from hotswap.orchestrator.tiers import LoadFailed, TierLifecycle
+from hotswap.orchestrator.wire import InputMeta
 
 __all__ = ["BlockingModes"]
 
@@ -45,18 +42,17 @@ class _Host(Protocol):
     cache: CacheAccess
     recorder: Recorder
     local: LocalCompiler
+    tiers: TierLifecycle
 
     def _fail(self, runner: GraphRunner, tier: str, reason: str) -> None: ...
     def _await_warmup(self, runner: GraphRunner) -> None: ...
-    def _cache_load(self, runner: GraphRunner, tier: Tier, entry: bytes) -> Any: ...
-    def _job(self, runner: GraphRunner, request: GraphRequest, tier: Tier) -> CompileFuture: ...
-    def _load(self, runner: GraphRunner, result: CompileResult, tier: Tier) -> Any: ...
+    def _load_tier(self, runner: GraphRunner, tier: Tier, entry: Any, stage: str) -> Any: ...
+    def _compiled_here_instead(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                               error: BaseException, *, blocking: bool) -> bool: ...
     def _serve_cached_now(self, runner: GraphRunner, tier: Tier, key: str | None) -> bool: ...
     def _compile_inprocess_and_store(self, runner: GraphRunner, gm: torch.fx.GraphModule,
                                      example_inputs: list[Any], tier: Tier, key: str,
                                      inputs: tuple[InputMeta, ...]) -> Any: ...
-    def _compile_and_wait(self, runner: GraphRunner, request: GraphRequest,
-                          tier: Tier) -> CompileResult: ...
 
 
 
@@ -69,7 +65,7 @@ class BlockingModes:
         if cached is None:
             return False
         try:
-            fn = self._cache_load(runner, tier, cached)
+            fn = self._load_tier(runner, tier, cached, "cache_load")
         except Exception as e:
             log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
             return False
@@ -131,43 +127,13 @@ class BlockingModes:
 
     def _compile_blocking(self: _Host, runner: GraphRunner, request: GraphRequest, tier: Tier,
                           key: str | None) -> None:
-        if self._serve_cached_now(runner, tier, key):
-            return
-        if key is not None and not self.cache.claim(key):
-            # Another process is compiling it: this call waits anyway, so wait for its entry.
-            self.cache.wait_for_holder(key)
-            if self._serve_cached_now(runner, tier, key):
-                return
-            self.cache.claim(key)
-        elif key is not None and self._serve_cached_now(runner, tier, key):
-            self.cache.release(key)  # stored by another process between our miss and our claim
-            return
+        """Subprocess mode: the tier's lifecycle (tiers.py), waited for in the call."""
         try:
-            try:
-                result = self._compile_and_wait(runner, request, tier)
-                fn = self._load(runner, result, tier)
-            except HotswapError as e:
-                if isinstance(e, CompileFailed) and unsaveable(e):
-                    self.local.unsaveable(runner, request, tier, e.remote_message, blocking=True)
-                    return
-                count_error(e)
-                self._fail(runner, tier.name, reason_of(e))
-                return
-            except Exception as e:
-                self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
-                return
-            self.cache.store(key, tier.name, result.entry)
-            runner.arrived(tier.name, "worker")
-            runner.serve_now(tier.name, fn)
-        finally:
-            self.cache.release(key)  # waiting processes go on (and compile themselves if we failed)
-
-    def _compile_and_wait(self: _Host, runner: GraphRunner, request: GraphRequest,
-                          tier: Tier) -> CompileResult:
-        """Blocking modes: one compile (retried once on a crashed worker), waited for here."""
-        submitted = time.monotonic()
-        future = self._job(runner, request, tier)
-        result = CompileResult.from_wire(future.result())
-        self.recorder.worker_job(runner, tier.name, future.stage_events, submitted,
-                                 time.monotonic())
-        return result
+            arrival = self.tiers.start(runner, request, tier, key).result()
+        except Exception as e:
+            if not self._compiled_here_instead(runner, request, tier, e, blocking=True):
+                self._fail(runner, tier.name, str(e) if isinstance(e, LoadFailed)
+                           else reason_of(e))
+            return
+        runner.arrived(tier.name, arrival.path)
+        runner.serve_now(tier.name, arrival.fn)

@@ -52,6 +52,7 @@ from hotswap.orchestrator.request import (
     unsaveable,
 )
 from hotswap.orchestrator.runtime import runtime
+from hotswap.orchestrator.tiers import Arrival, LoadFailed, TierLifecycle
 from hotswap.orchestrator.transport import ship_graph
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.orchestrator.wire import (
@@ -59,7 +60,6 @@ from hotswap.orchestrator.wire import (
     BenchReply,
     BenchRequest,
     CompileRequest,
-    CompileResult,
 )
 from hotswap.profiles.records import GRAPH_TIER
 
@@ -88,6 +88,9 @@ class Coordinator(BlockingModes):
         self._loader = Loader()
         self.recorder = Recorder(options.profile_dir)
         self.cache = CacheAccess(options.cache_dir, options.limit_s())
+        self.tiers = TierLifecycle(self.cache, self._job, self._load_tier,
+                                   lambda fn, args: self._loader.submit(self._then_check, fn, args),
+                                   self.recorder)
         self.gate = Gate(enabled=options.gate and options.mode == "progressive",
                          configs={t.name: dict(t.config) for t in self._ladder(options.tiers)},
                          threshold=options.gate_threshold, recorder=self.recorder,
@@ -181,65 +184,49 @@ class Coordinator(BlockingModes):
             elif rank < best:
                 runner.keep(tier.name, f"tier {wanted[best].name!r} came from the cache")
             elif rank == best and cached is not None:
-                bump("cache_hits")
-                self._loader.submit(self._then_check, self._load_cached,
-                                    (runner, tier, cached, keys.get(tier.name)))
+                self._start_tier(runner, request, tier, keys.get(tier.name), cached=cached)
             else:
                 self._start_tier(runner, request, tier, keys.get(tier.name))
 
     def _start_tier(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
-                    key: str | None) -> None:
-        """Background modes: serve a cache hit, wait for another process compiling the same
-        tier, or compile it. In the user's call: a miss costs one stat() and a lock try."""
-        cached = None
-        if self.cache.enabled and key is not None:
-            cached = self.cache.get(key)
-            if cached is None:
-                if not self.cache.claim(key):
-                    threading.Thread(target=self._await_other, daemon=True, name="hotswap-wait",
-                                     args=(runner, request, tier, key)).start()
-                    return
-                cached = self.cache.claimed_hit(key)
-        if cached is None:
-            self._submit(runner, request, tier, key)
-        else:
-            bump("cache_hits")
-            self._loader.submit(self._then_check, self._load_cached, (runner, tier, cached, key))
+                    key: str | None, cached: bytes | None = None) -> None:
+        """Background modes: bring the tier in (tiers.py), then offer it to the gate, on the
+        load thread."""
+        arrival = self.tiers.start(runner, request, tier, key, cached=cached)
+        arrival.add_done_callback(lambda f: self._arrived(runner, request, tier, key, f))
 
-    def _await_other(self, runner: GraphRunner, request: GraphRequest, tier: Tier, key: str) -> None:
-        """Background thread: wait until the process compiling ``key`` lets go, then start
-        again (its entry is a hit now; if it failed, this process compiles)."""
-        if not self.cache.wait_for_holder(key):
-            self._submit(runner, request, tier, None)  # too slow: compile here
-            return
-        self._start_tier(runner, request, tier, key)
+    def _arrived(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                 key: str | None, future: Future[Arrival]) -> None:
+        """Load thread: a tier is in: offer it to the gate; or record why it is not."""
+        error = future.exception()
+        if error is None:
+            arrival = future.result()
+            runner.arrived(tier.name, arrival.path)
+            self.gate.remember(runner, tier.name, arrival.entry)
+            self.gate.offer(runner, tier.name, arrival.fn, request, verdict_key=key)
+        elif not self._compiled_here_instead(runner, request, tier, error, blocking=False):
+            if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
+                runner.fail(tier.name, reason_of(error), level=logging.DEBUG)
+            else:
+                self._fail(runner, tier.name, _reason(error))
 
-    def _load_cached(self, runner: GraphRunner, tier: Tier, entry: bytes, key: str | None) -> None:
-        """Loader thread: serve a cache hit (no worker involved)."""
-        try:
-            fn = self._cache_load(runner, tier, entry)
-        except Exception as e:
-            request = self._requests.get(runner.graph_id)
-            if request is None:
-                self._fail(runner, tier.name,
-                           f"cached artifact failed to load: {type(e).__name__}: {e}")
-                return
-            # As in the blocking modes: compile it again (its result replaces the entry).
-            log.warning("hotswap: cached artifact of graph %s tier %r failed to load (%s: %s); "
-                        "compiling it again", runner.graph_id, tier.name, type(e).__name__, e)
-            self._submit(runner, request, tier, key)
-            return
-        runner.arrived(tier.name, "cache")
-        self.gate.remember(runner, tier.name, self.cache.ref(key) or entry)
-        self.gate.offer(runner, tier.name, fn, self._requests.get(runner.graph_id),
-                        verdict_key=key)
+    def _compiled_here_instead(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                               error: BaseException, *, blocking: bool) -> bool:
+        """A graph the worker compiled but inductor could not save: compile it here (local.py)."""
+        count_error(error)
+        if isinstance(error, CompileFailed) and unsaveable(error):
+            self.local.unsaveable(runner, request, tier, error.remote_message, blocking=blocking)
+            return True
+        return False
 
-    def _cache_load(self, runner: GraphRunner, tier: Tier, entry: bytes) -> Any:
-        """Load a cache entry once the warm-up is done; timed as the tier's cache_load."""
+    def _load_tier(self, runner: GraphRunner, tier: Tier, entry: Any, stage: str) -> Any:
+        """Load an entry once the process warm-up is done; timed as the tier's ``stage``."""
+        if stage == "load":
+            bump("worker_compiles")
         self._await_warmup(runner)
         t = time.monotonic()
         fn = load_entry(entry, tier.config)
-        self.recorder.span(runner, tier.name, "cache_load", t, time.monotonic())
+        self.recorder.span(runner, tier.name, stage, t, time.monotonic())
         return fn
 
     def _then_check(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -296,54 +283,6 @@ class Coordinator(BlockingModes):
         compiler = RetryingCompiler(runtime.compiler(self.options.workers), on_retry=_retrying)
         return compiler.submit(job, self.options.limit_s(tier))
 
-    def _submit(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
-                key: str | None) -> None:
-        submitted = time.monotonic()
-        future = self._job(runner, request, tier)
-        future.add_done_callback(
-            lambda f: self._loader.submit(self._then_check, self._on_done, (
-                runner, request, tier, f, submitted, time.monotonic(), key)))
-
-    def _on_done(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
-                 future: CompileFuture, submitted: float, done: float, key: str | None) -> None:
-        """Loader thread: load a finished tier and swap it in, or record why it failed."""
-        try:
-            error = future.exception()
-            count_error(error)
-            if isinstance(error, CompileFailed) and unsaveable(error):
-                self.local.unsaveable(runner, request, tier, error.remote_message,
-                                      blocking=False)
-                return
-            if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
-                runner.fail(tier.name, reason_of(error), level=logging.DEBUG)
-                return
-            if error is not None:
-                self._fail(runner, tier.name, reason_of(error))
-                return
-            self.recorder.worker_job(runner, tier.name, future.stage_events, submitted, done)
-            result = CompileResult.from_wire(future.result())
-            try:
-                fn = self._load(runner, result, tier)
-            except Exception as e:
-                self._fail(runner, tier.name, f"artifact failed to load: {type(e).__name__}: {e}")
-                return
-            runner.arrived(tier.name, "worker")
-            stored = self.cache.store(key, tier.name, result.entry)  # only ones that loaded
-            self.gate.remember(runner, tier.name, stored or result.entry)
-            self.gate.offer(runner, tier.name, fn, request, verdict_key=key)
-        except Exception as e:  # never leave a tier pending: wait() would hang
-            self._fail(runner, tier.name, f"internal error: {type(e).__name__}: {e}")
-        finally:
-            self.cache.release(key)  # stored (or failed): processes waiting on us may go on
-
-    def _load(self, runner: GraphRunner, result: CompileResult, tier: Tier) -> Any:
-        bump("worker_compiles")
-        self._await_warmup(runner)
-        t = time.monotonic()
-        fn = load_entry(result.entry, tier.config)
-        self.recorder.span(runner, result.tier, "load", t, time.monotonic())
-        return fn
-
     def _await_warmup(self, runner: GraphRunner) -> None:
         """Let the process warm-up of this graph's devices finish first (it does the load's
         one-time work at a lower priority; loading now would redo it, competing with the
@@ -387,6 +326,10 @@ class Coordinator(BlockingModes):
                     break
                 self._cond.wait(remaining)
         return self.status()
+
+
+def _reason(error: BaseException) -> str:
+    return str(error) if isinstance(error, LoadFailed) else reason_of(error)
 
 
 def _retrying(error: BaseException, request: CompileRequest) -> None:
