@@ -10,8 +10,9 @@
     runner(*args) -> eager                                          runner.swap_in(tier, artifact)
     runner(*args) -> compiled tier  <------------- atomic swap ---  (or runner.fail(tier, reason))
 
-In ``inprocess`` mode the graph is compiled right there by inductor; in ``subprocess`` mode the
-first call waits for the worker's artifact (both in blocking.py). Loading takes seconds, so it
+In ``inprocess`` mode the graph is compiled right there by inductor (inprocess.py); in
+``subprocess`` mode the first call waits for the tier's lifecycle (tiers.py), which the
+background modes continue on the load thread. Loading takes seconds, so it
 never runs on the pool's manager thread nor in the user's call (except in ``subprocess`` mode,
 where waiting is the point).
 """
@@ -31,12 +32,12 @@ import torch
 
 from hotswap.errors import CompileFailed, PoolClosed
 from hotswap.orchestrator.artifacts import load_entry
-from hotswap.orchestrator.blocking import BlockingModes
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compilers import CompileFuture, RetryingCompiler
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import Gate, Measure, unpack_verdict
 from hotswap.orchestrator.graph import GraphRunner, GraphStatus, TierFailed
+from hotswap.orchestrator.inprocess import InProcess
 from hotswap.orchestrator.keys import prepare_stamp
 from hotswap.orchestrator.loader import Loader
 from hotswap.orchestrator.local import LocalCompiler
@@ -73,7 +74,7 @@ _WARMUP_WAIT_S = 60.0
 _graph_ids = itertools.count(1)
 
 
-class Coordinator(BlockingModes):
+class Coordinator:
     """A dynamo backend (``torch.compile(m, backend=Coordinator(options))``) and its graphs.
 
     ``measure`` runs the gate's and the profile's benchmark requests (default: a worker job);
@@ -98,6 +99,7 @@ class Coordinator(BlockingModes):
                          run_on_loader=lambda fn, args: self._loader.submit(
                              self._then_check, fn, args),
                          notify=self._notify, store_verdict=self.cache.store_verdict)
+        self.inprocess = InProcess(self.cache, self.recorder, self._load_tier, self._fail)
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
         if options.mode != "inprocess":
@@ -126,7 +128,7 @@ class Coordinator(BlockingModes):
         if self.recorder.profiling:
             self.recorder.dynamo_trace(runner, t0)
         if self.options.mode == "inprocess":
-            self._compile_inprocess(runner, gm, example_inputs, wanted[0])
+            self.inprocess.compile(runner, gm, example_inputs, wanted[0])
         else:
             request = self._request(gm, example_inputs)
             if isinstance(request, str):
@@ -135,7 +137,7 @@ class Coordinator(BlockingModes):
                 for tier in wanted[1:]:
                     runner.keep(tier.name, f"only {wanted[0].name!r} compiles in this process "
                                            f"({request})")
-                self._compile_inprocess(runner, gm, example_inputs, wanted[0],
+                self.inprocess.compile(runner, gm, example_inputs, wanted[0],
                                         path=f"inprocess: {request}")
             else:
                 self._requests[graph_id] = request
@@ -148,7 +150,7 @@ class Coordinator(BlockingModes):
                 devices = devices_of(request)
                 runner.after_first_call = lambda: start_warmup(devices)
                 if self.options.mode == "subprocess":
-                    self._compile_blocking(runner, request, wanted[0], keys.get(wanted[0].name))
+                    self._wait_for_tier(runner, request, wanted[0], keys.get(wanted[0].name))
                 else:
                     self._start_ladder(runner, request, wanted, keys)
                 self._forget_if_over(runner)
@@ -194,6 +196,18 @@ class Coordinator(BlockingModes):
         load thread."""
         arrival = self.tiers.start(runner, request, tier, key, cached=cached)
         arrival.add_done_callback(lambda f: self._arrived(runner, request, tier, key, f))
+
+    def _wait_for_tier(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
+                       key: str | None) -> None:
+        """Subprocess mode: the tier's lifecycle, waited for in the call."""
+        try:
+            arrival = self.tiers.start(runner, request, tier, key).result()
+        except Exception as e:
+            if not self._compiled_here_instead(runner, request, tier, e, blocking=True):
+                self._fail(runner, tier.name, _reason(e))
+            return
+        runner.arrived(tier.name, arrival.path)
+        runner.serve_now(tier.name, arrival.fn)
 
     def _arrived(self, runner: GraphRunner, request: GraphRequest, tier: Tier,
                  key: str | None, future: Future[Arrival]) -> None:

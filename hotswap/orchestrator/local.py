@@ -12,7 +12,7 @@ or found operators half registered. So the compile runs in a call that serves th
 first call in subprocess mode, else in the graph's next call once the worker has reported. That
 call waits for the compile, as it would with plain ``torch.compile``; every other call is
 served as before. Graphs that cannot go to a worker at all compile in the call that meets them
-(the coordinator's ``_compile_inprocess``). Only one tier per graph compiles here: a later tier
+(inprocess.py). Only one tier per graph compiles here: a later tier
 would be adopted only after a benchmark, and here that runs on the caller's time.
 """
 
