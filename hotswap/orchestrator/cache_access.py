@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import filelock
-import psutil
 import torch
 
 from hotswap.cache import ArtifactCache
@@ -29,18 +28,12 @@ from hotswap.orchestrator.keys import environment_stamp, tier_key, verdict_key
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.runtime import runtime
 from hotswap.orchestrator.wire import CachedEntry
+from hotswap.workers import proctree
 from hotswap.workers.starvation import STOPPED_GRACE_S
 
 __all__ = ["STOPPED_GRACE_S", "CacheAccess"]
 
 _POLL_S = 0.5
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False  # gone: the OS released its lock, the next acquire gets it
 
 log = logging.getLogger("hotswap")
 
@@ -85,8 +78,7 @@ class CacheAccess:
                 for t in wanted}
 
     def get(self, key: str | None) -> bytes | None:
-        """An entry, if the cache has a valid one; a refused entry counts in cache_rejects.
-"""
+        """An entry, if the cache has a valid one; a refused entry counts in cache_rejects."""
         if self._cache is None or key is None:
             return None
         rejected = self._cache.rejected
@@ -212,7 +204,8 @@ class CacheAccess:
                 if deadline is not None and now >= deadline:
                     return False
                 holder = self._holder(key)
-                if holder is None or not _stopped(holder):
+                # A holder that is gone released its lock: the next acquire gets it.
+                if holder is None or not proctree.is_stopped(holder):
                     stopped_since = None
                     continue
                 stopped_since = stopped_since if stopped_since is not None else now

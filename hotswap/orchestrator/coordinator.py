@@ -89,16 +89,14 @@ class Coordinator:
         self._loader = Loader()
         self.recorder = Recorder(options.profile_dir)
         self.cache = CacheAccess(options.cache_dir, options.limit_s())
-        self.tiers = TierLifecycle(self.cache, self._job, self._load_tier,
-                                   lambda fn, args: self._loader.submit(self._then_check, fn, args),
+        self.tiers = TierLifecycle(self.cache, self._job, self._load_tier, self._on_loader,
                                    self.recorder)
         self.gate = Gate(enabled=options.gate and options.mode == "progressive",
                          configs={t.name: dict(t.config) for t in self._ladder(options.tiers)},
                          threshold=options.gate_threshold, recorder=self.recorder,
                          measure=measure or self._bench_in_worker,
-                         run_on_loader=lambda fn, args: self._loader.submit(
-                             self._then_check, fn, args),
-                         notify=self._notify, store_verdict=self.cache.store_verdict)
+                         run_on_loader=self._on_loader, notify=self._notify,
+                         store_verdict=self.cache.store_verdict)
         self.inprocess = InProcess(self.cache, self.recorder, self._load_tier, self._fail)
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
@@ -235,13 +233,15 @@ class Coordinator:
 
     def _load_tier(self, runner: GraphRunner, tier: Tier, entry: Any, stage: str) -> Any:
         """Load an entry once the process warm-up is done; timed as the tier's ``stage``."""
-        if stage == "load":
-            bump("worker_compiles")
         self._await_warmup(runner)
         t = time.monotonic()
         fn = load_entry(entry, tier.config)
         self.recorder.span(runner, tier.name, stage, t, time.monotonic())
         return fn
+
+    def _on_loader(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Run ``fn(*args)`` (``args[0]``: its graph's runner) on the load thread."""
+        self._loader.submit(self._then_check, fn, args)
 
     def _then_check(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Loader thread: run a load/swap/gate step; then, if its graph has nothing pending,

@@ -124,6 +124,7 @@ class TierLifecycle:
                 return
             self._recorder.worker_job(runner, tier.name, future.stage_events, submitted, done)
             result = CompileResult.from_wire(future.result())
+            bump("worker_compiles")
             try:
                 fn = self._load(runner, tier, result.entry, "load")
             except Exception as e:

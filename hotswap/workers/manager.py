@@ -90,7 +90,7 @@ class _Worker:
         self.deadline_s: float | None = None
         self.kill_reason: tuple[str, Any] | None = None
         self.watching_write = False
-        self.tmpdir: str | None = None  # its TMPDIR (scratch.py), removed when it exits
+        self.tmpdir: str | None = None  # its scratch directory (scratch.py), removed with it
 
 
 class Manager:

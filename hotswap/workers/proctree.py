@@ -14,8 +14,8 @@ import signal
 
 import psutil
 
-__all__ = ["descendants", "kill_tree", "set_tree_priority", "stopped", "tree_cpu_s",
-           "tree_rss_bytes"]
+__all__ = ["descendants", "is_stopped", "kill_tree", "set_tree_priority", "stopped",
+           "tree_cpu_s", "tree_rss_bytes"]
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -72,19 +72,24 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def is_stopped(proc: psutil.Process | int) -> bool:
+    """The process is stopped (SIGSTOP, SIGTSTP, a debugger's stop); False when it is gone."""
+    try:
+        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def stopped(pid: int) -> int | None:
-    """A process of ``pid``'s tree that is stopped (SIGSTOP, SIGTSTP, a debugger's stop), or
-    None: a stopped process holds up its whole job."""
+    """A process of ``pid``'s tree that is stopped, or None: a stopped process holds up its
+    whole job."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-                return int(proc.pid)
-    return None
+    return next((int(proc.pid) for proc in procs if is_stopped(proc)), None)
 
 
 def set_tree_priority(pid: int, *, nice: int, idle: bool) -> bool:
