@@ -22,36 +22,25 @@ their callbacks may submit again. Invariant: every future handed out resolves.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import errno
 import logging
 import os
 import selectors
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from hotswap.errors import (
-    CompileFailed,
-    JobError,
-    JobTimeout,
-    MemoryLimitExceeded,
     PoolClosed,
     SerializationFailed,
-    WorkerCrashed,
     WorkerStartFailed,
-    WorkerStopped,
 )
 from hotswap.workers import proctree, scratch
 from hotswap.workers.future import WorkerInfo
-from hotswap.workers.inbox import Inbox, Job, PoolConfig, resolve
+from hotswap.workers.inbox import Inbox, PoolConfig, resolve
+from hotswap.workers.process import WorkerProcess, remote_error, spawn
 from hotswap.workers.protocol import (
-    FrameDecoder,
     MessageKind,
     Payload,
     ProtocolError,
@@ -59,38 +48,16 @@ from hotswap.workers.protocol import (
     decode_control,
     decode_result,
     encode_control,
-    encode_frame,
     encode_job_request,
 )
-from hotswap.workers.starvation import POLL_S, STOPPED_GRACE_S, CpuWatch
+from hotswap.workers.starvation import CpuWatch
+from hotswap.workers.watchdog import Watchdog
 
 __all__ = ["Manager"]
 
 log = logging.getLogger(__name__)
 
 _MAX_START_FAILURES = 3
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-class _Worker:
-    """Parent-side state of one worker process. Touched by the manager thread only."""
-
-    def __init__(self, slot: int, proc: subprocess.Popen[bytes], read_fd: int, write_fd: int):
-        self.slot = slot
-        self.proc = proc
-        self.pid = proc.pid
-        self.read_fd = read_fd
-        self.write_fd = write_fd
-        self.pidfd = -1
-        self.decoder = FrameDecoder()
-        self.outbuf: collections.deque[memoryview] = collections.deque()
-        self.ready = False
-        self.started_s = time.monotonic()
-        self.ready_s: float | None = None
-        self.job: Job | None = None
-        self.deadline_s: float | None = None
-        self.kill_reason: tuple[str, Any] | None = None
-        self.watching_write = False
-        self.tmpdir: str | None = None  # its scratch directory (scratch.py), removed with it
 
 
 class Manager:
@@ -100,15 +67,14 @@ class Manager:
         self.inbox = inbox
         self.config = config
         self.on_exit = on_exit
-        self.workers: dict[int, _Worker] = {}  # by pid; callers read snapshots (info())
+        self.workers: dict[int, WorkerProcess] = {}  # by pid; callers read snapshots (info())
         self.restarts = 0
-        self._running: dict[int, _Worker] = {}
+        self._running: dict[int, WorkerProcess] = {}
         self._start_failures = 0
         self._last_start_error = ""
-        self._next_rss_poll_s = 0.0
         self._selector = selectors.DefaultSelector()
         self.cpu = CpuWatch(config.nice, config.idle)  # starvation.py
-        self._stopped_since: dict[int, float] = {}  # worker pid -> first seen stopped
+        self.watchdog = Watchdog(config, self.cpu)       # watchdog.py
 
     def ready_count(self) -> int:
         """Workers ready for jobs (called under inbox.lock)."""
@@ -163,7 +129,7 @@ class Manager:
                 if mask & selectors.EVENT_READ:
                     self._read(worker)
                 if mask & selectors.EVENT_WRITE and worker.pid in self.workers:
-                    self._flush(worker)
+                    worker.flush()
         self._apply_cancellations()
         self._check_timers()
         with self.inbox.lock:
@@ -182,60 +148,18 @@ class Manager:
         return not (closing and idle)
 
     def _next_timeout(self) -> float | None:
-        now = time.monotonic()
-        deadlines = [w.deadline_s for w in self.workers.values() if w.deadline_s is not None]
-        deadlines += [w.started_s + self.config.ready_timeout_s for w in self.workers.values()
-                      if not w.ready]
-        if self.config.rss_limit_bytes is not None and self._running:
-            deadlines.append(self._next_rss_poll_s)
-        if self._cpu_needed():
-            deadlines.append(self.cpu.next_poll_s)
-        return max(0.0, min(deadlines) - now) if deadlines else None
+        with self.inbox.lock:
+            queued = bool(self.inbox.jobs)
+        return self.watchdog.next_deadline(self.workers.values(), queued, time.monotonic())
 
     def _spawn(self, slot: int) -> None:
-        parent_r, child_w = os.pipe()
-        child_r, parent_w = os.pipe()
-        env = dict(os.environ)
-        extra = self.config.worker_env(slot) if callable(self.config.worker_env) else self.config.worker_env
-        env.update(extra or {})
-        # The worker must import hotswap even when the parent found it through sys.path tweaks.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
-        )
-        tmpdir = scratch.make(slot)
-        env[scratch.ENV] = tmpdir
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "hotswap.workers", "--read-fd", str(child_r),
-                 "--write-fd", str(child_w), "--parent-pid", str(os.getpid())],
-                pass_fds=(child_r, child_w),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=2,  # job output must never land in the user's stdout
-                start_new_session=True,
-            )
-        except BaseException:
-            scratch.remove(tmpdir)
-            raise
-        finally:
-            os.close(child_r)
-            os.close(child_w)
-        worker = _Worker(slot, proc, parent_r, parent_w)
-        worker.tmpdir = tmpdir
-        os.set_blocking(parent_r, False)
-        os.set_blocking(parent_w, False)
-        try:
-            worker.pidfd = os.pidfd_open(proc.pid)
-            self._selector.register(worker.pidfd, selectors.EVENT_READ, ("exit", worker))
-        except (OSError, AttributeError):
-            worker.pidfd = -1  # no pidfd: pipe EOF is the death signal
-        self._selector.register(parent_r, selectors.EVENT_READ, ("io", worker))
+        worker = spawn(slot, self.config, self._selector)
         with self.inbox.lock:
             self.workers[worker.pid] = worker
         nice, idle = self.cpu.start_priority()
         init = {"sys_path": [p for p in sys.path if p], "warm_modules": self.config.warm_modules,
                 "nice": nice, "idle": idle}
-        self._send(worker, MessageKind.INIT, 0, encode_control(init))
+        worker.send(MessageKind.INIT, 0, encode_control(init))
 
     def _top_up_workers(self) -> None:
         if len(self.workers) >= self.config.workers:
@@ -255,42 +179,14 @@ class Manager:
                 self._spawn(slot)
                 starting += 1
 
-    def _send(self, worker: _Worker, kind: MessageKind, job_id: int, *parts: bytes) -> None:
-        worker.outbuf.extend(memoryview(b) for b in encode_frame(kind, job_id, *parts) if b)
-        self._flush(worker)
-
-    def _flush(self, worker: _Worker) -> None:
-        try:
-            while worker.outbuf:
-                view = worker.outbuf[0]
-                n = os.write(worker.write_fd, view)
-                if n < len(view):
-                    worker.outbuf[0] = view[n:]
-                    break
-                worker.outbuf.popleft()
-        except BlockingIOError:
-            pass
-        except OSError as e:  # EPIPE: the worker is gone; its exit event follows
-            if e.errno not in (errno.EPIPE, errno.EBADF):
-                raise
-            worker.outbuf.clear()
-        # The write fd is watched only while a frame is half-sent (the worker reads slowly).
-        if worker.outbuf and not worker.watching_write:
-            self._selector.register(worker.write_fd, selectors.EVENT_WRITE, ("io", worker))
-            worker.watching_write = True
-        elif not worker.outbuf and worker.watching_write:
-            self._selector.unregister(worker.write_fd)
-            worker.watching_write = False
-
-    def _read(self, worker: _Worker) -> None:
+    def _read(self, worker: WorkerProcess) -> None:
         while True:
             try:
                 frames = worker.decoder.read_from(worker.read_fd)
             except BlockingIOError:
                 return
             except (EOFError, OSError):  # the worker is dead or dying
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(worker.read_fd)
+                worker.stop_reading()
                 if worker.pidfd < 0:
                     self._reap(worker)
                 return
@@ -307,7 +203,7 @@ class Manager:
                     self._kill(worker, ("crash", None))
                     return
 
-    def _handle(self, worker: _Worker, kind: MessageKind, job_id: int, payload: Payload) -> None:
+    def _handle(self, worker: WorkerProcess, kind: MessageKind, job_id: int, payload: Payload) -> None:
         if kind == MessageKind.READY:
             with self.inbox.ready_cond:
                 worker.ready = True
@@ -339,14 +235,13 @@ class Manager:
             else:
                 resolve(job.future, result=result)
         elif kind == MessageKind.JOB_FAILED:
-            resolve(job.future, error=_remote_error(job.name, decode_control(payload)))
+            resolve(job.future, error=remote_error(job.name, decode_control(payload)))
 
-    def _finish(self, worker: _Worker) -> None:
+    def _finish(self, worker: WorkerProcess) -> None:
         if worker.job is not None:
             with self.inbox.lock:
                 self._running.pop(worker.job.job_id, None)
-            self.cpu.job_ended(worker.pid)
-        self._stopped_since.pop(worker.pid, None)
+        self.watchdog.job_ended(worker.pid, had_job=worker.job is not None)
         worker.job = None
         worker.deadline_s = None
 
@@ -369,7 +264,7 @@ class Manager:
             if job.timeout_s is not None:
                 worker.deadline_s = time.monotonic() + job.timeout_s
             parts = encode_job_request(job.name, job.data)  # job.data: kept for a restart
-            self._send(worker, MessageKind.JOB_REQUEST, job.job_id, *parts)
+            worker.send(MessageKind.JOB_REQUEST, job.job_id, *parts)
 
     def _apply_cancellations(self) -> None:
         with self.inbox.lock:
@@ -381,68 +276,22 @@ class Manager:
                 self._kill(worker, ("cancel", None))
 
     def _check_timers(self) -> None:
-        now = time.monotonic()
-        poll_rss = now >= self._next_rss_poll_s
-        if poll_rss:
-            self._next_rss_poll_s = now + self.config.rss_poll_s
-        for worker in list(self.workers.values()):
-            if worker.kill_reason is not None:
-                continue
-            if not worker.ready and now - worker.started_s > self.config.ready_timeout_s:
-                self._last_start_error = f"not ready after {self.config.ready_timeout_s:g} s"
-                self._kill(worker, ("start", None))
-            elif worker.deadline_s is not None and now >= worker.deadline_s:
-                assert worker.job is not None
-                self._kill(worker, ("timeout", worker.job.timeout_s))
-            elif self.config.rss_limit_bytes is not None and worker.job is not None and poll_rss:
-                rss = proctree.tree_rss_bytes(worker.pid)
-                if rss > self.config.rss_limit_bytes:
-                    self._kill(worker, ("memory", rss))
-        if now >= self.cpu.next_poll_s:
-            self._watch_cpu(now)
-
-    def _cpu_needed(self) -> set[int]:
-        """Workers whose CPU share matters: running a job, or starting while jobs wait."""
         with self.inbox.lock:
             queued = bool(self.inbox.jobs)
-        return {w.pid for w in self.workers.values() if w.kill_reason is None
-                and (w.job is not None or (not w.ready and queued))}
+        for worker, reason in self.watchdog.overdue(self.workers.values(), queued,
+                                                    time.monotonic()):
+            if reason[0] == "start":
+                self._last_start_error = f"not ready after {self.config.ready_timeout_s:g} s"
+            self._kill(worker, reason)
 
-    def _watch_cpu(self, now: float) -> None:
-        """Compiles never starve (starvation.py): raise a starved worker, or where the OS
-        will not, restart its job on a worker started at normal priority."""
-        needed = self._cpu_needed()
-        if not needed:
-            self.cpu.next_poll_s = now + POLL_S
-            return
-        for pid, share in self.cpu.starved(now, needed):
-            worker = self.workers.get(pid)
-            if worker is None:
-                continue
-            stopped = proctree.stopped(pid)
-            if stopped is not None:
-                # SIGSTOP, a suspended terminal job: it would hold its job until the time
-                # limit. A crash instead, once it stays stopped: the job is retried once.
-                since = self._stopped_since.setdefault(pid, now)
-                if now - since >= STOPPED_GRACE_S:
-                    log.warning("hotswap: worker %d is stopped (process %d, for %.1f s); "
-                                "killing it and replacing it", pid, stopped, now - since)
-                    self._kill(worker, ("stopped", stopped))
-                continue
-            self._stopped_since.pop(pid, None)
-            if not self.cpu.lowered or self.cpu.is_raised(pid):
-                continue  # already at the caller's priority: the note says why it waits
-            if not self.cpu.raise_worker(pid, share, self.cpu.starved_for(pid, now)):
-                self._kill(worker, ("starved", share))
-
-    def _kill(self, worker: _Worker, reason: tuple[str, Any]) -> None:
+    def _kill(self, worker: WorkerProcess, reason: tuple[str, Any]) -> None:
         if worker.kill_reason is None:
             worker.kill_reason = reason
         proctree.kill_tree(worker.pid)
         if worker.pidfd < 0:
             self._reap(worker)
 
-    def _reap(self, worker: _Worker) -> None:
+    def _reap(self, worker: WorkerProcess) -> None:
         """The worker exited: read what it wrote last, resolve its job, clean up after it."""
         if self.workers.get(worker.pid) is not worker:
             return
@@ -450,12 +299,7 @@ class Manager:
         exitcode = worker.proc.wait()
         proctree.kill_group(worker.pid)  # inductor subprocesses it left behind
         scratch.remove(worker.tmpdir)  # and the temporary files of what was killed
-        for fd in (worker.read_fd, worker.write_fd, worker.pidfd):
-            if fd >= 0:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(fd)
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        worker.close()
         with self.inbox.lock:
             del self.workers[worker.pid]
         job = worker.job
@@ -472,11 +316,10 @@ class Manager:
         elif not self.inbox.closing:
             self.restarts += 1
         if job is not None:
-            resolve(job.future, error=_death_error(worker, job, exitcode, self.config.rss_limit_bytes))
+            resolve(job.future, error=worker.death_error(job, exitcode, self.config.rss_limit_bytes))
 
-    def _read_remaining(self, worker: _Worker) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(worker.read_fd)
+    def _read_remaining(self, worker: WorkerProcess) -> None:
+        worker.stop_reading()
         while True:
             try:
                 frames = worker.decoder.read_from(worker.read_fd)
@@ -489,7 +332,7 @@ class Manager:
         """Ask idle workers to exit; kill the rest. Resolves every running job."""
         for worker in list(self.workers.values()):
             if worker.job is None and not self.inbox.terminating:
-                self._send(worker, MessageKind.SHUTDOWN, 0)
+                worker.send(MessageKind.SHUTDOWN, 0)
             else:
                 self._kill(worker, ("shutdown", None))
         deadline = time.monotonic() + 2.0
@@ -506,24 +349,3 @@ class Manager:
         for worker in list(self.workers.values()):
             self._kill(worker, ("shutdown", None))
             self._reap(worker)
-
-
-def _remote_error(job: str, failure: dict[str, Any]) -> JobError:
-    if failure.get("kind") == "serialization":
-        return SerializationFailed(job, failure.get("what") or "payload", "worker",
-                                   f"{failure['type']}: {failure['message']}")
-    return CompileFailed(job, failure["type"], failure["message"], failure["traceback"])
-
-
-def _death_error(worker: _Worker, job: Job, exitcode: int, rss_limit: int | None) -> BaseException:
-    what, value = worker.kill_reason or ("crash", 0)
-    if what == "timeout":
-        return JobTimeout(float(value), worker.pid, job=job.name)
-    if what == "memory":
-        return MemoryLimitExceeded(worker.pid, int(value), rss_limit or 0, job=job.name)
-    if what == "shutdown":
-        return PoolClosed(f"the pool was terminated while {job.name} ran")
-    if what == "stopped":
-        return WorkerStopped(worker.pid, int(value), job=job.name)
-    signal_name = signal.Signals(-exitcode).name if exitcode < 0 else None
-    return WorkerCrashed(worker.pid, exitcode, signal_name, job=job.name)

@@ -1,0 +1,112 @@
+"""Which workers to kill, and why: the manager thread's timers, as decisions.
+
+    Watchdog.next_deadline(workers, queued)  -> how long the manager's select may sleep
+    Watchdog.overdue(workers, queued, now)   -> [(worker, reason)] for the manager to kill:
+        ("start", None)      not ready after ``ready_timeout_s``
+        ("timeout", limit)   its job ran past its time limit
+        ("memory", rss)      its process tree passed ``rss_limit_bytes`` (polled)
+        ("stopped", pid)     stopped (SIGSTOP, a suspended job) for ``STOPPED_GRACE_S``
+        ("starved", share)   starved at a lowered priority the OS will not raise; its job
+                             starts over at normal priority (starvation.py)
+
+A starved worker the OS lets us raise is raised here, not killed. Runs on the manager thread
+only; the manager owns the workers and does the killing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from hotswap.workers import proctree
+from hotswap.workers.inbox import PoolConfig
+from hotswap.workers.process import WorkerProcess
+from hotswap.workers.starvation import POLL_S, STOPPED_GRACE_S, CpuWatch
+
+__all__ = ["Watchdog"]
+
+log = logging.getLogger("hotswap.workers.manager")
+
+Kill = tuple[WorkerProcess, tuple[str, Any]]
+
+
+class Watchdog:
+    def __init__(self, config: PoolConfig, cpu: CpuWatch) -> None:
+        self.config = config
+        self.cpu = cpu
+        self._next_rss_poll_s = 0.0
+        self._stopped_since: dict[int, float] = {}  # worker pid -> first seen stopped
+
+    def job_ended(self, pid: int, *, had_job: bool) -> None:
+        if had_job:
+            self.cpu.job_ended(pid)
+        self._stopped_since.pop(pid, None)
+
+    def next_deadline(self, workers: Iterable[WorkerProcess], queued: bool,
+                      now: float) -> float | None:
+        workers = list(workers)
+        deadlines = [w.deadline_s for w in workers if w.deadline_s is not None]
+        deadlines += [w.started_s + self.config.ready_timeout_s for w in workers if not w.ready]
+        if self.config.rss_limit_bytes is not None and any(w.job is not None for w in workers):
+            deadlines.append(self._next_rss_poll_s)
+        if _cpu_needed(workers, queued):
+            deadlines.append(self.cpu.next_poll_s)
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def overdue(self, workers: Iterable[WorkerProcess], queued: bool, now: float) -> list[Kill]:
+        workers = [w for w in workers if w.kill_reason is None]
+        kills: list[Kill] = []
+        poll_rss = now >= self._next_rss_poll_s
+        if poll_rss:
+            self._next_rss_poll_s = now + self.config.rss_poll_s
+        for worker in workers:
+            if not worker.ready and now - worker.started_s > self.config.ready_timeout_s:
+                kills.append((worker, ("start", None)))
+            elif worker.deadline_s is not None and now >= worker.deadline_s:
+                assert worker.job is not None
+                kills.append((worker, ("timeout", worker.job.timeout_s)))
+            elif self.config.rss_limit_bytes is not None and worker.job is not None and poll_rss:
+                rss = proctree.tree_rss_bytes(worker.pid)
+                if rss > self.config.rss_limit_bytes:
+                    kills.append((worker, ("memory", rss)))
+        if now >= self.cpu.next_poll_s:
+            killed = {w.pid for w, _ in kills}
+            kills += self._watch_cpu([w for w in workers if w.pid not in killed], queued, now)
+        return kills
+
+    def _watch_cpu(self, workers: list[WorkerProcess], queued: bool, now: float) -> list[Kill]:
+        """Compiles never starve (starvation.py): raise a starved worker, or where the OS
+        will not, restart its job on a worker started at normal priority."""
+        needed = _cpu_needed(workers, queued)
+        if not needed:
+            self.cpu.next_poll_s = now + POLL_S
+            return []
+        by_pid = {w.pid: w for w in workers}
+        kills: list[Kill] = []
+        for pid, share in self.cpu.starved(now, needed):
+            worker = by_pid.get(pid)
+            if worker is None:
+                continue
+            stopped = proctree.stopped(pid)
+            if stopped is not None:
+                # SIGSTOP, a suspended terminal job: it would hold its job until the time
+                # limit. A crash instead, once it stays stopped: the job is retried once.
+                since = self._stopped_since.setdefault(pid, now)
+                if now - since >= STOPPED_GRACE_S:
+                    log.warning("hotswap: worker %d is stopped (process %d, for %.1f s); "
+                                "killing it and replacing it", pid, stopped, now - since)
+                    kills.append((worker, ("stopped", stopped)))
+                continue
+            self._stopped_since.pop(pid, None)
+            if not self.cpu.lowered or self.cpu.is_raised(pid):
+                continue  # already at the caller's priority: the note says why it waits
+            if not self.cpu.raise_worker(pid, share, self.cpu.starved_for(pid, now)):
+                kills.append((worker, ("starved", share)))
+        return kills
+
+
+def _cpu_needed(workers: Iterable[WorkerProcess], queued: bool) -> set[int]:
+    """Workers whose CPU share matters: running a job, or starting while jobs wait."""
+    return {w.pid for w in workers if w.kill_reason is None
+            and (w.job is not None or (not w.ready and queued))}
