@@ -30,11 +30,14 @@ if TYPE_CHECKING:
         status,
         wait,
     )
-    from hotswap.orchestrator.graph import GraphStatus, TierFailed
+    from hotswap.orchestrator.graph import TierFailed
+    from hotswap.orchestrator.journey import GraphStatus
+    from hotswap.orchestrator.options import MODES
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MODES",
     "CompileFailed",
     "GraphStatus",
     "HotswapError",
@@ -68,7 +71,8 @@ _LAZY = {
     "shutdown": "hotswap.orchestrator.api",
     "status": "hotswap.orchestrator.api",
     "wait": "hotswap.orchestrator.api",
-    "GraphStatus": "hotswap.orchestrator.graph",
+    "GraphStatus": "hotswap.orchestrator.journey",
+    "MODES": "hotswap.orchestrator.options",
     "TierFailed": "hotswap.orchestrator.graph",
 }
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from hotswap.orchestrator.coordinator import Coordinator
-from hotswap.orchestrator.graph import GraphStatus
+from hotswap.orchestrator.journey import GraphStatus
 from hotswap.orchestrator.options import Options
 from hotswap.orchestrator.runtime import Runtime
 from hotswap.orchestrator.runtime import runtime as _runtime

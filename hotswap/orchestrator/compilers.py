@@ -1,11 +1,15 @@
-"""Where a tier's compile runs: the compiler seam.
+"""Where a tier's compile runs, and how its artifact loads here: the compiler seam.
 
-    Coordinator --CompileRequest--> RetryingCompiler --> [installed wrappers] --> PoolCompiler
-                <--wire CompileResult (a future) ---------------------------------  worker job
+    TierLifecycle --CompileRequest--> RetryingCompiler --> [installed wrappers] --> PoolCompiler
+                  <--wire CompileResult (a future) --------------------------------  worker job
+                  --load(entry, config)--> the tier's callable, in this process
 
-``PoolCompiler`` sends a ``CompileRequest`` to a worker of the runtime's pool;
-``RetryingCompiler`` runs a compile again when its worker died under it (every mode compiles
-through one). Anything else that changes how or where compiles run wraps the pool compiler:
+A compiler makes artifacts and loads them (vLLM's ``CompilerInterface``: compile, then load
+a handle): ``PoolCompiler`` sends a ``CompileRequest`` to a worker of the runtime's pool and
+loads inductor's artifacts; ``RetryingCompiler`` runs a compile again when its worker died
+under it (every mode compiles through one). ``hotswap.testing.FakeCompiler`` compiles nothing
+and loads the graph itself, so that mode, ladder and gate tests run without inductor.
+Anything else that changes how or where compiles run wraps the pool compiler:
 ``Runtime.wrap_compiler`` installs a wrapper (a function from a compiler to a compiler) for
 every compile submitted while it is installed. hotswap.testing's faulty compiler is one, so
 production code knows nothing of it; a cluster executor plugs in at the same place.
@@ -13,15 +17,18 @@ production code knows nothing of it; a cluster executor plugs in at the same pla
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, Protocol
 
 from hotswap.errors import WorkerCrashed
-from hotswap.orchestrator.wire import COMPILE_JOB, CompileRequest
+from hotswap.orchestrator.artifacts import load_entry
+from hotswap.orchestrator.warmup import start_warmup, wait_warmup
+from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, BenchReply, BenchRequest, CompileRequest
 from hotswap.workers import JobFuture, StageEvent, WorkerPool
 
-__all__ = ["CompileFuture", "Compiler", "PoolCompiler", "RetryingCompiler"]
+__all__ = ["CompileFuture", "Compiler", "InductorLoads", "Loads", "PoolCompiler",
+           "RetryingCompiler", "measure_on"]
 
 
 class CompileFuture(Future[Any]):
@@ -31,7 +38,18 @@ class CompileFuture(Future[Any]):
     stage_events: list[StageEvent]
 
 
-class Compiler(Protocol):
+class Loads(Protocol):
+    def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
+        """The callable of an artifact this compiler made (a packed entry), in this process."""
+        ...
+
+    def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
+        """Warm this process's load path for ``devices``; wait up to ``wait_s`` (None: until
+        done) for it. False: still warming."""
+        ...
+
+
+class Compiler(Loads, Protocol):
     def submit(self, request: CompileRequest, timeout_s: float | None) -> JobFuture | CompileFuture:
         """Compile ``request`` somewhere; the future resolves with a wire CompileResult or one
         of the pool's errors (WorkerCrashed, JobTimeout, CompileFailed...)."""
@@ -42,7 +60,21 @@ class Compiler(Protocol):
         ...
 
 
-class PoolCompiler:
+class InductorLoads:
+    """Loads inductor's artifacts (packed entries: artifacts.py) in this process."""
+
+    def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
+        return load_entry(entry, config)
+
+    def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
+        """warmup.py: inductor's and the devices' one-time load costs, on a thread."""
+        if wait_s == 0.0:
+            start_warmup(devices)
+            return False
+        return wait_warmup(devices, timeout_s=wait_s)
+
+
+class PoolCompiler(InductorLoads):
     """Compiles in a worker of ``pool``."""
 
     def __init__(self, pool: WorkerPool) -> None:
@@ -72,6 +104,12 @@ class RetryingCompiler:
 
     def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
         return self._inner.submit_job(job, payload, timeout_s)
+
+    def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
+        return self._inner.load(entry, config)
+
+    def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
+        return self._inner.warm(devices, wait_s)
 
 
 class _Attempts:
@@ -117,3 +155,19 @@ class _Attempts:
                 self.outer.set_result(result)
         except InvalidStateError:
             pass  # cancelled by its caller meanwhile
+
+
+def measure_on(compiler: Compiler, request: BenchRequest,
+               timeout_s: float | None) -> Future[BenchReply]:
+    """Run a benchmark request as a worker job where ``compiler`` compiles."""
+    job = compiler.submit_job(BENCH_JOB, request.to_wire(), timeout_s)
+    reply: Future[BenchReply] = Future()
+
+    def arrived(done: Future[Any]) -> None:
+        try:
+            reply.set_result(BenchReply.from_wire(done.result()))
+        except BaseException as e:
+            reply.set_exception(e)
+
+    job.add_done_callback(arrived)
+    return reply

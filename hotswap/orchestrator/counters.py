@@ -28,6 +28,9 @@ COUNTER_NAMES = (
     # Processes this process started to load artifacts or warm their load path (a compiler,
     # an ISA probe), a compiler's version query aside: 0 when every kernel arrived built.
     "load_compiler_runs",
+    # A tier's state changed in a way its state machine does not allow (journey.py): a bug in
+    # hotswap; the tier fails and the ERROR log says which move it was.
+    "internal_errors",
 )
 
 _lock = threading.Lock()

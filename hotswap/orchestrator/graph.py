@@ -1,25 +1,25 @@
-"""One graph dynamo handed to hotswap: the callable it calls, and the tier serving it.
+"""The callable dynamo calls for one graph, and the tier serving it: the hot path, nothing else.
 
-``GraphRunner.__call__`` is the hot path: one attribute read and one call. A swap replaces that
-attribute (atomic under the GIL), so a call already running finishes on the old callable and
-threads never see a half-made swap. A newly swapped tier serves its first call on probation:
-if it raises (or, with ``verify=True``, disagrees with the tier before it), the graph goes back
-to the previous callable, the reason is recorded, and the call is answered by that callable.
+``GraphRunner.__call__`` is one attribute read and one call. A swap replaces that attribute
+(atomic under the GIL), so a call already running finishes on the old callable and threads
+never see a half-made swap. A newly swapped tier serves its first call on probation: if it
+raises (or, with ``verify=True``, disagrees with the tier before it), the graph goes back to
+the previous callable and the call is answered by that callable.
 
-Tiers climb by rank (their place in the ladder). The benchmark gate lives in the coordinator:
-it decides before ``swap_in`` is called, and may adopt a lower-ranked tier that measured faster
-(``measured=True``). ``ProfiledGraphRunner`` also records every call and the tier that served it.
+Tiers climb by rank (their place in the ladder); the benchmark gate decides before
+``swap_in`` is called and may adopt a lower-ranked tier that measured faster
+(``measured=True``). What the runner does is told to its ``listener`` (the graph's journey,
+journey.py, which keeps the graph's status). ``ProfiledGraphRunner`` also records every call
+and the tier that served it.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -28,14 +28,9 @@ from hotswap.orchestrator.counters import bump
 from hotswap.profiles.timeline import Timeline
 from hotswap.profiles.trace import call_mark
 
-__all__ = ["GraphRunner", "GraphStatus", "ProfiledGraphRunner", "TierFailed"]
-
-log = logging.getLogger("hotswap")
+__all__ = ["GraphRunner", "Listener", "ProfiledGraphRunner", "TierFailed"]
 
 Fn = Callable[..., Any]
-# Told of each change of serving tier and each first call on a new tier:
-# (what, tier, previous tier, start_s, end_s); what is "swap", "first_call" or "dropped".
-Observer = Callable[[str, str, str, float, float], None]
 
 
 class TierFailed(HotswapError):
@@ -48,25 +43,15 @@ class TierFailed(HotswapError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class GraphStatus:
-    graph_id: str
-    tier: str                                  # serving now; "eager" until a tier swaps in
-    final: bool                                # nothing pending, whether the ladder succeeded or not
-    pending: tuple[str, ...]
-    failures: tuple[tuple[str, str], ...]      # (tier, reason)
-    kept: tuple[tuple[str, str], ...]          # ready tiers not served, and why
-    timings_s: dict[str, float] = field(default_factory=dict)  # "tier/stage" -> seconds
-    eager_calls: int = 0
-    # How the serving tier got here: "eager" (none did), "worker", "cache", or
-    # "inprocess: <why the graph could not go to a worker>".
-    path: str = "eager"
-    # Why the pending tiers wait, where hotswap knows ("" otherwise), e.g. "waiting on CPU:
-    # ..." when the caller's threads starve the compile workers (workers/starvation.py).
-    waiting: str = ""
-    # What went wrong with the artifact cache in this process ("" when nothing did): it could
-    # not be opened, read, written or locked; the graph is served and compiled without it.
-    cache: str = ""
+class Listener(Protocol):
+    """Told of what the runner does, on the thread that does it (a swap: the load thread; a
+    first call or a drop: the user's)."""
+
+    def swapped(self, tier: str, previous: str) -> None: ...
+
+    def first_call(self, tier: str, start_s: float, end_s: float) -> None: ...
+
+    def dropped(self, tier: str, back_to: str, reason: str) -> None: ...
 
 
 def _close(new: Any, ref: Any) -> bool:
@@ -87,33 +72,31 @@ class GraphRunner:
     """The callable returned to dynamo for one graph. Thread-safe; swaps never block calls."""
 
     def __init__(self, graph_id: str, gm: torch.fx.GraphModule, tiers: list[str], *,
-                 verify: bool = False, raise_failures: bool = False):
+                 verify: bool = False) -> None:
         self.graph_id = graph_id
         self._gm = gm
         self._ranks = {name: i for i, name in enumerate(tiers)}
         self._verify = verify
-        self._raise_failures = raise_failures
-        self.observer: Observer | None = None
+        self.listener: Listener | None = None
         # Run once, after the first call served eagerly returns (the coordinator starts this
         # process's load-path warm-up there).
-        self.after_first_call: Callable[[], None] | None = None
+        self.after_first_call: Callable[[], object] | None = None
         self._lock = threading.Lock()
         self._fn: Fn = self._eager
         # What serves if the current tier fails: (callable, tier name, rank).
         self._fallback: tuple[Fn, str, int] = (self._eager, "eager", -1)
         self.tier = "eager"
         self._rank = -1
-        self.pending: set[str] = set()
-        self.failures: list[tuple[str, str]] = []
-        self.kept: list[tuple[str, str]] = []
-        self.timings_s: dict[str, float] = {}
         self.eager_calls = 0
-        self._paths: dict[str, str] = {}
 
     @property
     def serving(self) -> Fn:
         """The callable serving calls now (what ``__call__`` dispatches to)."""
         return self._fn
+
+    @property
+    def rank(self) -> int:
+        return self._rank
 
     # ------------------------------------------------------------------ hot path
 
@@ -124,7 +107,7 @@ class GraphRunner:
         except Exception as e:
             if fn is self._eager or isinstance(e, TierFailed):
                 raise
-            return self._demote(fn, e, args)
+            return self._demote(e, args)
 
     def _eager(self, *args: Any) -> Any:
         self.eager_calls += 1
@@ -135,79 +118,37 @@ class GraphRunner:
             hook()
         return out
 
-    # ------------------------------------------------------------------ state changes
+    # ------------------------------------------------------------------ swaps
 
     def serve_now(self, tier: str, fn: Fn) -> None:
-        """Blocking modes: the tier serves from the very first call (no eager, no swap)."""
+        """The tier serves from the very first call (no eager, no swap): a first call that
+        waited for it."""
         with self._lock:
             self._fn = fn
             self._fallback = (self._eager, "eager", -1)
             self.tier = tier
             self._rank = self._ranks.get(tier, 0)
-            self.pending.discard(tier)
 
     def swap_in(self, tier: str, fn: Fn, *, measured: bool = False) -> bool:
         """Adopt a ready tier if it ranks above the serving one (or, ``measured``, if the gate
-        benchmarked it faster than the serving one, whatever its rank)."""
+        benchmarked it faster than the serving one, whatever its rank). False: not adopted."""
         with self._lock:
-            self.pending.discard(tier)
             rank = self._ranks[tier]
             if rank <= self._rank and not measured:
-                self.kept.append((tier, f"tier {self.tier!r} already serves"))
                 return False
             previous, previous_tier = self._fn, self.tier
             self._fallback = (previous, self.tier, self._rank)
             self._fn = self._probation(tier, fn, previous)
             self.tier, self._rank = tier, rank
         bump("swaps")
-        log.info("graph %s: now served by tier %r", self.graph_id, tier)
-        self._observe("swap", tier, previous_tier)
+        if self.listener is not None:
+            self.listener.swapped(tier, previous_tier)
         return True
 
-    def expect(self, tiers: Iterable[str]) -> None:
-        """These tiers are on their way (``status().pending`` until each ends)."""
+    def raise_next(self, error: TierFailed) -> None:
+        """``on_failure="raise"``: the next call raises ``error``, later calls are served."""
         with self._lock:
-            self.pending.update(tiers)
-
-    def add_timing(self, key: str, seconds: float, *, accumulate: bool = True) -> None:
-        """``status().timings_s[key]``: add ``seconds`` to it (or set it)."""
-        with self._lock:
-            self.timings_s[key] = (self.timings_s.get(key, 0.0) if accumulate else 0.0) + seconds
-
-    def arrived(self, tier: str, path: str) -> None:
-        """Note how ``tier``'s artifact came (``status().path`` while it serves)."""
-        with self._lock:
-            self._paths[tier] = path
-
-    def keep(self, tier: str, reason: str) -> None:
-        """A tier that will not serve: not needed (a better one is on its way or came from the
-        cache) or kept out by the gate. It is still on file; ``status().kept`` says why."""
-        with self._lock:
-            self.pending.discard(tier)
-            self.kept.append((tier, reason))
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    def _observe(self, what: str, tier: str, previous: str, start_s: float | None = None,
-                 end_s: float | None = None) -> None:
-        if self.observer is not None:
-            now = time.monotonic()
-            self.observer(what, tier, previous, start_s or now, end_s or now)
-
-    def fail(self, tier: str, reason: str, *, level: int = logging.WARNING) -> None:
-        """Record a failed tier; the graph stays where it is. Logged once (WARNING by default)."""
-        with self._lock:
-            self.pending.discard(tier)
-            self.failures.append((tier, reason))
-            if self._raise_failures:
-                error = TierFailed(self.graph_id, tier, reason)
-                serving = self._fn
-                self._fn = self._raiser(error, serving)
-        bump("fallbacks")
-        log.log(level, "hotswap graph %s: tier %r failed, staying on %r: %s",
-                self.graph_id, tier, self.tier, reason)
+            self._fn = self._raiser(error, self._fn)
 
     def _raiser(self, error: BaseException, then: Fn) -> Fn:
         def raise_once(*args: Any) -> Any:
@@ -222,45 +163,32 @@ class GraphRunner:
         def first_call(*args: Any) -> Any:
             start = time.monotonic()
             out = fn(*args)
-            self._observe("first_call", tier, tier, start, time.monotonic())
+            if self.listener is not None:
+                self.listener.first_call(tier, start, time.monotonic())
             if self._verify:
                 ref = previous(*args)
                 if not _close(out, ref):
-                    self._restore_fallback()
-                    self.fail(tier, "verify: its output disagrees with the previous tier's")
+                    self._restore_fallback("verify: its output disagrees with the previous "
+                                           "tier's")
                     return ref
             self._fn = fn  # graduated: later calls go straight to the artifact
             return out
 
         return first_call
 
-    def _demote(self, fn: Fn, error: Exception, args: tuple[Any, ...]) -> Any:
-        failed_tier = self.tier
-        self._restore_fallback()
-        self.fail(failed_tier, f"raised in a call and was dropped: {type(error).__name__}: {error}")
+    def _demote(self, error: Exception, args: tuple[Any, ...]) -> Any:
+        self._restore_fallback(f"raised in a call and was dropped: {type(error).__name__}: "
+                               f"{error}")
         return self(*args)
 
-    def _restore_fallback(self) -> None:
+    def _restore_fallback(self, reason: str) -> None:
         with self._lock:
             dropped = self.tier
             self._fn, self.tier, self._rank = self._fallback
             self._fallback = (self._eager, "eager", -1)
             back = self.tier
-        self._observe("dropped", back, dropped)
-
-    def status(self) -> GraphStatus:
-        with self._lock:
-            return GraphStatus(
-                graph_id=self.graph_id,
-                tier=self.tier,
-                final=not self.pending,
-                pending=tuple(sorted(self.pending, key=lambda t: self._ranks.get(t, 0))),
-                failures=tuple(self.failures),
-                kept=tuple(self.kept),
-                timings_s=dict(self.timings_s),
-                eager_calls=self.eager_calls,
-                path=self._paths.get(self.tier, "eager"),
-            )
+        if self.listener is not None:
+            self.listener.dropped(dropped, back, reason)
 
 
 class ProfiledGraphRunner(GraphRunner):

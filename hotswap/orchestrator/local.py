@@ -29,7 +29,7 @@ import torch
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.compile_job import landed
 from hotswap.orchestrator.counters import bump
-from hotswap.orchestrator.graph import GraphRunner
+from hotswap.orchestrator.journey import GraphJourney
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
 from hotswap.orchestrator.request import GraphRequest
@@ -42,43 +42,38 @@ UNSAVEABLE = "inductor cannot save this graph's artifact (control flow operators
 
 
 class LocalCompiler:
-    """Compiles one tier per graph in this process. ``fail(runner, tier, reason)`` records a
+    """Compiles one tier per graph in this process. ``fail(journey, tier, reason)`` records a
     failed tier."""
 
     def __init__(self, recorder: Recorder,
-                 fail: Callable[[GraphRunner, str, str], None]) -> None:
+                 fail: Callable[[GraphJourney, str, str], None]) -> None:
         self._recorder = recorder
         self._fail = fail
-        self._lock = threading.Lock()
-        self._graphs: set[str] = set()  # graphs with a tier compiling here
 
-    def unsaveable(self, runner: GraphRunner, request: GraphRequest, tier: Tier, detail: str,
+    def unsaveable(self, journey: GraphJourney, request: GraphRequest, tier: Tier, detail: str,
                    *, blocking: bool) -> None:
         """A worker compiled the graph but inductor could not save its artifact: compile it
         here, now (``blocking``: the caller is waiting already) or in the graph's next call.
         A graph's other tiers that report the same are kept."""
-        with self._lock:
-            first = runner.graph_id not in self._graphs
-            self._graphs.add(runner.graph_id)
-        if not first:
-            runner.keep(tier.name, f"another tier compiles in this process ({UNSAVEABLE})")
+        if not journey.claim_local():
+            journey.keep(tier.name, f"another tier compiles in this process ({UNSAVEABLE})")
             return
-        log.info("graph %s: %s; compiling tier %r in this process", runner.graph_id, detail,
+        log.info("graph %s: %s; compiling tier %r in this process", journey.graph_id, detail,
                  tier.name)
         if blocking:
             try:
-                fn = self._compile(runner, tier, request)
+                fn = self._compile(journey, tier, request)
             except Exception as e:
-                self._fail(runner, tier.name, f"{UNSAVEABLE}; compiling it in this process "
+                self._fail(journey, tier.name, f"{UNSAVEABLE}; compiling it in this process "
                                               f"failed too: {type(e).__name__}: {e}")
                 return
-            runner.arrived(tier.name, f"inprocess: {UNSAVEABLE}")
-            runner.serve_now(tier.name, fn)
+            journey.arrived(tier.name, f"inprocess: {UNSAVEABLE}")
+            journey.serve_now(tier.name, fn)
             return
-        runner.arrived(tier.name, f"inprocess: {UNSAVEABLE}")
-        runner.swap_in(tier.name, self._in_next_call(runner, tier, request))
+        journey.arrived(tier.name, f"inprocess: {UNSAVEABLE}")
+        journey.swap_in(tier.name, self._in_next_call(journey, tier, request))
 
-    def _in_next_call(self, runner: GraphRunner, tier: Tier, request: GraphRequest) -> Any:
+    def _in_next_call(self, journey: GraphJourney, tier: Tier, request: GraphRequest) -> Any:
         """A callable that compiles the tier in the first call that reaches it (one caller
         compiles; others arriving meanwhile wait for it), then runs the compiled code. If the
         compile raises, the runner drops the tier and serves eagerly, with the reason."""
@@ -90,17 +85,17 @@ class LocalCompiler:
             if not compiled:
                 with lock:
                     if not compiled:
-                        compiled.append(compile_here(runner, tier, request))
+                        compiled.append(compile_here(journey, tier, request))
             return compiled[0](*args)
 
         return call
 
-    def _compile(self, runner: GraphRunner, tier: Tier, request: GraphRequest) -> Any:
+    def _compile(self, journey: GraphJourney, tier: Tier, request: GraphRequest) -> Any:
         t = time.monotonic()
         gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
         with torch.set_grad_enabled(request.grad_enabled):
             fn = compat.standalone_compile(gm, inputs, dict(tier.config), dynamic=dynamic,
                                            donate=True)
-        self._recorder.span(runner, tier.name, "inprocess_compile", t, time.monotonic())
+        self._recorder.span(journey, tier.name, "inprocess_compile", t, time.monotonic())
         bump("inprocess_compiles")
         return fn

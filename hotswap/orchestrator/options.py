@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hotswap._env import env_number
 
-__all__ = ["MODES", "ON_FAILURE", "TIER_PRESETS", "Options", "Tier", "parse_tiers"]
+__all__ = ["MODES", "ON_FAILURE", "TIER_PRESETS", "Options", "Plan", "Tier", "parse_tiers"]
 
 MODES = ("inprocess", "subprocess", "async", "progressive")
 ON_FAILURE = ("stay", "raise")
@@ -149,7 +149,7 @@ class Options:
     profile_dir: str | None = None
 
     @classmethod
-    def create(cls, **kwargs: Any) -> Options:
+    def create(cls, **kwargs: Any) -> Options:  # one flat check per option: long on purpose
         """Validate keyword options; unset ones come from HOTSWAP_* variables, then defaults."""
         valid = set(cls.__dataclass_fields__)
         unknown = sorted(set(kwargs) - valid)
@@ -226,6 +226,24 @@ class Options:
         return DEFAULT_LIMIT_S
 
     @property
-    def background(self) -> bool:
-        """Modes whose first call runs eagerly while workers compile."""
-        return self.mode in ("async", "progressive")
+    def plan(self) -> Plan:
+        """What the mode composes (the coordinator reads this, never the mode string)."""
+        return _PLANS[self.mode]._replace(gated=_PLANS[self.mode].gated and self.gate)
+
+
+class Plan(NamedTuple):
+    """A mode as a composition: where tiers compile, whether the first call waits for one,
+    whether the ladder climbs every tier (else the top one alone) and is gated by benchmarks."""
+
+    here: bool      # inductor in this process, in the call (else workers, through the cache)
+    waits: bool     # the first call waits for its tier (else eager, and swapped in later)
+    climbs: bool
+    gated: bool
+
+
+_PLANS = {
+    "inprocess": Plan(here=True, waits=True, climbs=False, gated=False),
+    "subprocess": Plan(here=False, waits=True, climbs=False, gated=False),
+    "async": Plan(here=False, waits=False, climbs=False, gated=False),
+    "progressive": Plan(here=False, waits=False, climbs=True, gated=True),
+}

@@ -1,10 +1,12 @@
 """The coordinator's side of the profile: one timeline per run, fed from every stage.
 
     dynamo (user thread)   --> dynamo_trace, serialize spans       \\
-    pool manager thread    --> worker StageEvents (at job end)      +--> Timeline --> status()
-    loader thread          --> queue_wait, transfer, load, swap     /            \\-> records file
-    GraphRunner observer   --> swaps, first call on a new tier     /                 (profile_dir)
+    pool manager thread    --> worker StageEvents (at job end)      +--> Timeline --> records file
+    loader thread          --> queue_wait, transfer, load, swap     /                 (profile_dir)
+    GraphJourney           --> swaps, first call on a new tier     /
     ProfiledGraphRunner    --> every call (profiling runs only)   /
+
+A span of a stage also adds to its graph's ``status().timings_s`` (journey.py).
 
 Without ``profile_dir`` each coordinator keeps its own in-memory timeline (what ``status``
 reports); with it, every coordinator of the process shares one timeline per directory, written
@@ -16,22 +18,33 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from hotswap.orchestrator import compat
-from hotswap.orchestrator.graph import GraphRunner, Observer, ProfiledGraphRunner
-from hotswap.profiles.records import GRAPH_TIER, Span, Swap
+from hotswap.orchestrator.graph import GraphRunner, ProfiledGraphRunner
+from hotswap.orchestrator.options import Tier
+from hotswap.profiles.records import GRAPH_TIER, Span
 from hotswap.profiles.timeline import Timeline, category_of, self_time_by_category
 
-__all__ = ["GRAPH_TIER", "PROFILE_CONFIG", "Recorder"]
+__all__ = ["GRAPH_TIER", "PROFILE_CONFIG", "Recorder", "profiled"]
 
 # Inductor config for profiling runs: kernels named for what they fuse, C++ kernels visible to
 # torch.profiler (as inductor's own ``compiled_module.py -p`` wants them).
 PROFILE_CONFIG = {"triton.unique_kernel_names": True, "cpp.enable_kernel_profile": True}
+
+
+
+def profiled(tier: Tier) -> Tier:
+    """The tier as profiling runs compile it: kernels named for profilers (keys this torch has)."""
+    from torch._inductor import config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    extra = {k: v for k, v in PROFILE_CONFIG.items() if k in known and k not in tier.config}
+    return Tier(tier.name, {**tier.config, **extra})
+
 
 _shared: dict[str, Timeline] = {}
 _shared_lock = threading.Lock()
@@ -58,6 +71,14 @@ def shared_timeline(directory: str) -> Timeline:
         return timeline
 
 
+class Timed(Protocol):
+    """What a span is about: a graph, whose status adds up its stages' times."""
+
+    graph_id: str
+
+    def add_timing(self, key: str, seconds: float, *, accumulate: bool = True) -> None: ...
+
+
 class Recorder:
     """Spans, swaps and calls of one coordinator's graphs, on the run's timeline."""
 
@@ -74,24 +95,23 @@ class Recorder:
                                                       timeline=self.timeline, **kwargs)
         else:
             runner = GraphRunner(graph_id, gm, tiers, **kwargs)
-        runner.observer = self._observer(runner)
         return runner
 
-    def span(self, runner: GraphRunner, tier: str, name: str, start_s: float, end_s: float, *,
+    def span(self, graph: Timed, tier: str, name: str, start_s: float, end_s: float, *,
              pid: int | None = None, track: str | None = None, category: str = "") -> None:
-        self.timeline.add(Span(name, start_s, end_s, runner.graph_id, tier, pid or os.getpid(),
+        self.timeline.add(Span(name, start_s, end_s, graph.graph_id, tier, pid or os.getpid(),
                                track or threading.current_thread().name, category))
         if not category:
             key = name if tier == GRAPH_TIER else f"{tier}/{name}"
-            runner.add_timing(key, end_s - start_s)
+            graph.add_timing(key, end_s - start_s)
 
-    def dynamo_trace(self, runner: GraphRunner, backend_called_s: float) -> None:
+    def dynamo_trace(self, graph: Timed, backend_called_s: float) -> None:
         """The trace that led to this backend call (profiling runs; needs torch's callbacks)."""
         start = compat.dynamo_trace_start()
         if start is not None and start <= backend_called_s:
-            self.span(runner, GRAPH_TIER, "dynamo_trace", start, backend_called_s)
+            self.span(graph, GRAPH_TIER, "dynamo_trace", start, backend_called_s)
 
-    def worker_job(self, runner: GraphRunner, tier: str, events: Iterable[Any],
+    def worker_job(self, graph: Timed, tier: str, events: Iterable[Any],
                    submitted_s: float, done_s: float) -> None:
         """A finished worker job's StageEvents, plus the queue wait before it and the transfer
         of its result after it (worker and coordinator share the monotonic clock)."""
@@ -99,33 +119,19 @@ class Recorder:
         inner: list[Span] = []
         for event in events:
             category = category_of(event.name) if event.attrs.get("inductor") else ""
-            span = Span(event.name, event.start_s, event.end_s, runner.graph_id, tier, event.pid,
+            span = Span(event.name, event.start_s, event.end_s, graph.graph_id, tier, event.pid,
                         f"worker {event.pid}", category)
             if category:
                 inner.append(span)
                 self.timeline.add(span)
             else:
-                self.span(runner, tier, event.name, event.start_s, event.end_s, pid=event.pid,
+                self.span(graph, tier, event.name, event.start_s, event.end_s, pid=event.pid,
                           track=span.track)
         for category, seconds in self_time_by_category(inner).items():
-            runner.add_timing(f"{tier}/compile:{category}", seconds, accumulate=False)
+            graph.add_timing(f"{tier}/compile:{category}", seconds, accumulate=False)
         if events:
             first = min(e.start_s for e in events)
             last = max(e.end_s for e in events)
-            self.span(runner, tier, "queue_wait", submitted_s, max(submitted_s, first),
+            self.span(graph, tier, "queue_wait", submitted_s, max(submitted_s, first),
                       track="hotswap-queue")
-            self.span(runner, tier, "transfer", min(last, done_s), done_s, track="hotswap-pipe")
-
-    def _observer(self, runner: GraphRunner) -> Observer:
-        def observe(what: str, tier: str, previous: str, start_s: float, end_s: float) -> None:
-            if what == "first_call":
-                self.span(runner, tier, "first_call", start_s, end_s)
-            else:
-                self.timeline.add(Swap(runner.graph_id, previous, tier, start_s, what))
-
-        return observe
-
-    def kept(self, runner: GraphRunner, tier: str, why: str) -> None:
-        """A ready tier that will not serve (its Swap record says so on the timeline)."""
-        runner.keep(tier, why)
-        self.timeline.add(Swap(runner.graph_id, runner.tier, tier, time.monotonic(), "kept"))
+            self.span(graph, tier, "transfer", min(last, done_s), done_s, track="hotswap-pipe")

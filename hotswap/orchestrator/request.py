@@ -9,8 +9,9 @@ import torch
 from hotswap.errors import CompileFailed, JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.inputs import describe_inputs
+from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.transport import mutated_attributes, submodule_reason
-from hotswap.orchestrator.wire import InputMeta
+from hotswap.orchestrator.wire import CompileRequest, InputMeta
 
 __all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "portable_inputs",
            "reason_of", "unsaveable"]
@@ -23,6 +24,10 @@ class GraphRequest(NamedTuple):
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
     num_threads: int | None  # the caller's intra-op threads, for graphs that run on the CPU
+
+    def compile_request(self, graph_id: str, tier: Tier) -> CompileRequest:
+        return CompileRequest(graph_id, tier.name, dict(tier.config), self.graph_bytes,
+                              self.inputs, self.grad_enabled, self.num_threads)
 
 
 def portable_inputs(gm: torch.fx.GraphModule,

@@ -88,6 +88,20 @@ class Runtime:
         """Workers replaced after dying (crash, kill, time or memory limit), in all pools."""
         return sum(pool.restarts for pool in self.pools())
 
+    @property
+    def worker_priority(self) -> tuple[int, bool]:
+        """(niceness, SCHED_IDLE) compile workers start at (HOTSWAP_WORKER_NICE/_IDLE)."""
+        return worker_priority()
+
+    def finish_profile(self, directory: str) -> str:
+        """Close this process's profile in ``directory`` (``profile_dir``); the path of its
+        records file ("" if nothing was recorded)."""
+        from hotswap.orchestrator.recording import shared_timeline
+
+        timeline = shared_timeline(directory)
+        timeline.close()
+        return timeline.path or ""
+
     def shutdown(self) -> None:
         """Stop every worker now; jobs still running or queued fail with ``PoolClosed`` (their
         graphs keep the tier they serve). Safe to call twice; later compiles start again."""

@@ -2,7 +2,7 @@
 every mode shares (the background modes continue on the load thread, the blocking ones wait
 for it in the call).
 
-    start(runner, request, tier, key) -> Future[Arrival]
+    start(journey, tier, cached=None) -> Future[Arrival]
       hit ---------------------------------> load (load thread) --> Arrival(fn, "cache", entry)
        |                                          '-- will not load: compiled, as a miss
       miss: claim key --held elsewhere--> wait for its holder (a thread), then start again
@@ -10,8 +10,12 @@ for it in the call).
        '--claimed--> compile (retried once on a crashed worker) --> load --> store -->
                      release --> Arrival(fn, "worker", entry)
 
-The future resolves on the load thread; a failure resolves it with the error (a pool error,
-or ``LoadFailed``), its claim released. What a failure means is the caller's to decide.
+This is the cached compiler of the worker modes: load-else-compile-then-store in one place
+(vLLM's ``CompilerManager``). ``InProcess`` (inprocess.py) keeps the same contract for
+compiles in the caller's process; a mode picks one, and whether the first call waits. The
+future resolves on the load thread; a failure resolves it with the error (a pool error, or a
+``TierError``), its claim released. What a failure means is the caller's to decide. The tier
+walks ``pending -> compiled`` here; the caller moves it on.
 """
 
 from __future__ import annotations
@@ -22,27 +26,26 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compilers import CompileFuture
 from hotswap.orchestrator.counters import bump
-from hotswap.orchestrator.graph import GraphRunner
+from hotswap.orchestrator.journey import GraphJourney, TierState
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
-from hotswap.orchestrator.request import GraphRequest
 from hotswap.orchestrator.wire import CachedEntry, CompileResult
 
-__all__ = ["Arrival", "LoadFailed", "TierLifecycle"]
+__all__ = ["Arrival", "LoadFailed", "TierError", "TierLifecycle", "TierSource"]
 
 log = logging.getLogger("hotswap")
 
-# Runs ``fn(*args)`` on the load thread; ``args[0]`` is the graph's runner.
+# Runs ``fn(*args)`` on the load thread; ``args[0]`` is the graph's journey.
 OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
-# Loads a packed entry for a tier: (runner, tier, entry, stage) -> callable; stage is the
+# Loads a packed entry for a tier: (journey, tier, entry, stage) -> callable; stage is the
 # span it is timed as ("load" for a fresh compile, "cache_load" for a hit).
-Load = Callable[[GraphRunner, Tier, Any, str], Any]
-Compile = Callable[[GraphRunner, GraphRequest, Tier], CompileFuture]
+Load = Callable[[GraphJourney, Tier, Any, str], Any]
+Compile = Callable[[GraphJourney, Tier], CompileFuture]
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,19 @@ class Arrival:
     entry: bytes | memoryview | CachedEntry  # what a later benchmark of the tier loads
 
 
-class LoadFailed(Exception):
+class TierError(Exception):
+    """A tier did not come in; ``str(error)`` is the reason its status shows."""
+
+
+class LoadFailed(TierError):
     """A compiled artifact did not load in this process."""
+
+
+class TierSource(Protocol):
+    """Brings one tier of one graph in: the contract every mode composes."""
+
+    def start(self, journey: GraphJourney, tier: Tier, *,
+              cached: bytes | None = None) -> Future[Arrival]: ...
 
 
 class TierLifecycle:
@@ -62,15 +76,15 @@ class TierLifecycle:
         self._cache, self._compile_fn, self._load = cache, compile, load
         self._on_loader, self._recorder = on_loader, recorder
 
-    def start(self, runner: GraphRunner, request: GraphRequest, tier: Tier, key: str | None,
-              *, cached: bytes | None = None) -> Future[Arrival]:
+    def start(self, journey: GraphJourney, tier: Tier, *,
+              cached: bytes | None = None) -> Future[Arrival]:
         """Bring ``tier`` in: from ``cached`` (an entry the caller already read), the cache,
         or a compile. In the caller's thread a miss costs one stat() and a lock try."""
         out: Future[Arrival] = Future()
-        self._begin(out, runner, request, tier, key, cached)
+        self._begin(out, journey, tier, journey.keys.get(tier.name), cached)
         return out
 
-    def _begin(self, out: Future[Arrival], runner: GraphRunner, request: GraphRequest,
+    def _begin(self, out: Future[Arrival], journey: GraphJourney,
                tier: Tier, key: str | None, cached: bytes | None) -> None:
         if cached is None and self._cache.enabled and key is not None:
             cached = self._cache.get(key)
@@ -78,43 +92,45 @@ class TierLifecycle:
                 if not self._cache.claim(key):
                     threading.Thread(target=self._await_holder, daemon=True,
                                      name="hotswap-wait",
-                                     args=(out, runner, request, tier, key)).start()
+                                     args=(out, journey, tier, key)).start()
                     return
                 cached = self._cache.claimed_hit(key)
         if cached is None:
-            self._compile(out, runner, request, tier, key)
+            self._compile(out, journey, tier, key)
             return
         bump("cache_hits")
-        self._on_loader(self._load_cached, (runner, out, request, tier, key, cached))
+        self._on_loader(self._load_cached, (journey, out, tier, key, cached))
 
-    def _await_holder(self, out: Future[Arrival], runner: GraphRunner, request: GraphRequest,
+    def _await_holder(self, out: Future[Arrival], journey: GraphJourney,
                       tier: Tier, key: str) -> None:
         """Wait until the process compiling ``key`` lets go, then start again (its entry is a
         hit now; if it failed, this process compiles)."""
         if self._cache.wait_for_holder(key):
-            self._begin(out, runner, request, tier, key, None)
+            self._begin(out, journey, tier, key, None)
         else:
-            self._compile(out, runner, request, tier, None)  # too slow: compile here
+            self._compile(out, journey, tier, None)  # too slow: compile here
 
-    def _load_cached(self, runner: GraphRunner, out: Future[Arrival], request: GraphRequest,
-                     tier: Tier, key: str | None, entry: bytes) -> None:
+    def _load_cached(self, journey: GraphJourney, out: Future[Arrival], tier: Tier,
+                     key: str | None, entry: bytes) -> None:
+        journey.to(tier.name, TierState.COMPILED)
         try:
-            fn = self._load(runner, tier, entry, "cache_load")
+            fn = self._load(journey, tier, entry, "cache_load")
         except Exception as e:  # compiled again; its result replaces the entry
             log.warning("hotswap: cached artifact of graph %s tier %r failed to load (%s: %s); "
-                        "compiling it again", runner.graph_id, tier.name, type(e).__name__, e)
-            self._compile(out, runner, request, tier, key)
+                        "compiling it again", journey.graph_id, tier.name, type(e).__name__, e)
+            journey.to(tier.name, TierState.PENDING)
+            self._compile(out, journey, tier, key)
             return
         _resolve(out, Arrival(fn, "cache", self._cache.ref(key) or entry))
 
-    def _compile(self, out: Future[Arrival], runner: GraphRunner, request: GraphRequest,
+    def _compile(self, out: Future[Arrival], journey: GraphJourney,
                  tier: Tier, key: str | None) -> None:
         submitted = time.monotonic()
-        future = self._compile_fn(runner, request, tier)
+        future = self._compile_fn(journey, tier)
         future.add_done_callback(lambda f: self._on_loader(self._compiled, (
-            runner, out, tier, f, submitted, time.monotonic(), key)))
+            journey, out, tier, f, submitted, time.monotonic(), key)))
 
-    def _compiled(self, runner: GraphRunner, out: Future[Arrival], tier: Tier,
+    def _compiled(self, journey: GraphJourney, out: Future[Arrival], tier: Tier,
                   future: CompileFuture, submitted: float, done: float, key: str | None) -> None:
         """Load thread: load a finished compile and store it, or pass its failure on."""
         try:
@@ -122,11 +138,12 @@ class TierLifecycle:
             if error is not None:
                 _resolve(out, error=error)
                 return
-            self._recorder.worker_job(runner, tier.name, future.stage_events, submitted, done)
+            self._recorder.worker_job(journey, tier.name, future.stage_events, submitted, done)
             result = CompileResult.from_wire(future.result())
             bump("worker_compiles")
+            journey.to(tier.name, TierState.COMPILED)
             try:
-                fn = self._load(runner, tier, result.entry, "load")
+                fn = self._load(journey, tier, result.entry, "load")
             except Exception as e:
                 _resolve(out, error=LoadFailed(
                     f"artifact failed to load: {type(e).__name__}: {e}"))

@@ -45,8 +45,14 @@ from torch.fx.node import map_aggregate
 
 from hotswap.orchestrator.pickling import dumps
 
-__all__ = ["get_attr_value", "land_graph", "mutated_attributes", "ship_graph",
-           "submodule_reason"]
+__all__ = [
+    "get_attr_value",
+    "land_graph",
+    "mutated_attributes",
+    "ship_graph",
+    "submodule_reason",
+    "unship_graph",
+]
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,11 @@ def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.f
         if "val" in node.meta:
             node.meta["example_value"] = node.meta["val"]
     return gm
+
+
+def unship_graph(data: bytes) -> torch.fx.GraphModule:
+    """The shipped graph as a module that runs it, without node meta (nothing to compile)."""
+    return _module(pickle.loads(data))
 
 
 def _module(shipped: _Subgraph) -> torch.fx.GraphModule:

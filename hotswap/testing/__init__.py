@@ -102,6 +102,12 @@ class FaultyCompiler:
     def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> Any:
         return self._inner.submit_job(job, payload, timeout_s)
 
+    def load(self, entry: Any, config: Any) -> Any:
+        return self._inner.load(entry, config)
+
+    def warm(self, devices: Any, wait_s: float | None = 0.0) -> bool:
+        return bool(self._inner.warm(devices, wait_s))
+
 
 @contextlib.contextmanager
 def inject(plan: FaultPlan) -> Iterator[FaultPlan]:

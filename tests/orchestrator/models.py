@@ -9,6 +9,17 @@ from typing import Any
 import torch
 
 
+def tier_failure(error: BaseException | None) -> Any:
+    """The ``hotswap.TierFailed`` inside a dynamo error (dynamo wraps backend errors), or None."""
+    import hotswap
+
+    for _ in range(10):
+        if error is None or isinstance(error, hotswap.TierFailed):
+            return error
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    return None
+
+
 def unseen_scale() -> float:
     """A factor in [1, 2) with 48 random bits: a graph that multiplies by it is one no inductor
     cache has seen (FX prints the constant in full, so it is part of the cache key). With fewer

@@ -1,4 +1,5 @@
-"""GraphRunner's swap rules with fake compiled callables: no inductor, no workers."""
+"""GraphRunner's swap rules, and the journey's record of them (status, the tiers' states), with
+fake compiled callables: no inductor, no workers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import torch
 
 import hotswap
 from hotswap.orchestrator.graph import GraphRunner, TierFailed
+from hotswap.orchestrator.journey import GraphJourney, TierState
+from hotswap.orchestrator.options import Tier
+from hotswap.orchestrator.recording import Recorder
 
 
 def _gm() -> torch.fx.GraphModule:
@@ -19,8 +23,20 @@ X = torch.arange(4.0)
 GOOD = (X * 2 + 1,)
 
 
+def _journey(gm: torch.fx.GraphModule | None = None, tiers: tuple[str, ...] = ("fast", "best"),
+             *, verify: bool = False, raise_failures: bool = False) -> GraphJourney:
+    """A journey whose tiers are loaded already (what swap_in expects)."""
+    gm = gm or _gm()
+    runner = GraphRunner("g", gm, list(tiers), verify=verify)
+    journey = GraphJourney(runner, gm, [Tier(t) for t in tiers], Recorder(None),
+                           raise_failures=raise_failures)
+    for tier in tiers:
+        journey.arrived(tier, "worker")
+    return journey
+
+
 def _runner(**kwargs: Any) -> GraphRunner:
-    return GraphRunner("g", _gm(), ["fast", "best"], **kwargs)
+    return _journey(**kwargs).runner
 
 
 def test_serves_eagerly_then_swaps_and_counts() -> None:
@@ -30,50 +46,52 @@ def test_serves_eagerly_then_swaps_and_counts() -> None:
         assert runner.swap_in("fast", lambda x: GOOD)
         assert runner(X) is GOOD
     assert (d["eager_calls"], d["swaps"]) == (1, 1)
-    assert runner.status().tier == "fast"
+    assert runner.tier == "fast"
 
 
 def test_lower_tier_arriving_late_is_kept_not_served() -> None:
-    runner = _runner()
-    runner.swap_in("best", lambda x: GOOD)
-    assert not runner.swap_in("fast", lambda x: ("slower",))
-    status = runner.status()
+    journey = _journey()
+    journey.swap_in("best", lambda x: GOOD)
+    journey.swap_in("fast", lambda x: ("slower",))
+    status = journey.status()
     assert status.tier == "best" and status.kept == (("fast", "tier 'best' already serves"),)
 
 
 def test_verify_rejects_a_tier_that_disagrees() -> None:
-    runner = _runner(verify=True)
-    runner.swap_in("fast", lambda x: (x * 3,))  # wrong
+    journey = _journey(verify=True)
+    journey.swap_in("fast", lambda x: (x * 3,))  # wrong
     with hotswap.counters_delta() as d:
-        out = runner(X)
+        out = journey.runner(X)
     assert torch.equal(out[0], GOOD[0])  # the call is answered by the previous tier
-    status = runner.status()
+    status = journey.status()
     assert status.tier == "eager"
     assert status.failures == (("fast", "verify: its output disagrees with the previous tier's"),)
     assert d["fallbacks"] == 1
 
 
 def test_verify_tolerates_bf16_rounding() -> None:
-    runner = GraphRunner("g", torch.fx.symbolic_trace(lambda x: (x.bfloat16() * 3,)), ["fast"],
-                         verify=True)
-    runner.swap_in("fast", lambda x: ((x.bfloat16() * 3) * (1 + 2**-9),))  # within bf16 tolerance
-    runner(torch.linspace(1, 2, 64))
-    assert runner.status().tier == "fast"
+    journey = _journey(torch.fx.symbolic_trace(lambda x: (x.bfloat16() * 3,)), ("fast",),
+                       verify=True)
+    journey.swap_in("fast", lambda x: ((x.bfloat16() * 3) * (1 + 2**-9),))  # within bf16 tol.
+    journey.runner(torch.linspace(1, 2, 64))
+    assert journey.status().tier == "fast" and not journey.status().failures
 
 
 def test_a_tier_that_raises_is_dropped_and_the_call_still_answered() -> None:
     def broken(x: torch.Tensor) -> Any:
         raise RuntimeError("bad artifact")
 
-    runner = _runner()
-    runner.swap_in("fast", lambda x: GOOD)
-    runner(X)  # graduates "fast"
-    runner.swap_in("best", broken)
-    out = runner(X)
+    journey = _journey()
+    journey.swap_in("fast", lambda x: GOOD)
+    journey.runner(X)  # graduates "fast"
+    journey.swap_in("best", broken)
+    assert journey.state("fast") is TierState.REPLACED
+    out = journey.runner(X)
     assert out is GOOD  # answered by "fast", the tier before
-    status = runner.status()
+    status = journey.status()
     assert status.tier == "fast"
     assert status.failures[0][0] == "best" and "bad artifact" in status.failures[0][1]
+    assert status.states == (("fast", "serving"), ("best", "failed"))
 
 
 def test_eager_errors_are_the_users_errors() -> None:
@@ -83,20 +101,20 @@ def test_eager_errors_are_the_users_errors() -> None:
 
 
 def test_on_failure_raise_raises_once_then_serves() -> None:
-    runner = _runner(raise_failures=True)
-    runner.fail("fast", "CompileFailed: boom")
+    journey = _journey(raise_failures=True)
+    journey.fail("fast", "CompileFailed: boom")
     with pytest.raises(TierFailed) as info:
-        runner(X)
+        journey.runner(X)
     assert (info.value.tier, info.value.reason) == ("fast", "CompileFailed: boom")
-    assert torch.equal(runner(X)[0], GOOD[0])
+    assert torch.equal(journey.runner(X)[0], GOOD[0])
 
 
 def test_keep_records_a_ready_tier_that_will_not_serve() -> None:
-    runner = _runner()
-    runner.pending.update({"fast", "best"})
-    assert runner.swap_in("fast", lambda x: GOOD)
-    runner.keep("best", "gate: not faster")
-    status = runner.status()
+    journey = _journey()
+    journey.swap_in("fast", lambda x: GOOD)
+    assert not journey.final  # "best" is loaded, not decided
+    journey.keep("best", "gate: not faster")
+    status = journey.status()
     assert status.tier == "fast" and status.kept == (("best", "gate: not faster"),)
     assert status.final
 
@@ -106,13 +124,26 @@ def test_a_measured_swap_may_go_down_the_ladder() -> None:
     assert runner.swap_in("best", lambda x: GOOD)
     assert not runner.swap_in("fast", lambda x: GOOD)  # by rank: refused
     assert runner.swap_in("fast", lambda x: GOOD, measured=True)
-    assert runner.status().tier == "fast"
+    assert runner.tier == "fast"
 
 
-def test_observer_sees_swaps_first_calls_and_drops() -> None:
-    seen: list[tuple[str, str, str]] = []
-    runner = _runner()
-    runner.observer = lambda what, tier, previous, start, end: seen.append((what, tier, previous))
+class _Seen:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def swapped(self, tier: str, previous: str) -> None:
+        self.events.append(("swap", tier, previous))
+
+    def first_call(self, tier: str, start_s: float, end_s: float) -> None:
+        self.events.append(("first_call", tier, tier))
+
+    def dropped(self, tier: str, back_to: str, reason: str) -> None:
+        self.events.append(("dropped", back_to, tier))
+
+
+def test_listener_sees_swaps_first_calls_and_drops() -> None:
+    runner = GraphRunner("g", _gm(), ["fast", "best"])
+    runner.listener = seen = _Seen()
 
     def broken(x: torch.Tensor) -> Any:
         raise RuntimeError("boom")
@@ -122,15 +153,28 @@ def test_observer_sees_swaps_first_calls_and_drops() -> None:
     runner(X)
     runner.swap_in("best", broken)
     runner(X)
-    assert seen == [("swap", "fast", "eager"), ("first_call", "fast", "fast"),
-                    ("swap", "best", "fast"), ("dropped", "fast", "best")]
+    assert seen.events == [("swap", "fast", "eager"), ("first_call", "fast", "fast"),
+                           ("swap", "best", "fast"), ("dropped", "fast", "best")]
 
 
 def test_final_and_pending() -> None:
-    runner = _runner()
-    runner.pending.update({"fast", "best"})
-    assert runner.status().pending == ("fast", "best") and not runner.status().final
-    runner.swap_in("fast", lambda x: GOOD)
-    runner.fail("best", "JobTimeout: slow")
-    status = runner.status()
+    gm = _gm()
+    runner = GraphRunner("g", gm, ["fast", "best"])
+    journey = GraphJourney(runner, gm, [Tier("fast"), Tier("best")], Recorder(None))
+    assert journey.status().pending == ("fast", "best") and not journey.status().final
+    journey.arrived("fast", "worker")
+    journey.swap_in("fast", lambda x: GOOD)
+    journey.fail("best", "JobTimeout: slow")
+    status = journey.status()
     assert status.final and status.pending == () and status.tier == "fast"
+    assert status.states == (("fast", "serving"), ("best", "failed"))
+
+
+def test_a_move_the_state_machine_forbids_fails_the_tier_and_is_counted() -> None:
+    gm = _gm()
+    journey = GraphJourney(GraphRunner("g", gm, ["fast"]), gm, [Tier("fast")], Recorder(None))
+    with hotswap.counters_delta() as d:
+        journey.to("fast", TierState.SERVING)  # pending -> serving skips compiled and loaded
+    assert d["internal_errors"] == 1
+    assert journey.state("fast") is TierState.FAILED and journey.final
+    assert "pending -> serving" in journey.status().failures[0][1]

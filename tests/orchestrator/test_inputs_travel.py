@@ -67,10 +67,11 @@ def test_plain_python_inputs_travel_by_value() -> None:
     graph.output((graph.call_function(operator.mul, (y, scale)),))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     inputs = [torch.randn(4, 8), 3, True, None, 0.5]
-    runner = hotswap.backend(mode="subprocess", workers=1)(gm, inputs)
+    backend = hotswap.backend(mode="subprocess", workers=1)
+    runner = backend(gm, inputs)
     (out,) = runner(*inputs)
     torch.testing.assert_close(out, (inputs[0] * 3 + 1) * 0.5)
-    status = runner.status()
+    [status] = hotswap.status(backend)
     assert status.tier == "default" and status.path == "worker", status
 
 

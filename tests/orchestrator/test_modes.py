@@ -18,7 +18,7 @@ import torch
 import hotswap
 from hotswap.orchestrator.options import Options
 from tests.conftest import wait_gone
-from tests.orchestrator.models import MODELS, mlp
+from tests.orchestrator.models import MODELS, mlp, tier_failure
 
 REPO = Path(__file__).resolve().parents[2]
 BAD_TIER = {"name": "broken", "config": {"cpp.cxx": (None, "/nonexistent/g++")}}
@@ -346,12 +346,8 @@ def test_on_failure_raise_in_subprocess_mode_raises_at_the_first_call() -> None:
                                on_failure="raise")
     with pytest.raises(Exception) as info:
         compiled(*inputs)
-    chain, error = [], info.value
-    while error is not None and len(chain) < 10:  # dynamo wraps backend errors
-        chain.append(error)
-        error = getattr(error, "inner_exception", None) or error.__cause__
-    failed = [e for e in chain if isinstance(e, hotswap.TierFailed)]
-    assert failed and failed[0].tier == "broken" and "C++ compiler" in failed[0].reason
+    failed = tier_failure(info.value)
+    assert failed is not None and failed.tier == "broken" and "C++ compiler" in failed.reason
 
 
 def test_a_500_node_chain_travels_and_compiles_forward_and_backward() -> None:

@@ -1,0 +1,115 @@
+"""A compiler that compiles nothing: modes, ladders and the gate, tested without inductor.
+
+    fake = FakeCompiler(delay_s={"max-autotune": 0.2}, crashes={"default": 1},
+                        medians={"default": 1.0, "max-autotune": 0.5})
+    backend = Coordinator(Options.create(mode="progressive"), compiler=fake, measure=fake.measure)
+    compiled = torch.compile(model, backend=backend)
+
+A "compile" is a thread that waits ``delay_s[tier]`` and sends the shipped graph back as the
+tier's artifact; loading one gives a callable that runs the graph as dynamo handed it (so its
+outputs equal eager's) and counts its calls per tier (``calls``). ``crashes[tier]`` compiles of
+a tier die first (``WorkerCrashed``, as a killed worker), ``fail[tier]`` raises the worker's
+``CompileFailed``; with ``hold=True`` no compile starts before ``release()``; ``measure``
+answers the gate with ``medians`` (ms per tier). Everything
+else is hotswap's own code: the cache (keys, claims, signed entries), the lifecycle, the
+ladder, the gate, the runner. The artifacts are this process's only: the fake has no inductor
+output to ship.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import msgpack
+
+from hotswap.errors import CompileFailed, WorkerCrashed
+from hotswap.orchestrator.transport import unship_graph
+from hotswap.orchestrator.wire import BenchReply, BenchRequest, CompileRequest, CompileResult
+from hotswap.profiles.records import BenchResult, TierBench
+
+__all__ = ["FakeCompiler"]
+
+
+class FakeCompiler:
+    """Implements ``hotswap.orchestrator.compilers.Compiler`` in threads of this process."""
+
+    def __init__(self, *, delay_s: Mapping[str, float] | None = None,
+                 crashes: Mapping[str, int] | None = None,
+                 fail: Mapping[str, str] | None = None,
+                 medians: Mapping[str, float] | None = None, hold: bool = False) -> None:
+        self._delay_s = dict(delay_s or {})
+        self._crashes = collections.Counter(crashes or {})
+        self._fail = dict(fail or {})
+        self._medians = dict(medians or {})
+        self._released = threading.Event()
+        if not hold:
+            self._released.set()
+        self._lock = threading.Lock()
+        self.compiles: list[tuple[str, str]] = []          # (graph, tier), as submitted
+        self.benches: list[BenchRequest] = []
+        self.calls: collections.Counter[str] = collections.Counter()  # tier -> calls served
+
+    def submit(self, request: CompileRequest, timeout_s: float | None) -> Future[Any]:
+        with self._lock:
+            self.compiles.append((request.graph_id, request.tier))
+        future: Future[Any] = Future()
+        future.stage_events = []  # type: ignore[attr-defined]
+        threading.Thread(target=self._compile, args=(request, future), daemon=True,
+                         name="fake-compile").start()
+        return future
+
+    def release(self) -> None:
+        """``hold=True``: compiles start only now (a test makes its first calls before)."""
+        self._released.set()
+
+    def _compile(self, request: CompileRequest, future: Future[Any]) -> None:
+        self._released.wait()
+        time.sleep(self._delay_s.get(request.tier, 0.0))
+        with self._lock:
+            crash = self._crashes[request.tier] > 0
+            self._crashes[request.tier] -= crash
+        if crash:
+            future.set_exception(WorkerCrashed(0, None, "SIGKILL", job="compile"))
+        elif request.tier in self._fail:
+            future.set_exception(CompileFailed("compile", "RuntimeError",
+                                               self._fail[request.tier], ""))
+        else:
+            entry = msgpack.packb({"tier": request.tier, "graph": request.graph_bytes})
+            future.set_result(CompileResult(request.graph_id, request.tier, entry).to_wire())
+
+    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> Any:
+        raise NotImplementedError(f"FakeCompiler runs compiles only, not {job!r}; pass "
+                                  "measure=fake.measure to the coordinator")
+
+    def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
+        artifact = msgpack.unpackb(bytes(entry), raw=False)
+        gm, tier = unship_graph(artifact["graph"]), artifact["tier"]
+
+        def compiled(*args: Any) -> Any:
+            with self._lock:
+                self.calls[tier] += 1
+            return gm(*args)
+
+        return compiled
+
+    def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
+        return True
+
+    def measure(self, request: BenchRequest) -> Future[BenchReply]:
+        """The gate's benchmark: ``medians[tier]`` ms for each tier measured (a tier with no
+        median has no row, as one that failed to load in the benchmark worker)."""
+        with self._lock:
+            self.benches.append(request)
+        reply = BenchReply(
+            [TierBench(request.graph_id, tier, BenchResult(ms, ms, ms, 10, "fake"),
+                       purpose=request.purpose)
+             for tier in request.entries if (ms := self._medians.get(tier)) is not None],
+            errors={t: "no median" for t in request.entries if t not in self._medians})
+        future: Future[BenchReply] = Future()
+        future.set_result(reply)
+        return future

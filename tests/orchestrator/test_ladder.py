@@ -1,0 +1,185 @@
+"""Modes, ladders and the gate with a compiler that compiles nothing (hotswap.testing.fake):
+every part of hotswap but inductor and the worker processes, in milliseconds per test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.orchestrator.coordinator import Coordinator
+from hotswap.orchestrator.options import Options, Plan
+from hotswap.testing.fake import FakeCompiler
+from tests.orchestrator.models import tier_failure
+
+LADDER = ("default", "max-autotune")
+FAST_TOP = {"default": 1.0, "max-autotune": 0.5}
+SLOW_TOP = {"default": 1.0, "max-autotune": 1.5}
+
+
+def _model() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 4)), (torch.randn(3, 8),)
+
+
+def _fake(**kwargs: Any) -> FakeCompiler:
+    """A fake whose compiles wait for ``_run``'s first calls: those are served eagerly."""
+    return FakeCompiler(hold=True, **kwargs)
+
+
+def _run(fake: FakeCompiler, mode: str = "progressive", *, calls_before_wait: int = 1,
+         **options: Any) -> tuple[Coordinator, hotswap.GraphStatus, dict[str, int]]:
+    """Compile the model with ``fake``, call it, wait for its ladder, call it again; every
+    output equals eager's. Returns the coordinator, the graph's status and the counters' delta."""
+    model, inputs = _model()
+    expected = model(*inputs)
+    coordinator = Coordinator(Options.create(mode=mode, **options), compiler=fake,
+                              measure=fake.measure)
+    if coordinator.options.plan.waits:
+        fake.release()  # the first call waits for its tier
+    compiled = torch.compile(model, backend=coordinator)
+    with hotswap.counters_delta() as d:
+        for _ in range(calls_before_wait):
+            torch.testing.assert_close(compiled(*inputs), expected)
+        fake.release()
+        [status] = coordinator.wait(timeout_s=30)
+        torch.testing.assert_close(compiled(*inputs), expected)
+    assert d["internal_errors"] == 0
+    return coordinator, status, dict(d)
+
+
+@pytest.mark.parametrize(("mode", "plan"), [
+    ("inprocess", Plan(here=True, waits=True, climbs=False, gated=False)),
+    ("subprocess", Plan(here=False, waits=True, climbs=False, gated=False)),
+    ("async", Plan(here=False, waits=False, climbs=False, gated=False)),
+    ("progressive", Plan(here=False, waits=False, climbs=True, gated=True)),
+])
+def test_each_mode_is_a_composition(mode: str, plan: Plan) -> None:
+    assert Options.create(mode=mode).plan == plan
+    assert not Options.create(mode=mode, gate=False).plan.gated
+
+
+def test_progressive_climbs_and_the_gate_adopts_a_faster_top_tier() -> None:
+    fake = _fake(delay_s={"max-autotune": 0.2}, medians=FAST_TOP)
+    _, status, d = _run(fake)
+    assert status.tier == "max-autotune" and status.final and not status.failures
+    assert status.states == (("default", "replaced"), ("max-autotune", "serving"))
+    assert sorted(t for _, t in fake.compiles) == sorted(LADDER)
+    assert [sorted(b.entries) for b in fake.benches] == [sorted(LADDER)]
+    assert (d["worker_compiles"], d["swaps"], d["gate_benchmarks"], d["gate_kept"],
+            d["eager_calls"]) == (2, 2, 1, 0, 1)
+    assert fake.calls["max-autotune"] == 1  # the call after wait()
+
+
+def test_the_gate_keeps_a_slower_tier_out_and_a_warm_process_neither_compiles_nor_loads_it(
+        tmp_path: Any) -> None:
+    cache = str(tmp_path / "cache")
+    fake = _fake(delay_s={"max-autotune": 0.2}, medians=SLOW_TOP)
+    _, status, d = _run(fake, cache_dir=cache)
+    assert status.tier == "default" and status.final
+    [(tier, why)] = status.kept
+    assert tier == "max-autotune" and why.startswith("gate: 1.5000 ms vs 1.0000 ms")
+    assert status.states == (("default", "serving"), ("max-autotune", "kept"))
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (1, 1, 1)
+
+    warm = _fake(medians=SLOW_TOP)
+    _, status, d = _run(warm, cache_dir=cache)
+    assert warm.compiles == [] and warm.benches == []
+    assert status.tier == "default" and status.path == "cache"
+    assert status.kept[0][1].startswith("gate (earlier run): 1.5000 ms vs 1.0000 ms")
+    assert (d["cache_hits"], d["worker_compiles"]) == (1, 0)
+
+
+def test_a_tier_below_the_serving_one_is_measured_against_it() -> None:
+    """The top tier came first and replaced eager unmeasured; the lower one arrives later and
+    must beat it (it does not: kept out, the top one serves)."""
+    fake = _fake(delay_s={"default": 0.3}, medians=FAST_TOP)
+    _, status, d = _run(fake)
+    assert status.tier == "max-autotune"
+    assert status.states == (("default", "kept"), ("max-autotune", "serving"))
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (1, 1, 1)
+
+
+def test_a_tier_the_benchmark_cannot_run_is_kept_and_a_failed_benchmark_adopts_by_rank(
+        tmp_path: Any) -> None:
+    fake = _fake(delay_s={"max-autotune": 0.2}, medians={"default": 1.0})
+    _, status, _ = _run(fake)
+    assert status.tier == "default"
+    assert status.kept == (("max-autotune", "gate: could not benchmark it (max-autotune: "
+                                            "no median)"),)
+
+    def broken(request: Any) -> Any:
+        raise RuntimeError("benchmark worker unavailable")
+
+    fake = FakeCompiler(delay_s={"max-autotune": 0.2})
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode="progressive", cache_dir=str(tmp_path)),
+                              compiler=fake, measure=broken)
+    compiled = torch.compile(model, backend=coordinator)
+    compiled(*inputs)
+    [status] = coordinator.wait(timeout_s=30)
+    assert status.tier == "max-autotune" and not status.kept
+
+
+@pytest.mark.parametrize("mode", ["async", "subprocess"])
+def test_one_tier_modes_compile_the_top_tier_alone(mode: str) -> None:
+    fake = _fake()
+    _, status, d = _run(fake, mode, tiers=list(LADDER))
+    assert [t for _, t in fake.compiles] == ["max-autotune"] and fake.benches == []
+    assert status.tier == "max-autotune" and status.states == (("max-autotune", "serving"),)
+    # subprocess: the first call waited for the tier; async: it ran eagerly
+    assert d["eager_calls"] == (1 if mode == "async" else 0)
+    assert d["swaps"] == (1 if mode == "async" else 0)
+
+
+def test_a_crashed_compile_is_retried_once_then_fails_its_tier(tmp_path: Any) -> None:
+    fake = _fake(crashes={"default": 1})
+    _, status, d = _run(fake, "async")
+    assert status.tier == "default" and not status.failures
+    assert (d["worker_crashes"], d["worker_compiles"]) == (1, 1)
+    assert len(fake.compiles) == 2
+
+    fake = _fake(crashes={"default": 2})
+    _, status, d = _run(fake, "async", cache_dir=str(tmp_path))  # not the entry just stored
+    assert status.tier == "eager" and status.final
+    assert status.failures[0][1].startswith("WorkerCrashed: worker 0 died (signal SIGKILL)")
+    assert status.states == (("default", "failed"),)
+    assert (d["worker_crashes"], d["fallbacks"], d["eager_calls"]) == (2, 1, 2)
+
+
+def test_a_failed_tier_leaves_the_lower_one_serving() -> None:
+    fake = _fake(fail={"max-autotune": "no kernel"}, medians=FAST_TOP)
+    _, status, _ = _run(fake)
+    assert status.tier == "default"
+    assert status.failures == (("max-autotune", "CompileFailed: compile raised RuntimeError: "
+                                                "no kernel"),)
+
+
+def test_on_failure_raise_when_the_first_call_waits() -> None:
+    fake = FakeCompiler(fail={"default": "no kernel"})
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode="subprocess", on_failure="raise"),
+                              compiler=fake, measure=fake.measure)
+    compiled = torch.compile(model, backend=coordinator)
+    with pytest.raises(Exception) as info:
+        compiled(*inputs)
+    failed = tier_failure(info.value)
+    assert failed is not None and failed.tier == "default" and "no kernel" in failed.reason
+
+
+def test_a_graph_lets_go_of_its_shipped_form_once_final() -> None:
+    import gc
+
+    from hotswap.orchestrator.request import GraphRequest
+
+    def shipped() -> int:  # type(), not isinstance: gc lists weak proxies too
+        return sum(type(o) is GraphRequest for o in gc.get_objects())
+
+    before = shipped()
+    fake = _fake(delay_s={"max-autotune": 0.1}, medians=FAST_TOP)
+    _, status, _ = _run(fake)
+    assert status.final
+    assert shipped() == before  # wait() returns after the load thread's last step
