@@ -17,7 +17,8 @@ from pathlib import Path
 
 # Runs from a checkout as it is (e.g. on a GPU machine without network): hotswap is one level up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hotswap.tools.bench import _cuda, spawn_row
+from hotswap.tools.bench import spawn_row
+from hotswap.tools.common import cuda_available
 
 
 def main() -> None:
@@ -25,7 +26,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,transformer")
     parser.add_argument("--mode", default="progressive", choices=["async", "progressive"])
-    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--device", default="cuda" if cuda_available() else "cpu")
     parser.add_argument("--workers", type=int, default=None,
                         help="hotswap pool size (default: hotswap's)")
     parser.add_argument("--caller", choices=("busy", "idle"), default="busy",

@@ -3,6 +3,9 @@
     hotswap.workers, hotswap.cache, hotswap.profiles   import nothing of the orchestrator
     production modules                                 import nothing of hotswap.testing
     every module                                       sits in no import cycle (module level)
+    every module                                       uses no private name of another module
+    hotswap.tools                                      uses the public API (hotswap, profiles,
+                                                       testing) and proctree's RSS reading
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "hotswap"
 PRODUCTION = ("hotswap.orchestrator", "hotswap.cache", "hotswap.workers", "hotswap.profiles")
 BELOW_ORCHESTRATOR = ("hotswap.cache", "hotswap.workers", "hotswap.profiles")
+TOOLS_MAY_USE = ("hotswap.tools", "hotswap.profiles", "hotswap.testing", "hotswap.errors",
+                 "hotswap.workers.proctree")
 
 
 def _modules() -> dict[str, Path]:
@@ -77,3 +82,43 @@ def test_no_import_cycles() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(path: Path, modules: set[str]) -> list[str]:
+    """``from hotswap.x import _y``, and ``m._y`` where ``m`` names a hotswap module."""
+    tree = ast.parse(path.read_text())
+    bound: set[str] = set()  # local names of imported hotswap modules
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hotswap"):
+            for alias in node.names:
+                if _private(alias.name):
+                    uses.append(f"{node.module}.{alias.name}")
+                elif f"{node.module}.{alias.name}" in modules:
+                    bound.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            bound.update(a.asname for a in node.names if a.asname and a.name in modules)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in bound and _private(node.attr)):
+            uses.append(f"{node.value.id}.{node.attr}")
+    return uses
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    modules = _modules()
+    offenders = {name: uses for name, path in modules.items()
+                 if (uses := _private_uses(path, set(modules)))}
+    assert not offenders, offenders
+
+
+def test_tools_are_built_on_the_public_api() -> None:
+    offenders = {name: sorted(i for i in _imports(path, top_level_only=False)
+                              if i != "hotswap" and i.split(".")[1] not in ("MODES", "testing")
+                              and not _within(i, TOOLS_MAY_USE))
+                 for name, path in _modules().items() if _within(name, ("hotswap.tools",))}
+    assert not any(offenders.values()), offenders

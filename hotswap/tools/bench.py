@@ -40,10 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
-from hotswap.tools.rss import PeakRss
+from hotswap.tools.bench_report import machine, report, write_markdown
+from hotswap.tools.bench_row import BENCH_MODELS, dispatch_overhead, is_bench_model, run_row
+from hotswap.tools.common import cuda_available, standalone, subcommand
 
 ROWS = {
     "hotswap:async": "eager at once, then the default tier",
@@ -57,211 +58,6 @@ ROWS = {
     "pytorch:progressive+subprocess": "TORCHINDUCTOR_FX_COMPILE_MODE",
     "machine:busy-eager": "eager calls while every core runs a spinner at the workers' priority",
 }
-
-
-BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "pointwise")
-
-
-def _bench_model(name: str) -> bool:
-    from hotswap.tools import zoo
-
-    return name in BENCH_MODELS or (name.startswith("corpus:") and zoo.known(name))
-
-
-def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
-    """A zoo model in inference (bf16 on CUDA, float32 on CPU) and its inputs."""
-    from hotswap.tools import zoo
-
-    if not _bench_model(name):
-        raise SystemExit(f"unknown bench model {name!r}; choose from {list(BENCH_MODELS)} "
-                         "or corpus:NAME")
-    workload = zoo.make(name, device=device, dtype="bfloat16" if device == "cuda" else "float32")
-    return workload.target, workload.inputs(0)
-
-
-def _timer(fn: Any, device: str, budget_ms: float = 300.0) -> float:
-    """Median latency in ms: do_bench on CUDA, torch.utils.benchmark on CPU."""
-    from hotswap.profiles.bench import benchmark
-
-    return benchmark(fn, device=device, budget_ms=budget_ms).median_ms
-
-
-def _since_start() -> float:
-    """Seconds since this process started (the user's clock)."""
-    import psutil
-
-    return time.time() - float(psutil.Process().create_time())
-
-
-def run_row(args: argparse.Namespace) -> dict[str, Any]:
-    """Runs inside the row's own process. Times are from the process's start."""
-    import torch
-
-    row = args.row
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import hotswap
-
-    prepare_s = None
-    if args.prepare and row.startswith("hotswap:") and not row.endswith("inprocess"):
-        t = time.monotonic()  # its own column: as the README advises, first thing, no wait
-        hotswap.prepare(workers=args.workers, devices=[args.device])
-        prepare_s = time.monotonic() - t
-    model, inputs = build(args.model, args.device)
-    rss = PeakRss(lambda: [os.getpid()], name="hotswap-bench-rss")
-    compiled, is_final, spinners = _compiled(row, model, args)
-    before = hotswap.counters()
-    ready_s = _since_start()
-    idle = args.caller == "idle" and row != "machine:busy-eager"
-    sync: Any = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    with torch.no_grad():
-        try:
-            served = _serve(compiled, inputs, is_final, sync, args, idle=idle,
-                            floor=row == "machine:busy-eager")
-        finally:
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
-        peak_rss = rss.stop()  # its sampling thread takes the GIL: not during the steady timing
-        if served.final_s is not None:
-            compiled(*inputs)  # an idle caller's first compiled call (a tier's first call
-            sync()             # is checked against eager): not part of the steady timing
-        steady_ms = (_timer(lambda: compiled(*inputs), args.device)
-                     if served.final_s is not None else None)
-        # Timed last: a warm-up before the first call would be a phase the row leaves out.
-        eager_ms = _timer(lambda: model(*inputs), args.device, 100.0)
-    return {
-        "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
-        "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,
-        "first_call_s": served.durations[0], "first_output_s": ready_s + served.durations[0],
-        "to_final_s": served.final_s, **served.calls(eager_ms),
-        "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20,
-        "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
-                      if row.startswith("hotswap:") else {}),
-        "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
-    }
-
-
-def _compiled(row: str, model: Any, args: argparse.Namespace
-              ) -> tuple[Any, Callable[[], bool], list[subprocess.Popen[bytes]]]:
-    """The row's callable, how to tell its final code serves, and CPU spinners it started."""
-    import torch
-
-    import hotswap
-
-    if row.startswith("hotswap:"):
-        mode = row.split(":")[1]
-        tiers = ["default", "max-autotune-no-cudagraphs"] if mode == "progressive" else None
-        compiled = hotswap.compile(model, mode=mode, tiers=tiers, workers=args.workers)
-
-        def is_final() -> bool:
-            statuses = hotswap.status(compiled)
-            return bool(statuses) and all(s.final for s in statuses)
-
-        return compiled, is_final, []
-    if row == "torch:eager-backend":
-        return torch.compile(model, backend="eager"), lambda: True, []
-    if row.startswith("torch:"):
-        torch_mode = "max-autotune-no-cudagraphs" if row.endswith("max-autotune") else None
-        return torch.compile(model, mode=torch_mode), lambda: True, []
-    if row == "machine:busy-eager":
-        return model, lambda: False, _spinners(os.cpu_count() or 1)
-    from torch._inductor import compile_fx_async
-
-    torch._inductor.config.fx_graph_cache = False
-    torch._inductor.config.autotune_local_cache = False
-    torch._functorch.config.enable_autograd_cache = False
-    if row.startswith("pytorch:async"):
-        stats: Any = compile_fx_async._AsyncFxCompile
-        stats._reset_stats()
-        return torch.compile(model), lambda: bool(stats._stat_compiled_runs > 0), []
-    stats = compile_fx_async._ProgressiveFxCompile
-    stats._reset_stats()
-    return torch.compile(model), lambda: bool(stats._stat_optimized_runs > 0), []
-
-
-class _Served:
-    """The calls a row served until its final code was in (or its time was up)."""
-
-    def __init__(self) -> None:
-        self.durations: list[float] = []
-        self.offsets: list[float] = []  # s after the first call
-        self.final_s: float | None = None
-        self.served_s = 0.0
-
-    def calls(self, eager_ms: float) -> dict[str, Any]:
-        later = sorted(self.durations[1:])
-        limit_s = (2 * eager_ms + 10) / 1e3
-        slowest = sorted(range(1, len(self.durations)), key=self.durations.__getitem__)[-5:][::-1]
-        return {
-            "largest_call_ms": max(later, default=0.0) * 1e3, "calls": len(self.durations),
-            "served_s": self.served_s,
-            "p99_call_ms": later[int(0.99 * (len(later) - 1))] * 1e3 if later else 0.0,
-            "calls_over_limit": sum(d > limit_s for d in later),
-            # when the slowest calls started (s after the first call) and took (ms): matched
-            # against the stage timings, they say what stalled them
-            "slowest_calls": [(round(self.offsets[i], 3), round(self.durations[i] * 1e3, 2))
-                              for i in slowest],
-        }
-
-
-def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Callable[[], Any],
-           args: argparse.Namespace, *, idle: bool, floor: bool) -> _Served:
-    """Call as the row's caller does (busy: every ``interval_ms``; idle: once) until the final
-    code serves or the row's time is up."""
-    served = _Served()
-    start = time.perf_counter()
-    deadline = start + (args.floor_s if floor else args.timeout_s)
-    try:
-        while time.perf_counter() < deadline:
-            if not idle or not served.durations:
-                t = time.perf_counter()
-                compiled(*inputs)
-                sync()
-                served.durations.append(time.perf_counter() - t)
-                served.offsets.append(t - start)
-            if is_final():
-                served.final_s = _since_start()
-                break
-            time.sleep(args.interval_ms / 1e3 if not idle else 0.01)
-    finally:
-        served.served_s = time.perf_counter() - start
-    return served
-
-
-def _spinners(count: int) -> list[subprocess.Popen[bytes]]:
-    """``count`` processes that spin at the priority hotswap's compile workers run at (same
-    niceness, session niceness and ``SCHED_IDLE`` settings)."""
-    from hotswap.orchestrator.runtime import worker_priority
-
-    nice, idle = worker_priority()
-    code = (f"from hotswap.workers.child import lower_priority\n"
-            f"lower_priority({nice}, {idle})\nwhile True: pass")
-    return [subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-            for _ in range(count)]
-
-
-def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
-    """ns per call through GraphRunner over calling the loaded artifact directly."""
-    import timeit
-
-    import torch
-
-    import hotswap
-
-    backend = hotswap.backend(mode="async", workers=args.workers)
-    compiled = torch.compile(lambda a: a + 1, backend=backend)
-    x = torch.zeros(1)
-    compiled(x)
-    hotswap.wait(backend, timeout_s=300)
-    compiled(x)  # graduates the artifact from its first-call probation
-    runner = backend.runners[0]
-    direct = runner.serving
-    n = 200_000
-    via = min(timeit.repeat(lambda: runner(x), number=n, repeat=5)) / n
-    raw = min(timeit.repeat(lambda: direct(x), number=n, repeat=5)) / n
-    return {"row": "hotswap:dispatch", "runner_ns": via * 1e9, "direct_ns": raw * 1e9,
-            "overhead_ns": (via - raw) * 1e9}
 
 
 def cold_env(root: str) -> dict[str, str]:
@@ -317,130 +113,9 @@ def _timed_row(row: str, args: argparse.Namespace, *, again: str = "") -> dict[s
     return result
 
 
-def _fmt(value: Any, scale: float = 1.0, digits: int = 2) -> str:
-    return "-" if value is None else f"{value * scale:.{digits}f}"
-
-
-def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> list[str]:
-    """The table and the targets, as lines (printed, and written into BENCHMARKS.md). Every
-    time is from the row's process start; ``ready`` is when it made its first call (imports
-    and the model's construction), ``prepare`` a ``hotswap.prepare()`` call inside that."""
-    by_row = {r["row"]: r for r in results}
-    lines = [f"{'row':<34}{'ready s':>8}{'prepare s':>10}{'first out s':>12}{'1st call s':>11}"
-             f"{'compiled s':>11}{'largest ms':>11}{'steady ms':>10}{'eager ms':>9}"
-             f"{'RSS MiB':>8}"]
-    for r in results:
-        if "error" in r:
-            lines.append(f"{r['row']:<34}  failed: {r['error']}")
-            continue
-        lines.append(f"{r['row']:<34}{_fmt(r['ready_s']):>8}{_fmt(r.get('prepare_s')):>10}"
-                     f"{_fmt(r['first_output_s']):>12}{_fmt(r['first_call_s'], 1, 3):>11}"
-                     f"{_fmt(r['to_final_s']):>11}{_fmt(r['largest_call_ms'], 1, 1):>11}"
-                     f"{_fmt(r['steady_ms'], 1, 3):>10}{_fmt(r['eager_ms'], 1, 3):>9}"
-                     f"{_fmt(r.get('peak_rss_mib'), 1, 0):>8}")
-
-    def ratio_line(label: str, a: str, a_key: str, b: str, b_key: str, target: float) -> None:
-        va, vb = by_row.get(a, {}).get(a_key), by_row.get(b, {}).get(b_key)
-        if a not in by_row or b not in by_row:
-            return  # a row this run did not ask for
-        if va is None or vb is None:
-            lines.append(f"  {label}: not measured (a row failed or never reached its tier)")
-            return
-        ratio = va / vb
-        lines.append(f"  {label}: {va:.3f} / {vb:.3f} = {ratio:.3f}x (target <= {target}x) "
-                     f"{'met' if ratio <= target else 'MISSED'}")
-
-    caller = next((r.get("caller") for r in results  # the torch rows' first call blocks
-                   if "error" not in r and r["row"].startswith("hotswap:")), "busy")
-    lines += ["", f"targets ({caller} caller; times from process start)"]
-    for row in ("hotswap:async", "hotswap:progressive"):
-        ratio_line(f"{row} first output vs dynamo trace + eager call", row, "first_output_s",
-                   "torch:eager-backend", "first_output_s", 1.1)
-    ratio_line("async compiled serving vs torch.compile's first call", "hotswap:async",
-               "to_final_s", "torch:default", "to_final_s", 0.9 if caller == "idle" else 1.2)
-    ratio_line("progressive final tier vs in-process max-autotune", "hotswap:progressive",
-               "to_final_s", "torch:max-autotune", "to_final_s", 1.2)
-    for again in ("replica", "warm"):
-        for row in ("hotswap:async", "hotswap:progressive"):
-            ratio_line(f"{row} {again} compiled serving vs its cold run", f"{row} ({again})",
-                       "to_final_s", row, "to_final_s", 0.3)
-            ratio_line(f"{row} {again} compiled serving vs dynamo trace + eager call",
-                       f"{row} ({again})", "to_final_s", "torch:eager-backend",
-                       "first_output_s", 1.2)
-    ratio_line("async first call vs PyTorch async's first call", "hotswap:async",
-               "first_call_s", "pytorch:async+subprocess", "first_call_s", 0.1)
-    for row in ("async", "progressive"):
-        ratio_line(f"{row}: hotswap time to final vs PyTorch's {row}+subprocess",
-                   f"hotswap:{row}", "to_final_s", f"pytorch:{row}+subprocess", "to_final_s", 1.0)
-    for row in ("hotswap:async", "hotswap:progressive", "machine:busy-eager"):
-        found = by_row.get(row)
-        if found and "error" not in found and found.get("calls", 0) > 1:
-            r = found
-            limit = 2 * r["eager_ms"] + 10
-            over = (f" (p99 {r['p99_call_ms']:.1f} ms; {r['calls_over_limit']} of "
-                    f"{r['calls'] - 1} calls over in {r['served_s']:.0f} s)"
-                    if "served_s" in r else "")
-            floor = by_row.get("machine:busy-eager", {}).get("largest_call_ms")
-            verdict = ("the machine alone, no compile" if row == "machine:busy-eager"
-                       else "met" if r["largest_call_ms"] <= limit else "MISSED" + (
-                           f" (the machine alone, every core busy: {floor:.1f} ms)"
-                           if floor is not None and floor > limit else ""))
-            lines.append(f"  {row} largest call {r['largest_call_ms']:.1f} ms{over} vs 2x eager "
-                         f"+ 10 ms = {limit:.1f} ms: {verdict}")
-    if dispatch is not None:
-        over = dispatch["overhead_ns"] / 1e3
-        lines.append(f"  dispatch overhead: {dispatch['runner_ns']:.0f} ns via hotswap vs "
-                     f"{dispatch['direct_ns']:.0f} ns direct = {over:.2f} us (target <= 2 us) "
-                     f"{'met' if over <= 2 else 'MISSED'}")
-    return lines
-
-
 QUICK = {"models": "matmul-relu", "timeout_s": 45.0,
          "rows": "hotswap:async,hotswap:progressive,torch:eager-backend,torch:default,"
                  "torch:max-autotune,pytorch:async+subprocess,pytorch:progressive+subprocess"}
-
-
-def machine() -> dict[str, str]:
-    import platform
-
-    import torch
-
-    info = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
-            "torch": torch.__version__, "cpus": str(os.cpu_count())}
-    if torch.cuda.is_available():
-        info["device"] = torch.cuda.get_device_name(0)
-        try:
-            import triton
-
-            info["triton"] = triton.__version__
-        except ImportError:
-            pass
-    else:
-        info["device"] = platform.processor() or platform.machine()
-    return info
-
-
-def write_markdown(path: str, device: str, sections: list[tuple[str, list[str]]],
-                   info: dict[str, str], command: str, tool: str = "hotswap bench") -> None:
-    """Replace (or append) this device's ``tool`` section of ``path``."""
-    begin, end = f"<!-- {tool}: {device} -->", f"<!-- end {tool}: {device} -->"
-    body = [begin, f"### `{tool}` on {info.get('device')} ({device}), {info['date']}", "",
-            "torch " + info["torch"] + (f", triton {info['triton']}" if "triton" in info else "")
-            + f", Python {info['python']}, {info['cpus']} CPUs. Command: `{command}`", ""]
-    for title, lines in sections:
-        body += [f"{title}:", "", "```", *lines, "```", ""]
-    body.append(end)
-    text = "# Benchmarks\n"
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + "\n".join(body) + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(body) + "\n"
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -487,7 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.device is None:
-        args.device = "cuda" if _cuda() else "cpu"
+        args.device = "cuda" if cuda_available() else "cpu"
     if args.row == "hotswap:dispatch":
         print(json.dumps(dispatch_overhead(args)))
         return 0
@@ -507,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    bad = [m for m in models if not _bench_model(m)]
+    bad = [m for m in models if not is_bench_model(m)]
     if bad:
         raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)} or "
                          "corpus:NAME (hotswap.tools.corpus)")
@@ -545,27 +220,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("bench", help="hotswap's modes vs torch.compile and PyTorch's modes",
-                            description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
+    subcommand(sub, "bench", "hotswap's modes vs torch.compile and PyTorch's modes", __doc__,
+               add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hotswap bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
+    return standalone("hotswap bench", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

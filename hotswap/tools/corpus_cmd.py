@@ -26,7 +26,8 @@ import tempfile
 import time
 from typing import Any
 
-from hotswap.orchestrator.options import MODES
+from hotswap import MODES
+from hotswap.tools.common import cuda_available, standalone, subcommand
 
 # A CI-sized subset: a CNN with max-pooling, a ViT, a decoder LLM, an encoder-decoder.
 QUICK = ("resnet", "vit", "llama", "t5")
@@ -228,10 +229,9 @@ def _save(path: str | None, info: dict[str, Any], cases: list[dict[str, Any]]) -
 
 def run(args: argparse.Namespace) -> int:
     from hotswap.tools import corpus
-    from hotswap.tools.bench import _cuda
 
     if args.device is None:
-        args.device = "cuda" if _cuda() else "cpu"
+        args.device = "cuda" if cuda_available() else "cpu"
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device == "cuda" else "float32"
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         return _usage(f"unknown modes {wrong or modes}; choose from {list(MODES)}")
     if args.jobs < 1:
         return _usage(f"--jobs must be >= 1, got {args.jobs}")
-    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not _cuda()):
+    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not cuda_available()):
         return _usage(f"--device {args.device}: use cpu, or cuda where torch sees a GPU")
     plan = [(model, mode) for model in models for mode in ("torch", *modes)]
     info = {"device": args.device, "dtype": args.dtype, "train": args.train, "jobs": args.jobs}
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join([*lines, "", *totals]))
     _save(args.json, info, cases)
     if args.write_md:
-        from hotswap.tools.bench import machine, write_markdown
+        from hotswap.tools.bench_report import machine, write_markdown
 
         section = f"{args.device}{' train' if args.train else ''}"
         write_markdown(args.write_md, section, [("cases", lines), ("summary", totals)],
@@ -308,18 +308,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("corpus", help="real models: does hotswap compile what torch.compile "
-                                           "compiles?", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
+    subcommand(sub, "corpus", "real models: does hotswap compile what torch.compile compiles?",
+               __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hotswap corpus", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return standalone("hotswap corpus", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

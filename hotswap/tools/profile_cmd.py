@@ -80,15 +80,13 @@ def run(args: argparse.Namespace) -> int:
         status = (_serve_model(args, out) if args.model is not None
                   else _run_script(args.target, args.args))
     import hotswap
-    from hotswap.orchestrator.recording import shared_timeline
 
     print(f"waiting up to {args.wait_s:g} s for pending tiers and comparisons ...",
           file=sys.stderr)
     hotswap.wait(None, timeout_s=args.wait_s)
-    timeline = shared_timeline(out)
-    timeline.close()
-    written = write_outputs(read_records(timeline.path or out), out, torch_trace=torch_trace)
-    written["records"] = timeline.path or ""
+    records = hotswap.runtime().finish_profile(out)
+    written = write_outputs(read_records(records or out), out, torch_trace=torch_trace)
+    written["records"] = records
     _print_written(written)
     return status
 

@@ -26,8 +26,7 @@ from typing import Any
 import psutil
 
 import hotswap
-from hotswap import testing
-from hotswap.orchestrator.options import MODES
+from hotswap import MODES, testing
 from hotswap.tools.rss import PeakRss
 
 __all__ = ["OBSERVED", "CaseResult", "StressReport", "run_stress"]
@@ -189,6 +188,18 @@ def _leaked_processes(grace_s: float = 5.0) -> list[int]:
         time.sleep(0.1)
 
 
+def _check_matrix(models: list[str], modes: list[str], **counts: int) -> None:
+    from hotswap.tools import zoo
+
+    unknown = sorted(m for m in set(models) if not zoo.known(m)) + sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"unknown model(s) or mode(s) {unknown}; models: {sorted(zoo.MODELS)}, "
+                         f"modes: {list(MODES)}")
+    for name, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def run_stress(models: list[str], modes: list[str], *, reps: int = 1, concurrency: int = 1,
                threads: int = 1, calls: int = 12, faults: testing.FaultPlan | None = None,
                device: str = "cpu", dtype: str = "float32", workers: int | None = None,
@@ -198,16 +209,9 @@ def run_stress(models: list[str], modes: list[str], *, reps: int = 1, concurrenc
     import torch
 
     import hotswap
-    from hotswap.tools import zoo
 
-    unknown = sorted(m for m in set(models) if not zoo.known(m)) + sorted(set(modes) - set(MODES))
-    if unknown:
-        raise ValueError(f"unknown model(s) or mode(s) {unknown}; models: {sorted(zoo.MODELS)}, "
-                         f"modes: {list(MODES)}")
-    for name, value in (("reps", reps), ("concurrency", concurrency), ("threads", threads),
-                        ("calls", calls)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    _check_matrix(models, modes, reps=reps, concurrency=concurrency, threads=threads,
+                  calls=calls)
     if faults and faults.rates.get("oom") and not os.environ.get("HOTSWAP_WORKER_RSS_LIMIT_BYTES"):
         os.environ["HOTSWAP_WORKER_RSS_LIMIT_BYTES"] = str(4 << 30)  # before pools start
     plan = faults or testing.FaultPlan({})

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hotswap.tools import bench
+from hotswap.tools import bench, bench_report, bench_row
 
 ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
             "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters",
@@ -56,8 +56,8 @@ def test_markdown_section_is_replaced_not_repeated(tmp_path: Path) -> None:
     md = tmp_path / "B.md"
     info = {"date": "d", "torch": "t", "python": "p", "cpus": "2", "device": "x"}
     for n in (1, 2):
-        bench.write_markdown(str(md), "cpu", [("m", [f"run {n}"])], info, "hotswap bench")
-    bench.write_markdown(str(md), "cuda", [("m", ["gpu"])], info, "hotswap bench")
+        bench_report.write_markdown(str(md), "cpu", [("m", [f"run {n}"])], info, "hotswap bench")
+    bench_report.write_markdown(str(md), "cuda", [("m", ["gpu"])], info, "hotswap bench")
     text = md.read_text()
     assert "run 1" not in text and text.count("run 2") == 1 and "gpu" in text
 
@@ -91,7 +91,7 @@ def test_machine_floor_row_serves_eager_beside_spinners(tmp_path: Path,
 def test_spinners_run_at_the_workers_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOTSWAP_WORKER_NICE", "19")
     monkeypatch.delenv("HOTSWAP_WORKER_IDLE", raising=False)
-    (spinner,) = bench._spinners(1)
+    (spinner,) = bench_row.spinners(1)
     try:
         deadline = time.monotonic() + 30
         while os.sched_getscheduler(spinner.pid) != os.SCHED_IDLE:
