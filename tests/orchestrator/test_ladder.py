@@ -3,6 +3,9 @@ every part of hotswap but inductor and the worker processes, in milliseconds per
 
 from __future__ import annotations
 
+import pickle
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,12 +14,16 @@ import torch
 import hotswap
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.options import Options, Plan
+from hotswap.orchestrator.wire import BenchReply, BenchRequest, CachedEntry
+from hotswap.profiles import TierBench
+from hotswap.profiles.records import BenchResult
 from hotswap.testing.fake import FakeCompiler
 from tests.orchestrator.models import tier_failure
 
 LADDER = ("default", "max-autotune")
 FAST_TOP = {"default": 1.0, "max-autotune": 0.5}
 SLOW_TOP = {"default": 1.0, "max-autotune": 1.5}
+GATED = ["default", {"name": "no-fusion", "config": {"max_fusion_size": 1}}]
 
 
 def _model() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
@@ -183,3 +190,91 @@ def test_a_graph_lets_go_of_its_shipped_form_once_final() -> None:
     _, status, _ = _run(fake)
     assert status.final
     assert shipped() == before  # wait() returns after the load thread's last step
+
+
+# The gate's cases as they ran with real workers and inductor (tests/profiles before): the
+# same assertions, on the fake compiler.
+
+def _fake_measure(medians: dict[str, float] | None, seen: list[BenchRequest]) -> Any:
+    def measure(request: BenchRequest) -> Future[BenchReply]:
+        seen.append(request)
+        if medians is None:
+            raise RuntimeError("benchmark worker unavailable")
+        future: Future[BenchReply] = Future()
+        future.set_result(BenchReply([
+            TierBench(request.graph_id, tier, BenchResult(medians[tier], medians[tier],
+                                                          medians[tier], 10, "fake"),
+                      purpose=request.purpose) for tier in request.entries]))
+        return future
+
+    return measure
+
+
+def _gated(medians: dict[str, float] | None, seen: list[BenchRequest],
+           cache_dir: str | None = None) -> tuple[Any, Any]:
+    model, inputs = _model()
+    expected = model(*inputs)
+    # The lower tier compiles faster: the gate meets the tiers in ladder order.
+    options = Options.create(mode="progressive", tiers=GATED, cache_dir=cache_dir)
+    coordinator = Coordinator(options, compiler=FakeCompiler(delay_s={"no-fusion": 0.2}),
+                              measure=_fake_measure(medians, seen))
+    compiled = torch.compile(model, backend=coordinator)
+    torch.testing.assert_close(compiled(*inputs), expected)
+    [status] = coordinator.wait(timeout_s=240)
+    torch.testing.assert_close(compiled(*inputs), expected)
+    return coordinator, status
+
+
+def test_gate_keeps_a_slower_tier_out_and_a_warm_process_skips_it() -> None:
+    seen: list[BenchRequest] = []
+    with hotswap.counters_delta() as d:
+        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
+    assert status.tier == "default" and status.final and not status.failures
+    [(tier, why)] = status.kept
+    assert tier == "no-fusion" and why.startswith("gate: 1.5000 ms vs 1.0000 ms for 'default'")
+    assert [sorted(r.entries) for r in seen] == [["default", "no-fusion"]]
+    # The benchmark worker reads both artifacts from the cache; their bytes do not travel.
+    assert all(isinstance(e, CachedEntry) for e in seen[0].entries.values())
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"], d["worker_compiles"]) == (1, 1, 1, 2)
+    # Another process (here: a fresh coordinator on the same cache) neither compiles nor
+    # benchmarks the kept tier again: the verdict is on file.
+    torch._dynamo.reset()
+    with hotswap.counters_delta() as d:
+        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
+    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
+    assert "earlier run" in status.kept[0][1]
+    assert (d["worker_compiles"], d["cache_hits"], d["gate_benchmarks"], d["swaps"]) == (0, 1, 0, 1)
+
+
+def test_without_a_cache_the_gate_job_carries_the_entries_themselves(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")  # the cache cannot be opened here: hotswap runs without one
+    seen: list[BenchRequest] = []
+    _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen, cache_dir=str(not_a_dir))
+    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
+    [request] = seen
+    entries = request.entries.values()
+    assert len(entries) == 2 and all(type(e) is bytes for e in entries)  # picklable, not views
+    pickle.dumps(request)
+
+
+@pytest.mark.parametrize("medians", [{"default": 1.5, "no-fusion": 1.0}, None],
+                         ids=["faster", "benchmark-fails"])
+def test_gate_adopts_a_faster_tier(medians: dict[str, float] | None) -> None:
+    seen: list[BenchRequest] = []
+    with hotswap.counters_delta() as d:
+        _, status = _gated(medians, seen)
+    assert status.tier == "no-fusion" and status.final and not status.kept
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (2, 1, 0)
+    assert len(seen) == 1
+
+
+def test_gate_off_swaps_without_measuring() -> None:
+    model, inputs = _model()
+    seen: list[BenchRequest] = []
+    coordinator = Coordinator(Options.create(mode="progressive", tiers=GATED, gate=False),
+                              compiler=FakeCompiler(), measure=_fake_measure({}, seen))
+    compiled = torch.compile(model, backend=coordinator)
+    compiled(*inputs)
+    [status] = coordinator.wait(timeout_s=240)
+    assert status.tier == "no-fusion" and seen == []

@@ -5,11 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import pickle
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +15,6 @@ import pytest
 import torch
 
 import hotswap
-from hotswap.orchestrator.coordinator import Coordinator
-from hotswap.orchestrator.options import Options
-from hotswap.orchestrator.wire import BenchReply, BenchRequest, CachedEntry
 from hotswap.profiles import (
     Call,
     GateDecision,
@@ -29,8 +24,7 @@ from hotswap.profiles import (
     TierBench,
     read_records,
 )
-from hotswap.profiles.records import BenchResult
-from tests.orchestrator.models import mlp, unseen_scale
+from tests.orchestrator.models import unseen_scale
 
 REPO = Path(__file__).resolve().parents[2]
 LADDER = ["default", {"name": "no-fusion", "config": {"max_fusion_size": 1}}]
@@ -146,90 +140,6 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
         assert decision.adopt == (decision.candidate_ms
                                   <= decision.serving_ms * (1 - decision.threshold))
         assert status.tier == (decision.candidate if decision.adopt else decision.serving)
-
-
-def _fake_measure(medians: dict[str, float] | None, seen: list[BenchRequest]) -> Any:
-    def measure(request: BenchRequest) -> Future[BenchReply]:
-        seen.append(request)
-        if medians is None:
-            raise RuntimeError("benchmark worker unavailable")
-        future: Future[BenchReply] = Future()
-        future.set_result(BenchReply([
-            TierBench(request.graph_id, tier, BenchResult(medians[tier], medians[tier],
-                                                          medians[tier], 10, "fake"),
-                      purpose=request.purpose) for tier in request.entries]))
-        return future
-
-    return measure
-
-
-def _gated(medians: dict[str, float] | None, seen: list[BenchRequest],
-           cache_dir: str | None = None) -> tuple[Any, Any]:
-    model, inputs = mlp()
-    expected = model(*inputs)
-    # One worker: tiers finish in ladder order, so the gate meets them in that order.
-    options = Options.create(mode="progressive", tiers=LADDER, workers=1, cache_dir=cache_dir)
-    coordinator = Coordinator(options, measure=_fake_measure(medians, seen))
-    compiled = torch.compile(model, backend=coordinator)
-    torch.testing.assert_close(compiled(*inputs), expected)
-    [status] = coordinator.wait(timeout_s=240)
-    torch.testing.assert_close(compiled(*inputs), expected)
-    return coordinator, status
-
-
-def test_gate_keeps_a_slower_tier_out_and_a_warm_process_skips_it() -> None:
-    seen: list[BenchRequest] = []
-    with hotswap.counters_delta() as d:
-        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
-    assert status.tier == "default" and status.final and not status.failures
-    [(tier, why)] = status.kept
-    assert tier == "no-fusion" and why.startswith("gate: 1.5000 ms vs 1.0000 ms for 'default'")
-    assert [sorted(r.entries) for r in seen] == [["default", "no-fusion"]]
-    # The benchmark worker reads both artifacts from the cache; their bytes do not travel.
-    assert all(isinstance(e, CachedEntry) for e in seen[0].entries.values())
-    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"], d["worker_compiles"]) == (1, 1, 1, 2)
-    # Another process (here: a fresh coordinator on the same cache) neither compiles nor
-    # benchmarks the kept tier again: the verdict is on file.
-    torch._dynamo.reset()
-    with hotswap.counters_delta() as d:
-        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
-    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
-    assert "earlier run" in status.kept[0][1]
-    assert (d["worker_compiles"], d["cache_hits"], d["gate_benchmarks"], d["swaps"]) == (0, 1, 0, 1)
-
-
-def test_without_a_cache_the_gate_job_carries_the_entries_themselves(tmp_path: Path) -> None:
-    not_a_dir = tmp_path / "file"
-    not_a_dir.write_text("")  # the cache cannot be opened here: hotswap runs without one
-    seen: list[BenchRequest] = []
-    _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen, cache_dir=str(not_a_dir))
-    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
-    [request] = seen
-    entries = request.entries.values()
-    assert len(entries) == 2 and all(type(e) is bytes for e in entries)  # picklable, not views
-    pickle.dumps(request)
-
-
-@pytest.mark.parametrize("medians", [{"default": 1.5, "no-fusion": 1.0}, None],
-                         ids=["faster", "benchmark-fails"])
-def test_gate_adopts_a_faster_tier(medians: dict[str, float] | None) -> None:
-    seen: list[BenchRequest] = []
-    with hotswap.counters_delta() as d:
-        _, status = _gated(medians, seen)
-    assert status.tier == "no-fusion" and status.final and not status.kept
-    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (2, 1, 0)
-    assert len(seen) == 1
-
-
-def test_gate_off_swaps_without_measuring() -> None:
-    model, inputs = mlp()
-    seen: list[BenchRequest] = []
-    coordinator = Coordinator(Options.create(mode="progressive", tiers=LADDER, workers=1,
-                                             gate=False), measure=_fake_measure({}, seen))
-    compiled = torch.compile(model, backend=coordinator)
-    compiled(*inputs)
-    [status] = coordinator.wait(timeout_s=240)
-    assert status.tier == "no-fusion" and seen == []
 
 
 SCRIPT = """
