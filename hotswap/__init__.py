@@ -13,6 +13,7 @@ from hotswap.errors import (
     MemoryLimitExceeded,
     PoolClosed,
     SerializationFailed,
+    WaitTimeout,
     WorkerCrashed,
     WorkerStartFailed,
     WorkerStopped,
@@ -47,6 +48,7 @@ __all__ = [
     "SerializationFailed",
     "StageEvent",
     "TierFailed",
+    "WaitTimeout",
     "WorkerCrashed",
     "WorkerPool",
     "WorkerStartFailed",
@@ -75,6 +77,11 @@ _LAZY = {
     "MODES": "hotswap.orchestrator.options",
     "TierFailed": "hotswap.orchestrator.graph",
 }
+
+
+def __dir__() -> list[str]:
+    """The public names, the lazily imported ones too (tab completion)."""
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
 
 
 def __getattr__(name: str) -> Any:

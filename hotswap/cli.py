@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import platform
 import sys
@@ -54,29 +56,63 @@ def thread_advice(cores: int, threads: int, cuda: bool) -> str | None:
             f"(hotswap's docs/scheduling.md: 'CPU models that use every core')")
 
 
-def _cache(args: argparse.Namespace) -> int:
-    """ls, verify, clear or stats on the artifact cache (no torch import needed)."""
-    from hotswap.cache import ArtifactCache
+def _size(n: float | None) -> str:
+    """Bytes as people read them (1 KiB = 1024 bytes)."""
+    if n is None:
+        return "no limit"
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
+
+def _cache(args: argparse.Namespace) -> int:
+    """ls, verify, clear or stats on the artifact cache (no torch import needed). A cache
+    that does not exist is reported empty, not created."""
+    from hotswap.cache import ArtifactCache
+    from hotswap.cache.root import default_cache_dir
+
+    root = args.cache_dir or str(default_cache_dir())
+    if not os.path.exists(root):
+        out: dict[str, object] = {"root": root, "exists": False, "entries": 0}
+        print(json.dumps(out) if args.json else f"no artifact cache at {root} (nothing to "
+                                                  f"{args.action})")
+        return 0
     # The stamp only matters for loading; listing and checking signatures ignore it.
-    cache = ArtifactCache(args.cache_dir)
+    cache = ArtifactCache(root)
     if args.action == "ls":
         entries = cache.entries()
+        if args.json:
+            print(json.dumps([dataclasses.asdict(e) for e in entries]))
+            return 0
         for e in entries:
             used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.used_s))
-            print(f"{e.key[:16]}  {e.tier or '-':<28} {e.size_bytes / 1024:10.1f} KiB  used {used}")
+            print(f"{e.key[:16]}  {e.tier or '-':<28} {_size(e.size_bytes):>11}  used {used}")
         print(f"{len(entries)} entries in {cache.root}")
     elif args.action == "verify":
         bad = cache.verify()
+        if args.json:
+            print(json.dumps({"removed": [{"key": k, "reason": r} for k, r in bad],
+                              "entries": len(cache.entries())}))
+            return 1 if bad else 0
         for key, reason in bad:
             print(f"removed {key[:16]}: {reason}")
         print(f"{len(cache.entries())} entries verified, {len(bad)} removed")
         return 1 if bad else 0
     elif args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.root}")
+        removed = cache.clear()
+        print(json.dumps({"removed": removed}) if args.json
+              else f"removed {removed} entries from {cache.root}")
     else:
-        for name, value in cache.stats().items():
-            print(f"{name}: {value}")
+        stats = cache.stats()
+        if args.json:
+            print(json.dumps(stats))
+            return 0
+        limit = (f"of {_size(stats['max_bytes'])}" if stats["max_bytes"]
+                 else "(no limit; HOTSWAP_CACHE_MAX_BYTES sets one)")
+        print(f"root: {stats['root']}\nentries: {stats['entries']}\n"
+              f"size: {_size(stats['bytes'])} {limit}")
     return 0
 
 
@@ -107,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "clear: remove all; stats: totals")
     cache.add_argument("--cache-dir", default=None,
                        help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
+    cache.add_argument("--json", action="store_true", help="print JSON instead of text")
     cache.set_defaults(func=_cache)
     from hotswap.tools import bench, corpus_cmd, profile_cmd, stress
 

@@ -9,12 +9,15 @@
     │   │   └── WorkerStopped       it was stopped (SIGSTOP, Ctrl-Z) mid-job; killed like a crash
     │   ├── JobTimeout              the job ran past its timeout_s; its process tree was killed
     │   └── MemoryLimitExceeded     the worker's tree went over rss_limit_bytes; it was killed
-    └── WorkerStartFailed           workers die before they are ready; queued jobs get this
+    ├── WorkerStartFailed           workers die before they are ready; queued jobs get this
+    └── WaitTimeout                 wait(..., raise_on_timeout=True) ran out with tiers pending
 
 Bad arguments raise the builtin ``ValueError`` / ``LookupError`` at the call, never later.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "CompileFailed",
@@ -25,6 +28,7 @@ __all__ = [
     "PoolClosed",
     "RemoteTraceback",
     "SerializationFailed",
+    "WaitTimeout",
     "WorkerCrashed",
     "WorkerStartFailed",
     "WorkerStopped",
@@ -152,3 +156,17 @@ class WorkerStartFailed(HotswapError):
         )
         self.attempts = attempts
         self.detail = detail
+
+
+class WaitTimeout(HotswapError, TimeoutError):
+    """``hotswap.wait(..., raise_on_timeout=True)`` ran out with tiers still pending;
+    ``statuses`` are the graphs' statuses at that moment."""
+
+    def __init__(self, timeout_s: float | None, statuses: list[Any]) -> None:
+        pending = [s for s in statuses if not s.final]
+        lines = "; ".join(s.summary() for s in pending[:5])
+        more = f" (and {len(pending) - 5} more)" if len(pending) > 5 else ""
+        super().__init__(f"{len(pending)} graph(s) still pending after {timeout_s:g} s: "
+                         f"{lines}{more}")
+        self.timeout_s = timeout_s
+        self.statuses = statuses

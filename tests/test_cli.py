@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,58 @@ def test_a_cache_dir_that_is_a_file_is_a_usage_error_with_a_message(
     err = capsys.readouterr().err
     assert "is not a directory" in err and "Traceback" not in err
     assert a_file.read_text() == "mine"  # untouched
+
+
+def test_cache_commands_on_a_missing_directory_create_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nowhere"
+    for action in ("ls", "stats", "verify", "clear"):
+        assert main(["cache", action, "--cache-dir", str(missing)]) == 0
+        assert "no artifact cache at" in capsys.readouterr().out
+    assert main(["cache", "stats", "--cache-dir", str(missing), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"root": str(missing), "exists": False,
+                                                   "entries": 0}
+    assert not missing.exists()
+
+
+def test_cache_stats_reads_as_sizes_and_as_json(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from hotswap.cache import ArtifactCache
+
+    cache = ArtifactCache(tmp_path / "c", stamp={"test": 1})
+    cache.put("ab" * 32, b"x" * 3000, tier="default")
+    assert main(["cache", "stats", "--cache-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "entries: 1" in out and "KiB" in out and "None" not in out
+    assert main(["cache", "ls", "--cache-dir", str(tmp_path / "c"), "--json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert entry["tier"] == "default" and entry["size_bytes"] >= 3000
+
+
+@pytest.mark.parametrize("command", ["bench", "stress", "profile", "corpus"])
+def test_help_shows_no_markup(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "``" not in capsys.readouterr().out
+
+
+def test_bench_check_fails_on_a_missed_target_and_progress_goes_to_stderr(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from hotswap.tools import bench
+
+    def row(name: str, first_output_s: float) -> dict[str, object]:
+        return {"row": name, "ready_s": 1.0, "first_output_s": first_output_s,
+                "first_call_s": 0.1, "to_final_s": 5.0, "largest_call_ms": 0.0, "calls": 1,
+                "steady_ms": 1.0, "eager_ms": 1.0, "caller": "busy"}
+
+    slow = {"hotswap:async": 9.0, "torch:eager-backend": 2.0}  # 4.5x, target <= 1.1x
+    monkeypatch.setattr(bench, "spawn_row", lambda name, args, **_: row(name, slow[name]))
+    argv = ["--rows", "hotswap:async,torch:eager-backend", "--no-dispatch", "--device", "cpu"]
+    assert bench.main(argv) == 0  # without --check, a miss is reported, not an exit status
+    captured = capsys.readouterr()
+    assert "MISSED" in captured.out and "running hotswap:async" in captured.err
+    assert "running" not in captured.out
+    assert bench.main([*argv, "--check"]) == 1
+    assert "1 target(s) missed" in capsys.readouterr().err
+    slow["hotswap:async"] = 2.1
+    assert bench.main([*argv, "--check"]) == 0

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
+from hotswap.errors import WaitTimeout
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.journey import GraphStatus
-from hotswap.orchestrator.options import Options
+from hotswap.orchestrator.options import MODES, Options
 from hotswap.orchestrator.runtime import Runtime
 from hotswap.orchestrator.runtime import runtime as _runtime
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
@@ -119,12 +120,39 @@ def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
     return wait_warmup(devices, remaining()) and ready
 
 
+# torch.compile's ``mode=`` through ``backend="hotswap"``: the top of the ladder it climbs.
+# (torch passes no mode for "default" or none; then hotswap's own default ladder applies.)
+TORCH_MODES: dict[str, tuple[str, ...]] = {
+    "default": ("default",),
+    "max-autotune": ("default", "max-autotune"),
+    "max-autotune-no-cudagraphs": ("default", "max-autotune-no-cudagraphs"),
+}
+
+
+def _torch_mode_options(mode: str) -> dict[str, Any]:
+    if mode == "reduce-overhead":
+        raise ValueError(
+            "mode='reduce-overhead' asks for CUDA graphs, and hotswap's tiers run without them "
+            "(an artifact loaded into this process runs with CUDA graphs off); use "
+            "mode='max-autotune-no-cudagraphs', or torch.compile's own backend for CUDA graphs")
+    if mode in MODES:
+        raise ValueError(f"mode={mode!r} is torch.compile's mode= ({', '.join(TORCH_MODES)}): "
+                         "it picks the top tier. hotswap's scheduling mode goes in options: "
+                         f"torch.compile(m, backend='hotswap', options={{'mode': {mode!r}}})")
+    if mode not in TORCH_MODES:
+        raise ValueError(f"unknown torch.compile mode {mode!r}; hotswap takes "
+                         f"{[*TORCH_MODES, 'reduce-overhead']} (reduce-overhead is refused)")
+    return {"tiers": list(TORCH_MODES[mode])}
+
+
 def hotswap_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
                     options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
-    """``torch.compile(m, backend="hotswap", options={...})``, registered as an entry point."""
+    """``torch.compile(m, backend="hotswap", mode=..., options={...})``, registered as an
+    entry point. ``mode`` is torch.compile's: it picks the top of the ladder; hotswap's own
+    options (its scheduling ``mode`` among them) go in ``options``."""
     opts = dict(options or {})
     if mode is not None:
-        opts.setdefault("mode", mode)
+        opts.update(_torch_mode_options(mode))
     key = repr(sorted(opts.items()))
     with _lock:
         coordinator = _entry_point.get(key)
@@ -142,20 +170,38 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
         return [compiled]
     with _lock:
         found = _by_compiled.get(compiled)
-    if found is None:
-        raise ValueError(f"{compiled!r} was not made by hotswap.compile; pass its result, a "
-                         "hotswap.backend(...) object, or nothing for every graph")
-    return [found]
+        by_name = list(_entry_point.values())
+    if found is not None:
+        return [found]
+    if hasattr(compiled, "_torchdynamo_orig_callable") and by_name:
+        # torch.compile(..., backend="hotswap"): its graphs went to the entry point's
+        # coordinators, shared by every model compiled that way in this process.
+        return by_name
+    raise ValueError(f"this {type(compiled).__name__} was not compiled by hotswap; pass what "
+                     "hotswap.compile or torch.compile(..., backend='hotswap') returned, a "
+                     "hotswap.backend(...) object, or nothing for every graph")
 
 
 def status(compiled: Any = None) -> list[GraphStatus]:
-    """Each graph's tier, pending tiers and failures, now (never blocks)."""
+    """Each graph's tier, pending tiers and failures, now (never blocks). ``compiled``: what
+    ``hotswap.compile`` returned, a ``hotswap.backend(...)`` object, what
+    ``torch.compile(..., backend="hotswap")`` returned (every graph compiled that way), or
+    None (every graph). ``print(s)`` of a status is one line."""
     return [s for c in _coordinators(compiled) for s in c.status()]
 
 
-def wait(compiled: Any = None, timeout_s: float | None = None) -> list[GraphStatus]:
-    """Block until no tier is pending for any graph of ``compiled`` (or ``timeout_s`` passes)."""
-    return [s for c in _coordinators(compiled) for s in c.wait(timeout_s)]
+def wait(compiled: Any = None, timeout_s: float | None = None, *,
+         raise_on_timeout: bool = False) -> list[GraphStatus]:
+    """Block until no tier is pending for any graph of ``compiled`` (or ``timeout_s`` passes;
+    then, with ``raise_on_timeout``, raise ``hotswap.WaitTimeout``)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    statuses = []
+    for c in _coordinators(compiled):
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        statuses += c.wait(remaining)
+    if raise_on_timeout and not all(s.final for s in statuses):
+        raise WaitTimeout(timeout_s, statuses)
+    return statuses
 
 
 def runtime() -> Runtime:

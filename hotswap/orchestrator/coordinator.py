@@ -50,6 +50,7 @@ from hotswap.orchestrator.keys import prepare_stamp
 from hotswap.orchestrator.ladder import Ladder, Measure
 from hotswap.orchestrator.loader import Loader
 from hotswap.orchestrator.local import LocalCompiler
+from hotswap.orchestrator.logs import setup_logging
 from hotswap.orchestrator.options import Options, Tier
 from hotswap.orchestrator.recording import Recorder, profiled
 from hotswap.orchestrator.request import (
@@ -87,6 +88,7 @@ class Coordinator:
 
     def __init__(self, options: Options, *, compiler: Compiler | None = None,
                  measure: Measure | None = None) -> None:
+        setup_logging()
         self.options = options
         plan = options.plan
         self._compiler = compiler

@@ -96,8 +96,7 @@ class Gate:
                                  candidate_result=results[candidate], serving=serving,
                                  serving_result=results[serving], threshold=self.threshold,
                                  time_s=time.monotonic())
-        log.info("graph %s: gate %s %r: %s", graph_id,
-                 "adopts" if decision.adopt else "keeps out", candidate, decision.reason)
         if decision.adopt:
+            log.info("graph %s: gate adopts %r: %s", graph_id, candidate, decision.reason)
             return Verdict(Action.ADOPT, decision.reason, decision)
         return Verdict(Action.KEEP, f"gate: {decision.reason}", decision)

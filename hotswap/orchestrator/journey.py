@@ -95,6 +95,25 @@ class GraphStatus:
     cache: str = ""
     # Each tier of the ladder and its state (``TierState`` values), lowest tier first.
     states: tuple[tuple[str, str], ...] = ()
+    # When each tier began serving, in seconds after the graph reached hotswap.
+    served_after_s: tuple[tuple[str, float], ...] = ()
+
+    def summary(self) -> str:
+        """One line: what serves, since when, and what is pending, kept or failed."""
+        since = dict(self.served_after_s)
+        parts = [f"{self.graph_id}: {self.tier}"
+                 + (f" ({self.path}, at {since[self.tier]:.1f} s)" if self.tier in since else "")]
+        if self.pending:
+            parts.append("pending " + ", ".join(self.pending)
+                         + (f" ({self.waiting})" if self.waiting else ""))
+        parts += [f"kept {tier}: {why}" for tier, why in self.kept]
+        parts += [f"failed {tier}: {why}" for tier, why in self.failures]
+        if self.cache:
+            parts.append(f"cache: {self.cache}")
+        return " | ".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary()
 
 
 @dataclass(frozen=True)
@@ -129,6 +148,8 @@ class GraphJourney:
         self._failures: list[tuple[str, str]] = []
         self._kept: list[tuple[str, str]] = []
         self._timings: dict[str, float] = {}
+        self._born_s = time.monotonic()
+        self._served_after: list[tuple[str, float]] = []
         self._entries: dict[str, Entry] = {}     # what a later benchmark of a tier loads
         self._waiting: list[Candidate] = []      # loaded tiers queued for the gate
         self._measuring = False
@@ -178,6 +199,8 @@ class GraphJourney:
         """A first call waited for ``tier``: it serves from that call on."""
         self.runner.serve_now(tier, fn)
         self.to(tier, S.SERVING)
+        with self._lock:
+            self._served_after.append((tier, time.monotonic() - self._born_s))
 
     def swap_in(self, tier: str, fn: Any, *, measured: bool = False) -> None:
         """Offer a loaded (or measured) tier to the runner; one it does not adopt is kept."""
@@ -195,7 +218,8 @@ class GraphJourney:
         if not ok:
             self.fail(tier, f"internal error: kept from {self.state(tier).value}",
                       level=logging.ERROR)
-        elif on_timeline:
+        elif on_timeline:  # a decision (the gate's, now or in an earlier run): said once
+            log.info("graph %s: tier %r kept out: %s", self.graph_id, tier, reason)
             self.recorder.timeline.add(Swap(self.graph_id, self.runner.tier, tier,
                                             time.monotonic(), "kept"))
 
@@ -218,6 +242,7 @@ class GraphJourney:
             if previous in self._states and self._states[previous] is S.SERVING:
                 self._move(previous, S.REPLACED)
             ok = self._move(tier, S.SERVING)
+            self._served_after.append((tier, time.monotonic() - self._born_s))
         log.info("graph %s: now served by tier %r", self.graph_id, tier)
         self.recorder.timeline.add(Swap(self.graph_id, previous, tier, time.monotonic(), "swap"))
         if not ok:
@@ -298,4 +323,5 @@ class GraphJourney:
                 eager_calls=self.runner.eager_calls,
                 path=self._paths.get(serving, "eager"),
                 states=tuple((t.name, self._states[t.name].value) for t in self.tiers),
+                served_after_s=tuple(self._served_after),
             )

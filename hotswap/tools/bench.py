@@ -28,7 +28,8 @@ background compile keeps its cores busy (on some VMs the host takes a busy vCPU 
 Targets: first output <= 1.1x dynamo trace + eager call; async compiled code serving <= 0.9x
 torch.compile's first call with an idle caller, <= 1.2x with a busy one; a replica's compiled
 code <= 0.3x its cold run and <= 1.2x dynamo + eager first output; largest call <= 2x eager +
-10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us.
+10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us. The table and the
+targets go to stdout, progress to stderr; --check makes a missed target exit 1.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import tempfile
 import time
 from typing import Any
 
-from hotswap.tools.bench_report import machine, report, write_markdown
+from hotswap.tools.bench_report import machine, missed, report, write_markdown
 from hotswap.tools.bench_row import BENCH_MODELS, dispatch_overhead, is_bench_model, run_row
 from hotswap.tools.common import cuda_available, standalone, subcommand
 
@@ -105,11 +106,11 @@ def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",
 
 def _timed_row(row: str, args: argparse.Namespace, *, again: str = "") -> dict[str, Any]:
     label = f"{row} ({again})" if again else row
-    print(f"  running {label} ...", end="", flush=True)
+    print(f"  running {label} ...", end="", flush=True, file=sys.stderr)
     start = time.monotonic()
     result = spawn_row(row, args, again=again)
     print(f" {time.monotonic() - start:.0f} s{' (failed)' if 'error' in result else ''}",
-          flush=True)
+          flush=True, file=sys.stderr)
     return result
 
 
@@ -153,6 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-dispatch", dest="dispatch", action="store_false",
                         help="skip the dispatch-overhead measurement (a process of its own)")
     parser.add_argument("--json", default=None, help="also write all results to this file")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a target it measured was missed or a row failed "
+                             "(for CI); targets of rows not run are not checked")
     parser.add_argument("--write-md", default=None, metavar="PATH",
                         help="write the tables into PATH (e.g. BENCHMARKS.md), replacing the "
                              "earlier section of this device and caller (and --threads)")
@@ -190,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
     sections: list[tuple[str, list[str]]] = []
     for model in models:
         args.model = model
-        print(f"\n== {model} on {args.device} (each row a fresh process, cold caches) ==")
+        print(f"\n== {model} on {args.device} (each row a fresh process, cold caches) ==",
+              file=sys.stderr)
         results = []
         for row in rows:
             results.append(_timed_row(row, args))
@@ -215,7 +220,12 @@ def run(args: argparse.Namespace) -> int:
                    + (f", threads={args.threads}" if args.threads else ""))
         write_markdown(args.write_md, section, sections, everything["machine"],
                        command.replace("hotswap bench bench", "hotswap bench"))
-        print(f"\nwrote the {section} section of {args.write_md}")
+        print(f"\nwrote the {section} section of {args.write_md}", file=sys.stderr)
+    misses = [line for _, lines in sections for line in missed(lines)]
+    if args.check and misses:
+        print(f"\nhotswap bench --check: {len(misses)} target(s) missed or row(s) failed:\n  "
+              + "\n  ".join(misses), file=sys.stderr)
+        return 1
     return 0
 
 

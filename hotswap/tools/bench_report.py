@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-__all__ = ["machine", "report", "write_markdown"]
+__all__ = ["machine", "missed", "report", "write_markdown"]
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 2) -> str:
@@ -31,10 +31,21 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
             continue
         lines.append(f"{r['row']:<34}{_fmt(r['ready_s']):>8}{_fmt(r.get('prepare_s')):>10}"
                      f"{_fmt(r['first_output_s']):>12}{_fmt(r['first_call_s'], 1, 3):>11}"
-                     f"{_fmt(r['to_final_s']):>11}{_fmt(r['largest_call_ms'], 1, 1):>11}"
+                     f"{_fmt(r['to_final_s']):>11}{_fmt(_largest(r), 1, 1):>11}"
                      f"{_fmt(r['steady_ms'], 1, 3):>10}{_fmt(r['eager_ms'], 1, 3):>9}"
                      f"{_fmt(r.get('peak_rss_mib'), 1, 0):>8}")
     return lines
+
+
+def _largest(row: dict[str, Any]) -> float | None:
+    """The largest call after the first; None (shown "-") where no later call was served."""
+    return row["largest_call_ms"] if row.get("calls", 0) > 1 else None
+
+
+def missed(lines: list[str]) -> list[str]:
+    """The target lines of a report that say a measured target was missed, and failed rows."""
+    return [line.strip() for line in lines
+            if line.rstrip().endswith("MISSED") or " MISSED " in line or "  failed: " in line]
 
 
 def _targets(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> list[str]:

@@ -7,17 +7,22 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["cuda_available", "standalone", "subcommand"]
+__all__ = ["cuda_available", "plain", "standalone", "subcommand"]
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
+
+
+def plain(doc: str | None) -> str | None:
+    """A docstring as ``--help`` shows it: without reStructuredText's double backticks."""
+    return doc.replace("``", "") if doc else doc
 
 
 def subcommand(sub: Any, name: str, help: str, doc: str | None, add_arguments: AddArguments,
                run: Run) -> None:
     """``hotswap NAME ...``: the tool's parser under the CLI's subparsers, its docstring as
     the description (``--help``)."""
-    parser = sub.add_parser(name, help=help, description=doc,
+    parser = sub.add_parser(name, help=help, description=plain(doc),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -26,7 +31,7 @@ def subcommand(sub: Any, name: str, help: str, doc: str | None, add_arguments: A
 def standalone(prog: str, doc: str | None, add_arguments: AddArguments, run: Run,
                argv: list[str] | None) -> int:
     """``python -m hotswap.tools.X ...``: the same parser, run once."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc,
+    parser = argparse.ArgumentParser(prog=prog, description=plain(doc),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from hotswap.tools.common import plain
+
 __all__ = ["add_parser"]
 
 DEFAULT_OUT = "hotswap-profile"
@@ -31,7 +33,7 @@ DEFAULT_OUT = "hotswap-profile"
 def add_parser(sub: Any) -> None:
     profile = sub.add_parser(
         "profile", help="profile a script or a zoo model; report, compare",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     profile.add_argument("target", nargs="?", help="SCRIPT, or 'report' / 'compare'")
     profile.add_argument("args", nargs=argparse.REMAINDER,
                          help="the script's arguments, or the run directories")

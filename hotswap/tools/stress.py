@@ -27,6 +27,7 @@ import psutil
 
 import hotswap
 from hotswap import MODES, testing
+from hotswap.tools.common import plain
 from hotswap.tools.rss import PeakRss
 
 __all__ = ["OBSERVED", "CaseResult", "StressReport", "run_stress"]
@@ -285,7 +286,7 @@ def add_parser(sub: Any) -> None:
     from hotswap.tools import zoo
 
     stress = sub.add_parser("stress", help="zoo models x modes x concurrency x injected faults",
-                            description=__doc__,
+                            description=plain(__doc__),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     stress.add_argument("--models", default=",".join(zoo.MODELS),
                         help=f"comma list (default: all of {','.join(zoo.MODELS)}); "

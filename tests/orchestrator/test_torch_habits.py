@@ -1,0 +1,116 @@
+"""What torch.compile users bring: torch's mode=, status on what torch.compile returned,
+readable status, wait that can raise, dir(hotswap), TORCH_LOGS and a default log line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.orchestrator.api import TORCH_MODES
+from hotswap.orchestrator.coordinator import Coordinator
+from hotswap.orchestrator.options import Options
+from hotswap.testing.fake import FakeCompiler
+from tests.orchestrator.models import mlp
+
+
+def _value_error(error: BaseException | None) -> ValueError | None:
+    """The ValueError inside a dynamo error (dynamo wraps backend errors), or None."""
+    for _ in range(10):
+        if error is None or isinstance(error, ValueError):
+            return error
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    return None
+
+
+def test_torch_mode_picks_the_top_of_the_ladder_and_status_takes_the_optimized_module(
+        ) -> None:
+    model, inputs = mlp()
+    compiled = torch.compile(model, backend="hotswap", mode="max-autotune-no-cudagraphs",
+                             options=None)
+    torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    [status] = hotswap.status(compiled)
+    assert [t for t, _ in status.states] == list(TORCH_MODES["max-autotune-no-cudagraphs"])
+    statuses = hotswap.wait(compiled, timeout_s=300, raise_on_timeout=True)
+    assert all(s.final and not s.failures for s in statuses), statuses
+    torch.testing.assert_close(compiled(*inputs), model(*inputs))
+
+
+@pytest.mark.parametrize(("mode", "needle"), [
+    ("reduce-overhead", "CUDA graphs"),
+    ("async", "options={'mode': 'async'}"),
+    ("fastest", "unknown torch.compile mode"),
+])
+def test_torch_modes_hotswap_cannot_serve_say_why(mode: str, needle: str) -> None:
+    model, inputs = mlp()
+    compiled = torch.compile(model, backend="hotswap", mode=mode)
+    with pytest.raises(Exception) as info:
+        compiled(*inputs)
+    error = _value_error(info.value)
+    assert error is not None and needle in str(error), info.value
+
+
+def test_status_of_something_hotswap_never_saw_names_its_type_not_its_repr() -> None:
+    with pytest.raises(ValueError) as info:
+        hotswap.status(torch.nn.Linear(3, 3))
+    assert "Linear" in str(info.value) and "in_features" not in str(info.value)
+
+
+def test_wait_raises_on_timeout_when_asked_and_status_reads_in_one_line() -> None:
+    fake = FakeCompiler(hold=True)
+    model, inputs = mlp()
+    backend = Coordinator(Options.create(mode="async"), compiler=fake, measure=fake.measure)
+    compiled = torch.compile(model, backend=backend)
+    compiled(*inputs)
+    assert not hotswap.wait(backend, timeout_s=0.1)[0].final  # no raise unless asked
+    with pytest.raises(hotswap.WaitTimeout) as info:
+        hotswap.wait(backend, timeout_s=0.1, raise_on_timeout=True)
+    assert isinstance(info.value, TimeoutError) and "pending default" in str(info.value)
+    fake.release()
+    [status] = hotswap.wait(backend, timeout_s=30, raise_on_timeout=True)
+    line = str(status)
+    assert "\n" not in line and line.startswith(f"{status.graph_id}: default (worker, at ")
+
+
+def test_the_public_names_are_in_dir() -> None:
+    names = dir(hotswap)
+    assert {"compile", "backend", "prepare", "status", "wait", "runtime", "shutdown",
+            "GraphStatus", "TierFailed", "WaitTimeout", "MODES"} <= set(names)
+    assert "TYPE_CHECKING" not in names and "Any" not in names
+
+
+_SCRIPT = textwrap.dedent("""
+    import torch, hotswap
+    from hotswap.orchestrator.coordinator import Coordinator
+    from hotswap.orchestrator.options import Options
+    from hotswap.testing.fake import FakeCompiler
+    fake = FakeCompiler()
+    backend = Coordinator(Options.create(mode="async"), compiler=fake, measure=fake.measure)
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend=backend)
+    compiled(torch.randn(2, 4))
+    hotswap.wait(backend, timeout_s=30)
+""")
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, "hotswap: graph g1: now served by tier 'default'"),
+    ({"TORCH_LOGS": "hotswap"}, "now served by tier 'default'"),
+    ({"HOTSWAP_LOG": "off"}, None),
+    ({"HOTSWAP_LOG": "warning"}, None),
+])
+def test_a_swap_is_one_line_on_stderr_by_default_and_torch_logs_know_hotswap(
+        env: dict[str, str], expected: str | None) -> None:
+    environ = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "HOTSWAP_LOG")}
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                          timeout=120, env={**environ, **env})
+    assert done.returncode == 0, done.stderr
+    swaps = [line for line in done.stderr.splitlines() if "now served by" in line]
+    if expected is None:
+        assert swaps == [], done.stderr
+    else:
+        assert len(swaps) == 1 and expected in swaps[0], done.stderr
