@@ -97,6 +97,31 @@ def artifact_from_bytes(data: Buffer) -> Callable[..., Any]:
         return loaded
 
 
+def current_compile_id() -> str:
+    """Dynamo's compile id of the frame being compiled now ("" outside a compile)."""
+    try:
+        from torch._guards import CompileContext
+
+        compile_id = CompileContext.current_compile_id()
+    except Exception:  # an internal API
+        return ""
+    return str(compile_id) if compile_id is not None else ""
+
+
+def under_compile_id(compile_id: str) -> contextlib.AbstractContextManager[Any]:
+    """Run a compile as part of the caller's frame ``compile_id`` (structured trace logs,
+    tlparse); nothing when it is empty or this torch cannot parse it."""
+    try:
+        from torch._guards import CompileContext, CompileId, compile_context
+
+        parsed = CompileId.from_string(compile_id) if compile_id else None
+    except Exception:  # an internal API
+        parsed = None
+    if parsed is None:
+        return contextlib.nullcontext()
+    return compile_context(CompileContext(parsed))
+
+
 @contextlib.contextmanager
 def intra_op_threads(num_threads: int | None) -> Iterator[None]:
     """Run with the caller's intra-op thread count. Inductor's C++ code generation reads it

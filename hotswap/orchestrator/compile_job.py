@@ -196,7 +196,8 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     started = time.time() - 1.0  # mtime granularity
     with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,
           torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
-          compat.intra_op_threads(request.num_threads)):
+          compat.intra_op_threads(request.num_threads),
+          compat.under_compile_id(request.compile_id)):
         data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from hotswap.errors import CompileFailed, PoolClosed
+from hotswap.orchestrator import compat
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compilers import (
     CompileFuture,
@@ -184,7 +185,8 @@ class Coordinator:
             else:
                 # The caller's grad mode decides whether AOTAutograd builds a backward graph.
                 journey.request = GraphRequest(graph_bytes, journey.inputs,
-                                               torch.is_grad_enabled(), cpu_threads(journey.inputs))
+                                               torch.is_grad_enabled(), cpu_threads(journey.inputs),
+                                               compat.current_compile_id())
                 self.recorder.span(journey, GRAPH_TIER, "serialize", t0, time.monotonic())
         if journey.request is None:
             return self.inprocess, True

@@ -25,9 +25,12 @@ class GraphRequest(NamedTuple):
     grad_enabled: bool
     num_threads: int | None  # the caller's intra-op threads, for graphs that run on the CPU
 
+    compile_id: str = ""     # dynamo's, of the frame the graph came from (wire.py says why)
+
     def compile_request(self, graph_id: str, tier: Tier) -> CompileRequest:
         return CompileRequest(graph_id, tier.name, dict(tier.config), self.graph_bytes,
-                              self.inputs, self.grad_enabled, self.num_threads)
+                              self.inputs, self.grad_enabled, self.num_threads,
+                              self.compile_id)
 
 
 def portable_inputs(gm: torch.fx.GraphModule,

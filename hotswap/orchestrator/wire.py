@@ -98,6 +98,9 @@ class CompileRequest:
     inputs: tuple[InputMeta, ...]
     grad_enabled: bool
     num_threads: int | None = None  # the caller's intra-op threads (CPU graphs; C++ codegen)
+    # dynamo's compile id of the frame this graph came from ("0/0"): the worker compiles
+    # under it, so its TORCH_TRACE logs sit under the caller's frame in tlparse.
+    compile_id: str = ""
 
     def to_wire(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,3 +115,27 @@ def test_a_swap_is_one_line_on_stderr_by_default_and_torch_logs_know_hotswap(
         assert swaps == [], done.stderr
     else:
         assert len(swaps) == 1 and expected in swaps[0], done.stderr
+
+
+def test_a_workers_trace_sits_under_the_callers_dynamo_frame(tmp_path: Path) -> None:
+    """TORCH_TRACE: the worker's inductor logs carry the compile id of the frame they came
+    from, so tlparse puts them under the caller's frame (they said compile_id None)."""
+    script = textwrap.dedent("""
+        import os, torch, hotswap
+        print(os.getpid())
+        compiled = hotswap.compile(torch.nn.Linear(4, 4), mode="async", workers=1)
+        compiled(torch.randn(2, 4))
+        assert all(s.path == "worker" for s in hotswap.wait(compiled, timeout_s=240))
+    """)
+    trace = tmp_path / "trace"
+    environ = {**os.environ, "TORCH_TRACE": str(trace), "HOTSWAP_CACHE_DIR": str(tmp_path / "c"),
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "i")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=environ)
+    assert done.returncode == 0, done.stderr
+    caller = done.stdout.split()[0]
+    logs = {f: f.read_text() for f in trace.iterdir()}
+    workers = [text for text in logs.values()
+               if "inductor_output_code" in text and f" {caller} " not in text.split("]")[0]]
+    assert workers, sorted(str(f) for f in logs)
+    assert '"frame_id": 0, "frame_compile_id": 0' in workers[0]
