@@ -44,6 +44,7 @@ class GraphSummary:
     stages_s: dict[tuple[str, str], float] = field(default_factory=dict)   # (tier, stage) -> s
     compile_s: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, category) -> s
     calls: dict[str, int] = field(default_factory=dict)               # tier -> calls served
+    call_ms: dict[str, list[float]] = field(default_factory=dict)     # tier -> each call's ms
     first_call_s: float | None = None
     final_s: float | None = None                                      # last swap/keep/failure
     benches: list[TierBench] = field(default_factory=list)
@@ -84,6 +85,8 @@ def summarize(records: Iterable[Any]) -> tuple[RunInfo | None, dict[str, GraphSu
         elif isinstance(record, Call):
             summary = graph(record.graph_id)
             summary.calls[record.tier] = summary.calls.get(record.tier, 0) + 1
+            summary.call_ms.setdefault(record.tier, []).append(
+                1e3 * (record.end_s - record.start_s))
             if summary.first_call_s is None or record.start_s < summary.first_call_s:
                 summary.first_call_s = record.start_s
         elif isinstance(record, Swap):
@@ -130,6 +133,25 @@ def _stage_rows(summary: GraphSummary) -> tuple[list[str], list[list[str]]]:
     return ["stage (s)", "graph", *summary.tiers], rows
 
 
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _served_rows(summary: GraphSummary) -> list[list[str]]:
+    """Each tier's served calls and their latency percentiles, as the caller saw them."""
+    return [[tier, str(len(ms)), *(f"{_percentile(ms, q):.3f}" for q in (0.5, 0.9, 0.99)),
+             f"{max(ms):.3f}"]
+            for tier, ms in summary.call_ms.items()]
+
+
+def _speedup(value: float | None) -> str:
+    """eager ms / tier ms: above 1 the tier is faster than eager."""
+    if value is None:
+        return ""
+    return f"{value:.2f}x" + ("" if value >= 1.0 else " SLOWER")
+
+
 def _bench_rows(benches: list[TierBench]) -> list[list[str]]:
     latest: dict[str, TierBench] = {}
     for bench in benches:
@@ -137,7 +159,7 @@ def _bench_rows(benches: list[TierBench]) -> list[list[str]]:
             latest[bench.tier] = bench
     return [[b.tier, f"{b.result.median_ms:.4f}", f"{b.result.p20_ms:.4f}",
              f"{b.result.p80_ms:.4f}", str(b.result.n),
-             "" if b.speedup_vs_eager is None else f"{b.speedup_vs_eager:.2f}x",
+             _speedup(b.speedup_vs_eager),
              b.result.benchmarker]
             for b in latest.values()]
 
@@ -159,7 +181,9 @@ def text_report(records: Iterable[Any]) -> str:
         out.append(f"graph {summary.graph_id}")
         if summary.calls:
             served = ", ".join(f"{tier} {n}" for tier, n in summary.calls.items())
-            out.append(f"  calls served: {served}")
+            out.append(f"  calls served: {served}; latency in ms as the caller saw it:")
+            out.extend(_table(["tier", "calls", "p50", "p90", "p99", "max"],
+                              _served_rows(summary)))
         if summary.time_to_final_s is not None:
             out.append(f"  first call -> final tier: {summary.time_to_final_s:.3f} s")
         header, rows = _stage_rows(summary)
@@ -167,8 +191,11 @@ def text_report(records: Iterable[Any]) -> str:
             out.extend(_table(header, rows))
         rows = _bench_rows(summary.benches)
         if rows:
-            out.append("  tiers on the same inputs:")
-            out.extend(_table(["tier", "median ms", "p20", "p80", "n", "vs eager", "by"], rows))
+            out.append("  tiers on the same inputs (speed-up = eager ms / tier ms; > 1: faster):")
+            out.extend(_table(["tier", "median ms", "p20", "p80", "n", "speed-up", "by"], rows))
+            slower = [r[0] for r in rows if r[5].endswith("SLOWER")]
+            if slower:
+                out.append(f"  warning: {', '.join(slower)} measured slower than eager here")
         for gate in summary.gates:
             verdict = "adopted" if gate.adopt else "kept out"
             out.append(f"  gate: {gate.candidate} {verdict} ({gate.reason})")
@@ -199,9 +226,13 @@ def compare_report(a: Iterable[Any], b: Iterable[Any], *, names: tuple[str, str]
                    ) -> str:
     """Per graph (matched by id): stage seconds, compile categories and tier medians of two
     runs, with B/A ratios."""
-    _, ga = summarize(a)
-    _, gb = summarize(b)
+    run_a, ga = summarize(a)
+    run_b, gb = summarize(b)
     out = [f"compare {names[0]} -> {names[1]} (ratio = {names[1]} / {names[0]})"]
+    if run_a is not None and run_b is not None and run_a.argv != run_b.argv:
+        out.append(f"warning: the runs ran different commands ({' '.join(run_a.argv)} | "
+                   f"{' '.join(run_b.argv)}); graphs are matched by id (g1, g2, ...), which "
+                   "names the n-th graph of a run, not the same graph")
     for graph_id in [g for g in ga if g in gb]:
         sa, sb = ga[graph_id], gb[graph_id]
         out += ["", f"graph {graph_id}"]

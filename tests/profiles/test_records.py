@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -31,7 +32,7 @@ from hotswap.profiles import (
     text_report,
 )
 from hotswap.profiles.kernels import summarize_kernels
-from hotswap.profiles.records import record_from_dict
+from hotswap.profiles.records import RunInfo, record_from_dict
 from hotswap.profiles.trace import call_mark
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -177,10 +178,13 @@ def test_text_and_compare_reports(tmp_path: Path) -> None:
     report = text_report(records)
     for needle in ("graph g1", "calls served: eager 1, default 1", "inductor_compile",
                    "  lowering", "kernel_compile", "2.00x", "gate: max-autotune kept out",
-                   "cpp_fused 67%", "cpp_fused_relu_0"):
+                   "cpp_fused 67%", "cpp_fused_relu_0", "p50", "p99", "speed-up"):
         assert needle in report, (needle, report)
     diff = compare_report(records, records)
-    assert "graph g1" in diff and "1.00x" in diff
+    assert "graph g1" in diff and "1.00x" in diff and "warning" not in diff
+    other = [dataclasses.replace(r, argv=("other.py",)) if isinstance(r, RunInfo) else r
+             for r in records]
+    assert "warning: the runs ran different commands" in compare_report(records, other)
 
 
 def test_plot_is_a_png(tmp_path: Path) -> None:
