@@ -88,7 +88,8 @@ def _cache(args: argparse.Namespace) -> int:
             return 0
         for e in entries:
             used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.used_s))
-            print(f"{e.key[:16]}  {e.tier or '-':<28} {_size(e.size_bytes):>11}  used {used}")
+            print(f"{e.key[:16]}  {e.tier or '-':<28} {_size(e.size_bytes):>11}  used {used}  "
+                  f"{e.origin}".rstrip())
         print(f"{len(entries)} entries in {cache.root}")
     elif args.action == "verify":
         bad = cache.verify()

@@ -94,13 +94,16 @@ def test_cache_stats_reads_as_sizes_and_as_json(tmp_path: Path,
     from hotswap.cache import ArtifactCache
 
     cache = ArtifactCache(tmp_path / "c", stamp={"test": 1})
-    cache.put("ab" * 32, b"x" * 3000, tier="default")
+    cache.put("ab" * 32, b"x" * 3000, tier="default", origin="forward (model.py:12)")
     assert main(["cache", "stats", "--cache-dir", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert "entries: 1" in out and "KiB" in out and "None" not in out
+    assert main(["cache", "ls", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "forward (model.py:12)" in capsys.readouterr().out
     assert main(["cache", "ls", "--cache-dir", str(tmp_path / "c"), "--json"]) == 0
     [entry] = json.loads(capsys.readouterr().out)
     assert entry["tier"] == "default" and entry["size_bytes"] >= 3000
+    assert entry["origin"] == "forward (model.py:12)"
 
 
 @pytest.mark.parametrize("command", ["bench", "stress", "profile", "corpus"])

@@ -3,7 +3,7 @@
     <root>/                      mode 0700 when hotswap creates it (an existing one keeps its own)
       HOTSWAP_CACHE              marker: a directory without it is used only if empty (root.py)
       secret.key                 32 random bytes, mode 0600, made on first use
-      index.msgpack              {key: {size, tier, created_s, used_s}}; rebuilt from entries if lost
+      index.msgpack              {key: {size, tier, origin, created_s, used_s}}; rebuilt from entries if lost
       index.lock                 filelock guarding the index
       entries/<k[:2]>/<k>.hsa    MAGIC | u32 header length | msgpack header | payload | HMAC-SHA256
       locks/<k>.lock             cross-process compile claims
@@ -59,6 +59,7 @@ class EntryInfo:
     size_bytes: int
     created_s: float
     used_s: float
+    origin: str = ""  # where the graph came from: "forward (model.py:12)"
 
 
 class EntryRejected(Exception):
@@ -135,17 +136,21 @@ class ArtifactCache:
                         size = self._path(key).stat().st_size
                     header = header or {}
                     record = index[key] = {"size": size, "tier": header.get("tier", ""),
+                                           "origin": header.get("origin", ""),
                                            "created_s": header.get("created_s", 0.0)}
                 record["used_s"] = time.time()
                 self._write_index(index)
         except OSError as e:
             log.debug("hotswap cache: could not note the use of %s… (%s)", key[:16], e)
 
-    def put(self, key: str, payload: bytes | memoryview, *, tier: str = "") -> None:
-        """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes."""
+    def put(self, key: str, payload: bytes | memoryview, *, tier: str = "",
+            origin: str = "") -> None:
+        """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes.
+        ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``."""
         if self.stamp is None:
             raise ValueError("this ArtifactCache was opened without a stamp; it cannot write")
         header = msgpack.packb({"format": FORMAT_VERSION, "key": key, "tier": tier,
+                                "origin": origin,
                                 "stamp": self.stamp, "sha256": hashlib.sha256(payload).hexdigest(),
                                 "size": len(payload), "created_s": time.time()},
                                use_bin_type=True)
@@ -162,7 +167,8 @@ class ArtifactCache:
         with self._lock:
             index = self._read_index()
             now = time.time()
-            index[key] = {"size": size, "tier": tier, "created_s": now, "used_s": now}
+            index[key] = {"size": size, "tier": tier, "origin": origin, "created_s": now,
+                          "used_s": now}
             self._evict(index, keep=key)
             self._write_index(index)
 
@@ -170,7 +176,8 @@ class ArtifactCache:
         with self._lock:
             index = self._read_index()
         return sorted((EntryInfo(k, v.get("tier", ""), v["size"], v.get("created_s", 0.0),
-                                 v.get("used_s", 0.0)) for k, v in index.items()),
+                                 v.get("used_s", 0.0), v.get("origin", ""))
+                       for k, v in index.items()),
                       key=lambda e: e.used_s, reverse=True)
 
     def verify(self) -> list[tuple[str, str]]:

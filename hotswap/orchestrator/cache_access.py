@@ -116,10 +116,11 @@ class CacheAccess:
             self._warn_once("read", e)
             return None
 
-    def store(self, key: str | None, tier: str, entry: bytes | memoryview) -> CachedEntry | None:
+    def store(self, key: str | None, tier: str, entry: bytes | memoryview,
+              origin: str = "") -> CachedEntry | None:
         """Store a tier's packed artifact (``artifacts.pack_entry``) under ``key``; where a
-        worker finds it, if it was stored."""
-        if key is not None and self._put(key, entry, tier):
+        worker finds it, if it was stored. ``origin`` labels it in ``hotswap cache ls``."""
+        if key is not None and self._put(key, entry, tier, origin):
             return self.ref(key)
         return None
 
@@ -132,11 +133,11 @@ class CacheAccess:
     def store_verdict(self, key: str, verdict: bytes) -> None:
         self._put(verdict_key(key), verdict, "gate-verdict")
 
-    def _put(self, key: str, payload: bytes | memoryview, tier: str) -> bool:
+    def _put(self, key: str, payload: bytes | memoryview, tier: str, origin: str = "") -> bool:
         if self._cache is None:
             return False
         try:
-            self._cache.put(key, payload, tier=tier)
+            self._cache.put(key, payload, tier=tier, origin=origin)
         except OSError as e:  # a full disk must not cost the user the tier they already have
             self._warn_once("write", e)
             return False

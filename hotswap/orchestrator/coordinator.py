@@ -65,7 +65,7 @@ from hotswap.orchestrator.request import (
 )
 from hotswap.orchestrator.runtime import runtime
 from hotswap.orchestrator.tiers import Arrival, TierError, TierLifecycle, TierSource
-from hotswap.orchestrator.transport import ship_graph
+from hotswap.orchestrator.transport import origin_of, ship_graph
 from hotswap.orchestrator.wire import BenchReply, BenchRequest, CompileRequest
 from hotswap.profiles.records import GRAPH_TIER
 
@@ -160,6 +160,7 @@ class Coordinator:
                                       verify=self.options.verify)
         journey = GraphJourney(runner, gm, tiers, self.recorder,
                                raise_failures=self.options.on_failure == "raise")
+        journey.origin = origin_of(gm)
         with self._cond:
             self._journeys.append(journey)
         return journey

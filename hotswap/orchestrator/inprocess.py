@@ -88,5 +88,5 @@ class InProcess:
         except compat.UnsaveableArtifact as e:
             log.info("graph %s: %s; serving it unstored", journey.graph_id, e)
             return artifact
-        self._cache.store(key, tier.name, pack_entry(data, files, probes()))
+        self._cache.store(key, tier.name, pack_entry(data, files, probes()), journey.origin)
         return artifact

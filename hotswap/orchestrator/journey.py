@@ -140,6 +140,7 @@ class GraphJourney:
         self.inputs: tuple[InputMeta, ...] | None = None  # None: not portable
         self.request: GraphRequest | None = None  # None: not shipped (or let go)
         self.here_because = ""                    # why it compiles here, not in a worker
+        self.origin = ""                          # where the graph came from (cache labels)
         self.keys: dict[str, str] = {}           # tier -> cache key
         self._raise_failures = raise_failures
         self._lock = threading.Lock()

@@ -148,7 +148,8 @@ class TierLifecycle:
                 _resolve(out, error=LoadFailed(
                     f"artifact failed to load: {type(e).__name__}: {e}"))
                 return
-            stored = self._cache.store(key, tier.name, result.entry)  # only ones that loaded
+            # only ones that loaded
+            stored = self._cache.store(key, tier.name, result.entry, journey.origin)
             _resolve(out, Arrival(fn, "worker", stored or result.entry))
         except Exception as e:  # never leave a tier pending: wait() would hang
             _resolve(out, error=LoadFailed(f"internal error: {type(e).__name__}: {e}"))

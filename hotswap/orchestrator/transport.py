@@ -36,7 +36,9 @@ in-process path).
 
 from __future__ import annotations
 
+import os
 import pickle
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,7 @@ __all__ = [
     "get_attr_value",
     "land_graph",
     "mutated_attributes",
+    "origin_of",
     "ship_graph",
     "submodule_reason",
     "unship_graph",
@@ -187,6 +190,20 @@ def land_graph(data: bytes, inputs: list[Any], fake_mode: Any = None) -> torch.f
         if "val" in node.meta:
             node.meta["example_value"] = node.meta["val"]
     return gm
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def origin_of(gm: torch.fx.GraphModule) -> str:
+    """Where the graph came from, for people: the user's innermost frame of its first traced
+    operation, "forward (model.py:12)" ("" when dynamo recorded no stack)."""
+    for node in gm.graph.nodes:
+        frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+        if frames:
+            path, line, name = frames[-1]
+            return f"{name} ({os.path.basename(path)}:{line})"
+    return ""
 
 
 def unship_graph(data: bytes) -> torch.fx.GraphModule:

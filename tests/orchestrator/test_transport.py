@@ -85,3 +85,21 @@ def test_optimizer_step_updates_the_users_parameters(mode: str, tmp_path: Path) 
     else:
         assert len(held) == 1 and held[0].path.startswith("inprocess: "), statuses
         assert any(s.path == "worker" for s in statuses)  # the forward graph travelled
+
+
+def test_a_graph_says_where_it_came_from() -> None:
+    from hotswap.orchestrator.transport import origin_of
+
+    seen: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        seen.append(gm)
+        return gm.forward
+
+    class Net(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 2).relu()
+
+    torch.compile(Net(), backend=capture)(torch.randn(3))
+    assert origin_of(seen[0]).startswith("forward (test_transport.py:")
+    assert origin_of(torch.fx.symbolic_trace(Net())) == ""  # no stack recorded: no label
