@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hotswap.errors import WaitTimeout
+from hotswap.orchestrator import compat
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.journey import GraphStatus
 from hotswap.orchestrator.options import MODES, Options
@@ -145,15 +146,20 @@ def _torch_mode_options(mode: str) -> dict[str, Any]:
     return {"tiers": list(TORCH_MODES[mode])}
 
 
+def _entry_key(options: dict[str, Any] | None, mode: str | None
+               ) -> tuple[str, dict[str, Any]]:
+    opts = dict(options or {})
+    if mode is not None:
+        opts.update(_torch_mode_options(mode))
+    return repr(sorted(opts.items())), opts
+
+
 def hotswap_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
                     options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
     """``torch.compile(m, backend="hotswap", mode=..., options={...})``, registered as an
     entry point. ``mode`` is torch.compile's: it picks the top of the ladder; hotswap's own
     options (its scheduling ``mode`` among them) go in ``options``."""
-    opts = dict(options or {})
-    if mode is not None:
-        opts.update(_torch_mode_options(mode))
-    key = repr(sorted(opts.items()))
+    key, opts = _entry_key(options, mode)
     with _lock:
         coordinator = _entry_point.get(key)
         if coordinator is None:
@@ -175,7 +181,17 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
         return [found]
     if hasattr(compiled, "_torchdynamo_orig_callable") and by_name:
         # torch.compile(..., backend="hotswap"): its graphs went to the entry point's
-        # coordinators, shared by every model compiled that way in this process.
+        # coordinator of its mode and options (shared by every model compiled with those);
+        # where torch does not show them (a compiled function), to every such coordinator.
+        backend = compat.compiled_with(compiled)
+        if backend is not None and backend[0] == "hotswap":
+            try:
+                key, _ = _entry_key(backend[1].get("options"), backend[1].get("mode"))
+            except ValueError:  # a mode hotswap refused: none of its graphs got this far
+                return []
+            with _lock:
+                mine = _entry_point.get(key)
+            return [mine] if mine is not None else []
         return by_name
     raise ValueError(f"this {type(compiled).__name__} was not compiled by hotswap; pass what "
                      "hotswap.compile or torch.compile(..., backend='hotswap') returned, a "

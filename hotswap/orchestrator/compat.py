@@ -97,6 +97,27 @@ def artifact_from_bytes(data: Buffer) -> Callable[..., Any]:
         return loaded
 
 
+def compiled_with(compiled: Any) -> tuple[str, dict[str, Any]] | None:
+    """(backend name, its keyword arguments: mode, options) of what ``torch.compile(...,
+    backend="name")`` returned, where this torch lets us see it; else None."""
+    ctx = getattr(compiled, "dynamo_ctx", None)  # a module; a function keeps it in its closure
+    for cell in getattr(compiled, "__closure__", None) or ():
+        if ctx is not None:
+            break
+        with contextlib.suppress(ValueError):  # an empty cell
+            if hasattr(cell.cell_contents, "callback"):
+                ctx = cell.cell_contents
+    backend = getattr(ctx, "callback", None)
+    for _ in range(8):  # CatchErrorsWrapper -> ConvertFrame -> ... -> _TorchCompileWrapper
+        if backend is None:
+            return None
+        name, kwargs = getattr(backend, "compiler_name", None), getattr(backend, "kwargs", None)
+        if isinstance(name, str) and isinstance(kwargs, dict):
+            return name, kwargs
+        backend = getattr(backend, "_torchdynamo_orig_backend", None)
+    return None
+
+
 def current_compile_id() -> str:
     """Dynamo's compile id of the frame being compiled now ("" outside a compile)."""
     try:

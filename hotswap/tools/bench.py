@@ -14,6 +14,8 @@ builds a zoo or corpus model and serves it until the final tier serves, with a b
   steady            median latency once final (CPU: wall-clock median; CUDA: do_bench)
   eager             the eager model's median latency, timed after everything else
   RSS               peak of the row's process plus its compile workers, sampled every 50 ms
+  final MiB         resident memory once the final tier serves: the serving process, the
+                    processes it started (compile workers, idle now) and theirs
 --warm runs each row a second time on every cache its first run left; --replica runs each
 hotswap row a second time on its hotswap cache alone (fresh inductor and triton caches: one
 more replica of a service).
@@ -28,7 +30,8 @@ background compile keeps its cores busy (on some VMs the host takes a busy vCPU 
 Targets: first output <= 1.1x dynamo trace + eager call; async compiled code serving <= 0.9x
 torch.compile's first call with an idle caller, <= 1.2x with a busy one; a replica's compiled
 code <= 0.3x its cold run and <= 1.2x dynamo + eager first output; largest call <= 2x eager +
-10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us. The table and the
+10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us; memory once final
+<= 1.3x torch.compile's. The table and the
 targets go to stdout, progress to stderr; --check makes a missed target exit 1.
 """
 

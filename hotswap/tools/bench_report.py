@@ -24,7 +24,7 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> li
 def _table(results: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'row':<34}{'ready s':>8}{'prepare s':>10}{'first out s':>12}{'1st call s':>11}"
              f"{'compiled s':>11}{'largest ms':>11}{'steady ms':>10}{'eager ms':>9}"
-             f"{'RSS MiB':>8}"]
+             f"{'RSS MiB':>8}{'final MiB':>10}"]
     for r in results:
         if "error" in r:
             lines.append(f"{r['row']:<34}  failed: {r['error']}")
@@ -33,7 +33,8 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
                      f"{_fmt(r['first_output_s']):>12}{_fmt(r['first_call_s'], 1, 3):>11}"
                      f"{_fmt(r['to_final_s']):>11}{_fmt(_largest(r), 1, 1):>11}"
                      f"{_fmt(r['steady_ms'], 1, 3):>10}{_fmt(r['eager_ms'], 1, 3):>9}"
-                     f"{_fmt(r.get('peak_rss_mib'), 1, 0):>8}")
+                     f"{_fmt(r.get('peak_rss_mib'), 1, 0):>8}"
+                     f"{_fmt(r.get('steady_total_mib'), 1, 0):>10}")
     return lines
 
 
@@ -67,6 +68,10 @@ def _targets(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> 
                    if "error" not in r and r["row"].startswith("hotswap:")), "busy")
     lines += ["", f"targets ({caller} caller; times from process start)"]
     _ratios(ratio_line, str(caller))
+    for row in ("hotswap:async", "hotswap:progressive"):
+        ratio_line(f"{row} memory once final (serving + idle workers) vs torch.compile's", row,
+                   "steady_total_mib", "torch:default", "steady_total_mib", 1.3)
+    lines += _footprint(results)
     lines += _largest_calls(by_row)
     if dispatch is not None:
         over = dispatch["overhead_ns"] / 1e3
@@ -96,6 +101,19 @@ def _ratios(ratio_line: Any, caller: str) -> None:
     for row in ("async", "progressive"):
         ratio_line(f"{row}: hotswap time to final vs PyTorch's {row}+subprocess",
                    f"hotswap:{row}", "to_final_s", f"pytorch:{row}+subprocess", "to_final_s", 1.0)
+
+
+def _footprint(results: list[dict[str, Any]]) -> list[str]:
+    """Where each hotswap row's memory is once final: the serving process, the workers, and
+    the processes the workers started."""
+    lines = []
+    for r in results:
+        if "error" in r or "steady_total_mib" not in r or not r["row"].startswith("hotswap:"):
+            continue
+        lines.append(f"  {r['row']} once final: serving {r['steady_serving_mib']:.0f} MiB + "
+                     f"workers {r['steady_workers_mib']:.0f} MiB + their children "
+                     f"{r['steady_their_children_mib']:.0f} MiB")
+    return lines
 
 
 def _largest_calls(by_row: dict[str, dict[str, Any]]) -> list[str]:

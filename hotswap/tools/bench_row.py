@@ -5,6 +5,7 @@ and print one JSON record of the user's clock (from this process's start)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -87,16 +88,48 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
                      if served.final_s is not None else None)
         # Timed last: a warm-up before the first call would be a phase the row leaves out.
         eager_ms = _timer(lambda: model(*inputs), args.device, 100.0)
+    memory = memory_parts() if served.final_s is not None else {}
     return {
         "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
         "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,
         "first_call_s": served.durations[0], "first_output_s": ready_s + served.durations[0],
         "to_final_s": served.final_s, **served.calls(eager_ms),
-        "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20,
+        "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20, **memory,
         "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
                       if row.startswith("hotswap:") else {}),
         "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
     }
+
+
+def memory_parts() -> dict[str, float]:
+    """Resident memory once the final tier serves, by part: this (serving) process, the
+    processes it started (hotswap's compile workers; PyTorch's subprocess compiler) and what
+    they started in turn (inductor's compile pool, a C++ compiler)."""
+    import psutil
+
+    def mib(procs: list[psutil.Process]) -> float:
+        total = 0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        return total / 2**20
+
+    me = psutil.Process()
+    children = me.children()
+    grandchildren = [g for c in children for g in _descendants(c)]
+    serving = mib([me])
+    return {"steady_serving_mib": serving, "steady_workers_mib": mib(children),
+            "steady_their_children_mib": mib(grandchildren),
+            "steady_total_mib": serving + mib(children) + mib(grandchildren)}
+
+
+def _descendants(proc: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return list(proc.children(recursive=True))
+    except psutil.Error:
+        return []
 
 
 def _compiled(row: str, model: Any, args: argparse.Namespace

@@ -42,6 +42,20 @@ def test_torch_mode_picks_the_top_of_the_ladder_and_status_takes_the_optimized_m
     torch.testing.assert_close(compiled(*inputs), model(*inputs))
 
 
+def test_status_of_a_torch_compiled_model_is_its_own_backends_graphs() -> None:
+    model, inputs = mlp()
+    mine = torch.compile(model, backend="hotswap", options={"mode": "subprocess", "workers": 1,
+                                                             "tiers": ["default"]})
+    mine(*inputs)
+    other = torch.compile(lambda x: x.sin() + 1, backend="hotswap",
+                          options={"mode": "inprocess", "tiers": ["default"]})
+    other(torch.randn(4))
+    [status] = hotswap.status(mine)
+    assert status.tier == "default" and status.path == "worker"
+    [status] = hotswap.status(other)  # a compiled function: its backend is found the same way
+    assert status.path == "inprocess"
+
+
 @pytest.mark.parametrize(("mode", "needle"), [
     ("reduce-overhead", "CUDA graphs"),
     ("async", "options={'mode': 'async'}"),

@@ -43,9 +43,16 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
             assert all(0 < at <= row["to_final_s"] for at, _ in slowest)
     assert data["rows"][0]["counters"]["worker_compiles"] == 1
     assert "dispatch" in data and "torch" in data["machine"]
-    printed = capsys.readouterr().out
-    assert "running hotswap:async ..." in printed and " s\n" in printed  # each row's wall time
+    captured = capsys.readouterr()
+    printed, progress = captured.out, captured.err
+    assert "running hotswap:async ..." in progress and " s\n" in progress  # each row's time
+    assert "running" not in printed  # stdout holds the table and the targets alone
     assert "hotswap:async first output vs dynamo trace + eager call" in printed
+    # Memory once final, by part: the serving process and its (idle) compile worker.
+    hot = data["rows"][0]
+    assert hot["steady_serving_mib"] > 0 and hot["steady_workers_mib"] > 0
+    assert hot["steady_total_mib"] >= hot["steady_serving_mib"] + hot["steady_workers_mib"]
+    assert "hotswap:async once final: serving " in printed
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\nhand-written notes stay")
     marker = "<!-- hotswap bench: cpu, busy caller from process start -->"
