@@ -10,8 +10,11 @@ plus the share of wall time the device was busy (overlapping kernels merged).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hotswap.profiles.records import KernelBreakdown
@@ -71,6 +74,30 @@ def summarize_kernels(graph_id: str, tier: str, device: str, calls: int, wall_ms
     )
 
 
+@contextlib.contextmanager
+def _without_kineto_markers() -> Iterator[None]:
+    """Kineto writes a "USDT: ... profiler_start/stop" line to fd 2 for every profile; in a
+    worker that is the user's terminal. Hold fd 2's output while profiling and pass on the
+    rest of it."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True)
+                    if not line.startswith(b"USDT:")]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def kernel_breakdown(graph_id: str, tier: str, fn: Callable[[], Any], *, device: str = "cpu",
                      calls: int = 10) -> KernelBreakdown:
     """Profile ``calls`` calls of ``fn`` (after one warm-up call) and break their time down."""
@@ -86,7 +113,7 @@ def kernel_breakdown(graph_id: str, tier: str, fn: Callable[[], Any], *, device:
 
     fn()
     sync()
-    with profile(activities=activities) as prof:
+    with _without_kineto_markers(), profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(calls):
             with record_function(_MARK):

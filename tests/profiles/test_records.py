@@ -199,3 +199,21 @@ def test_plot_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.Mon
     records = read_records(_run(tmp_path / "run").path or "")
     assert plot_latency(records, tmp_path / "latency.png") is False
     assert not (tmp_path / "latency.png").exists()
+
+
+def test_a_kernel_breakdown_keeps_kinetos_markers_off_the_terminal() -> None:
+    """Kineto writes "USDT: ... profiler_start" to fd 2 on every profile; a worker's fd 2 is
+    the user's terminal. Other output of the profiled calls still gets through."""
+    import subprocess
+
+    script = ("import os, torch\n"
+              "from hotswap.profiles.kernels import kernel_breakdown\n"
+              "x = torch.randn(64, 64)\n"
+              "def fn():\n"
+              "    os.write(2, b'the job speaks\\n')\n"
+              "    return x @ x\n"
+              "kernel_breakdown('g1', 'default', fn, calls=2)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert b"the job speaks" in done.stderr and b"USDT:" not in done.stderr, done.stderr
