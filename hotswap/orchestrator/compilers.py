@@ -25,7 +25,7 @@ from hotswap.errors import WorkerCrashed
 from hotswap.orchestrator.artifacts import load_entry
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, BenchReply, BenchRequest, CompileRequest
-from hotswap.workers import JobFuture, StageEvent, WorkerPool
+from hotswap.workers import JobFuture, StageEvent
 
 __all__ = ["CompileFuture", "Compiler", "InductorLoads", "Loads", "PoolCompiler",
            "RetryingCompiler", "measure_on"]
@@ -75,16 +75,17 @@ class InductorLoads:
 
 
 class PoolCompiler(InductorLoads):
-    """Compiles in a worker of ``pool``."""
+    """Compiles in a worker: ``submit(job, payload, timeout_s)`` puts a job in a pool (the
+    runtime's, which also knows when its pool is idle)."""
 
-    def __init__(self, pool: WorkerPool) -> None:
-        self.pool = pool
+    def __init__(self, submit: Callable[[str, Any, float | None], JobFuture]) -> None:
+        self._submit = submit
 
     def submit(self, request: CompileRequest, timeout_s: float | None) -> JobFuture:
         return self.submit_job(COMPILE_JOB, request.to_wire(), timeout_s)
 
     def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
-        return self.pool.submit(job, payload, timeout_s=timeout_s)
+        return self._submit(job, payload, timeout_s)
 
 
 class RetryingCompiler:

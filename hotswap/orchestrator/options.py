@@ -127,11 +127,11 @@ def _check_environment() -> None:
     from hotswap.cache.store import env_max_bytes
     from hotswap.orchestrator.loader import gil_handoff_s
     from hotswap.orchestrator.logs import log_setting
-    from hotswap.orchestrator.runtime import rss_limit, worker_priority
+    from hotswap.orchestrator.runtime import idle_exit_s, rss_limit, worker_priority
     from hotswap.workers.pool import default_workers
 
     for read in (default_workers, worker_priority, rss_limit, env_max_bytes, gil_handoff_s,
-                 log_setting):
+                 log_setting, idle_exit_s):
         read()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +19,10 @@ from hotswap._env import env_number
 from hotswap.cache import ArtifactCache
 from hotswap.orchestrator.compilers import Compiler, PoolCompiler
 from hotswap.orchestrator.kernel_files import inductor_cache_dir
-from hotswap.workers import WorkerPool
+from hotswap.workers import JobFuture, WorkerPool
 from hotswap.workers.pool import default_workers
 
-__all__ = ["Runtime", "rss_limit", "runtime", "worker_priority"]
+__all__ = ["Runtime", "idle_exit_s", "rss_limit", "runtime", "worker_priority"]
 
 
 class Runtime:
@@ -30,12 +31,19 @@ class Runtime:
     def __init__(self) -> None:
         self._pools: dict[int, WorkerPool] = {}
         self._lock = threading.Lock()
+        # Jobs submitted through compiler() and not yet done, and since when a pool that has
+        # run jobs has none (idle_exit_s() stops such a pool; the next job starts one).
+        self._inflight: dict[int, int] = {}
+        self._idle_since: dict[int, float] = {}
+        self._reaper: threading.Thread | None = None
         self._compiler_wrappers: list[Callable[[Compiler], Compiler]] = []
         self._read_hooks: list[Callable[[ArtifactCache, str], None]] = []
 
     def compiler(self, workers: int | None = None) -> Compiler:
         """What compiles a tier now: the pool of ``workers``, in every installed wrapper."""
-        compiler: Compiler = PoolCompiler(self.pool(workers))
+        size = workers or default_workers()
+        compiler: Compiler = PoolCompiler(
+            lambda job, payload, timeout_s: self._submit(size, job, payload, timeout_s))
         with self._lock:
             wrappers = list(self._compiler_wrappers)
         for wrap in wrappers:
@@ -57,6 +65,57 @@ class Runtime:
             hooks = list(self._read_hooks)
         for hook in hooks:
             hook(cache, key)
+
+    def _submit(self, size: int, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
+        """A job for the pool of ``size``, counted until done. Under the lock that stops idle
+        pools, so a job never lands in a pool being stopped: it gets the pool, or a new one."""
+        with self._lock:
+            pool = self._pools.get(size)
+            if pool is None:
+                pool = self._pools[size] = _start_pool(size)
+            future = pool.submit(job, payload, timeout_s=timeout_s)
+            self._inflight[size] = self._inflight.get(size, 0) + 1
+            self._idle_since.pop(size, None)
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._stop_idle_pools, daemon=True,
+                                                name="hotswap-idle-pools")
+                self._reaper.start()
+        future.add_done_callback(lambda _: self._job_done(size, pool))
+        return future
+
+    def _job_done(self, size: int, pool: WorkerPool) -> None:
+        with self._lock:
+            if self._pools.get(size) is not pool:
+                return
+            self._inflight[size] -= 1
+            if self._inflight[size] == 0:
+                self._idle_since[size] = time.monotonic()
+
+    def _stop_idle_pools(self) -> None:
+        """Stop a pool whose jobs are all done and that has had none for idle_exit_s(): its
+        workers hold torch and inductor (hundreds of MiB each) for nothing once every ladder
+        is final. A pool that never ran a job (prepare(), a warm pool) is kept."""
+        while True:
+            try:
+                limit = idle_exit_s()
+            except ValueError:  # malformed: compile() reports it; keep every pool
+                limit = None
+            time.sleep(1.0 if limit is None else min(1.0, max(0.1, limit / 4)))
+            if limit is None:
+                continue
+            now = time.monotonic()
+            with self._lock:
+                # (a job given to a pool directly, not through compiler(), keeps it too)
+                idle = [size for size, since in self._idle_since.items()
+                        if now - since >= limit and self._inflight.get(size, 0) == 0
+                        and size in self._pools
+                        and not any(w.busy for w in self._pools[size].workers_info())]
+                stopped = [self._pools.pop(size) for size in idle if size in self._pools]
+                for size in idle:
+                    self._idle_since.pop(size, None)
+                    self._inflight.pop(size, None)
+            for pool in stopped:
+                pool.terminate()
 
     def pool(self, workers: int | None = None) -> WorkerPool:
         """The pool of ``workers`` compile workers (None: the default count), started and
@@ -108,8 +167,18 @@ class Runtime:
         with self._lock:
             pools = list(self._pools.values())
             self._pools.clear()
+            self._inflight.clear()
+            self._idle_since.clear()
         for pool in pools:
             pool.terminate()
+
+
+def idle_exit_s() -> float | None:
+    """HOTSWAP_WORKER_IDLE_EXIT_S: stop a pool's workers once its jobs are done and none came
+    for this long (default 300; 0: never). The next compile starts workers again."""
+    value = env_number("HOTSWAP_WORKER_IDLE_EXIT_S", float, lambda v: v >= 0,
+                       "a number of seconds >= 0 (0: never)", default=300.0)
+    return value or None
 
 
 def _add(lock: threading.Lock, hooks: list[Any], hook: Any) -> Callable[[], None]:

@@ -16,6 +16,8 @@ builds a zoo or corpus model and serves it until the final tier serves, with a b
   RSS               peak of the row's process plus its compile workers, sampled every 50 ms
   final MiB         resident memory once the final tier serves: the serving process, the
                     processes it started (compile workers, idle now) and theirs
+  idle MiB          the same once idle workers have exited (rows run with
+                    HOTSWAP_WORKER_IDLE_EXIT_S=2 unless set; the default is 300 s)
 --warm runs each row a second time on every cache its first run left; --replica runs each
 hotswap row a second time on its hotswap cache alone (fresh inductor and triton caches: one
 more replica of a service).
@@ -30,8 +32,8 @@ background compile keeps its cores busy (on some VMs the host takes a busy vCPU 
 Targets: first output <= 1.1x dynamo trace + eager call; async compiled code serving <= 0.9x
 torch.compile's first call with an idle caller, <= 1.2x with a busy one; a replica's compiled
 code <= 0.3x its cold run and <= 1.2x dynamo + eager first output; largest call <= 2x eager +
-10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us; memory once final
-<= 1.3x torch.compile's. The table and the
+10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us; memory once the
+idle workers exit <= 1.3x torch.compile's once compiled. The table and the
 targets go to stdout, progress to stderr; --check makes a missed target exit 1.
 """
 
@@ -69,7 +71,9 @@ def cold_env(root: str) -> dict[str, str]:
     directories under ``root``: what a fresh process of a benchmark row starts with."""
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
             "TRITON_CACHE_DIR": os.path.join(root, "triton"),
-            "HOTSWAP_CACHE_DIR": os.path.join(root, "hotswap")}
+            "HOTSWAP_CACHE_DIR": os.path.join(root, "hotswap"),
+            # idle workers exit after 2 s (default 300): the row measures memory after that
+            "HOTSWAP_WORKER_IDLE_EXIT_S": os.environ.get("HOTSWAP_WORKER_IDLE_EXIT_S", "2")}
 
 
 def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",

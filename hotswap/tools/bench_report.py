@@ -24,7 +24,7 @@ def report(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> li
 def _table(results: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'row':<34}{'ready s':>8}{'prepare s':>10}{'first out s':>12}{'1st call s':>11}"
              f"{'compiled s':>11}{'largest ms':>11}{'steady ms':>10}{'eager ms':>9}"
-             f"{'RSS MiB':>8}{'final MiB':>10}"]
+             f"{'RSS MiB':>8}{'final MiB':>10}{'idle MiB':>9}"]
     for r in results:
         if "error" in r:
             lines.append(f"{r['row']:<34}  failed: {r['error']}")
@@ -34,7 +34,8 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
                      f"{_fmt(r['to_final_s']):>11}{_fmt(_largest(r), 1, 1):>11}"
                      f"{_fmt(r['steady_ms'], 1, 3):>10}{_fmt(r['eager_ms'], 1, 3):>9}"
                      f"{_fmt(r.get('peak_rss_mib'), 1, 0):>8}"
-                     f"{_fmt(r.get('steady_total_mib'), 1, 0):>10}")
+                     f"{_fmt(r.get('steady_total_mib'), 1, 0):>10}"
+                     f"{_fmt(r.get('idle_total_mib', r.get('steady_total_mib')), 1, 0):>9}")
     return lines
 
 
@@ -69,8 +70,8 @@ def _targets(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> 
     lines += ["", f"targets ({caller} caller; times from process start)"]
     _ratios(ratio_line, str(caller))
     for row in ("hotswap:async", "hotswap:progressive"):
-        ratio_line(f"{row} memory once final (serving + idle workers) vs torch.compile's", row,
-                   "steady_total_mib", "torch:default", "steady_total_mib", 1.3)
+        ratio_line(f"{row} memory once its idle workers exit vs torch.compile's", row,
+                   "idle_total_mib", "torch:default", "steady_total_mib", 1.3)
     lines += _footprint(results)
     lines += _largest_calls(by_row)
     if dispatch is not None:
@@ -110,9 +111,12 @@ def _footprint(results: list[dict[str, Any]]) -> list[str]:
     for r in results:
         if "error" in r or "steady_total_mib" not in r or not r["row"].startswith("hotswap:"):
             continue
+        idle = r.get("idle_total_mib")
         lines.append(f"  {r['row']} once final: serving {r['steady_serving_mib']:.0f} MiB + "
                      f"workers {r['steady_workers_mib']:.0f} MiB + their children "
-                     f"{r['steady_their_children_mib']:.0f} MiB")
+                     f"{r['steady_their_children_mib']:.0f} MiB"
+                     + (f"; {idle:.0f} MiB once the idle workers exit" if idle is not None
+                        else ""))
     return lines
 
 

@@ -88,7 +88,14 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
                      if served.final_s is not None else None)
         # Timed last: a warm-up before the first call would be a phase the row leaves out.
         eager_ms = _timer(lambda: model(*inputs), args.device, 100.0)
-    memory = memory_parts() if served.final_s is not None else {}
+    memory: dict[str, float] = {}
+    if served.final_s is not None:
+        memory = memory_parts()
+        if row.startswith("hotswap:"):  # once the idle workers have gone (runtime.py)
+            deadline = time.monotonic() + 30
+            while hotswap.runtime().worker_pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            memory["idle_total_mib"] = memory_parts()["steady_total_mib"]
     return {
         "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
         "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,

@@ -231,7 +231,8 @@ def test_invalid_options_raise_value_error_at_compile(kwargs: dict[str, Any], ne
 @pytest.mark.parametrize(("name", "value"), [
     ("HOTSWAP_CACHE_MAX_BYTES", "-1"), ("HOTSWAP_WORKERS", "0"), ("HOTSWAP_WORKER_NICE", "25"),
     ("HOTSWAP_WORKER_IDLE", "yes"), ("HOTSWAP_WORKER_RSS_LIMIT_BYTES", "lots"),
-    ("HOTSWAP_SWITCH_INTERVAL_S", "2"), ("HOTSWAP_LOG", "loud")])
+    ("HOTSWAP_SWITCH_INTERVAL_S", "2"), ("HOTSWAP_LOG", "loud"),
+    ("HOTSWAP_WORKER_IDLE_EXIT_S", "-1")])
 def test_every_hotswap_variable_is_checked_at_compile(monkeypatch: pytest.MonkeyPatch,
                                                       name: str, value: str) -> None:
     monkeypatch.setenv(name, value)
@@ -299,6 +300,7 @@ def test_calls_from_many_threads_across_the_swap() -> None:
 
 def test_several_models_share_one_pool() -> None:
     pool = hotswap.runtime().pool(2)
+    assert pool.wait_ready(120)  # a pool this test starts has no worker to list before
     pids = set(pool.worker_pids())
     models = [mlp() for _ in range(3)]
     compiled = [hotswap.compile(m, mode="async", workers=2) for m, _ in models]
@@ -444,3 +446,26 @@ def test_a_graph_whose_ladder_is_final_is_not_kept_shipped(mode: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("a GraphRequest outlived its ladder")
         time.sleep(0.05)
+
+
+def test_idle_workers_exit_and_the_next_compile_starts_them_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every job is done and none comes for HOTSWAP_WORKER_IDLE_EXIT_S, the pool's
+    workers go (each holds torch and inductor); a later graph still compiles."""
+    monkeypatch.setenv("HOTSWAP_WORKER_IDLE_EXIT_S", "2")
+    before = set(hotswap.runtime().worker_pids())
+    model, inputs = mlp()
+    compiled = hotswap.compile(model, mode="async", workers=3)
+    _close(compiled(*inputs), model(*inputs))
+    assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
+    mine = set(hotswap.runtime().worker_pids()) - before  # within 2 s of the job's end
+    assert mine and wait_gone(sorted(mine), 15) == []
+    torch._dynamo.reset()
+    again, more = mlp()
+    compiled = hotswap.compile(torch.nn.Sequential(again, torch.nn.Tanh()), mode="async",
+                               workers=3)
+    with hotswap.counters_delta() as d:
+        compiled(*more)
+        assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
+    assert d["worker_compiles"] == 1
+    assert not set(hotswap.runtime().worker_pids()) & mine

@@ -52,7 +52,9 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
     hot = data["rows"][0]
     assert hot["steady_serving_mib"] > 0 and hot["steady_workers_mib"] > 0
     assert hot["steady_total_mib"] >= hot["steady_serving_mib"] + hot["steady_workers_mib"]
-    assert "hotswap:async once final: serving " in printed
+    # ... and once the idle worker has exited (the rows run with a 2 s idle limit)
+    assert hot["idle_total_mib"] < hot["steady_total_mib"] - hot["steady_workers_mib"] / 2
+    assert "hotswap:async once final: serving " in printed and "idle workers exit" in printed
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\nhand-written notes stay")
     marker = "<!-- hotswap bench: cpu, busy caller from process start -->"
