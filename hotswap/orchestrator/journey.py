@@ -182,8 +182,10 @@ class GraphJourney:
     @property
     def final(self) -> bool:
         with self._lock:
-            return not self._measuring and not any(s in _UNDER_WAY
-                                                   for s in self._states.values())
+            return self._final_locked()
+
+    def _final_locked(self) -> bool:
+        return not self._measuring and not any(s in _UNDER_WAY for s in self._states.values())
 
     def arrived(self, tier: str, path: str) -> None:
         """``tier``'s artifact came by ``path`` ("worker", "cache", "inprocess: ...") and
@@ -315,8 +317,7 @@ class GraphJourney:
             return GraphStatus(
                 graph_id=self.graph_id,
                 tier=serving,
-                final=not self._measuring and not any(s in _UNDER_WAY
-                                                      for s in self._states.values()),
+                final=self._final_locked(),
                 pending=tuple(t.name for t in self.tiers if self._states[t.name] in _UNDER_WAY),
                 failures=tuple(self._failures),
                 kept=tuple(self._kept),

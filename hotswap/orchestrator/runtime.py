@@ -67,19 +67,23 @@ class Runtime:
             hook(cache, key)
 
     def _submit(self, size: int, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
-        """A job for the pool of ``size``, counted until done. Under the lock that stops idle
-        pools, so a job never lands in a pool being stopped: it gets the pool, or a new one."""
+        """A job for the pool of ``size``, counted until done. Counted under the lock that
+        stops idle pools, so a job never lands in a pool being stopped: it gets the pool, or
+        a new one. The payload is pickled outside that lock (cache reads on the user's path
+        take it too)."""
         with self._lock:
-            pool = self._pools.get(size)
-            if pool is None:
-                pool = self._pools[size] = _start_pool(size)
-            future = pool.submit(job, payload, timeout_s=timeout_s)
+            pool = self._pool_locked(size)
             self._inflight[size] = self._inflight.get(size, 0) + 1
             self._idle_since.pop(size, None)
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._stop_idle_pools, daemon=True,
                                                 name="hotswap-idle-pools")
                 self._reaper.start()
+        try:
+            future = pool.submit(job, payload, timeout_s=timeout_s)
+        except BaseException:
+            self._job_done(size, pool)
+            raise
         future.add_done_callback(lambda _: self._job_done(size, pool))
         return future
 
@@ -122,10 +126,13 @@ class Runtime:
         warming. Malformed HOTSWAP_* settings for workers raise ValueError here."""
         size = workers or default_workers()
         with self._lock:
-            pool = self._pools.get(size)
-            if pool is None:
-                pool = self._pools[size] = _start_pool(size)
-            return pool
+            return self._pool_locked(size)
+
+    def _pool_locked(self, size: int) -> WorkerPool:
+        pool = self._pools.get(size)
+        if pool is None:
+            pool = self._pools[size] = _start_pool(size)
+        return pool
 
     def pools(self) -> list[WorkerPool]:
         with self._lock:

@@ -5,7 +5,6 @@ and print one JSON record of the user's clock (from this process's start)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
@@ -114,29 +113,21 @@ def memory_parts() -> dict[str, float]:
     they started in turn (inductor's compile pool, a C++ compiler)."""
     import psutil
 
-    def mib(procs: list[psutil.Process]) -> float:
-        total = 0
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total / 2**20
+    from hotswap.workers.proctree import tree_rss_bytes
+
+    def rss(proc: psutil.Process) -> int:
+        try:
+            return int(proc.memory_info().rss)
+        except psutil.Error:
+            return 0
 
     me = psutil.Process()
-    children = me.children()
-    grandchildren = [g for c in children for g in _descendants(c)]
-    serving = mib([me])
-    return {"steady_serving_mib": serving, "steady_workers_mib": mib(children),
-            "steady_their_children_mib": mib(grandchildren),
-            "steady_total_mib": serving + mib(children) + mib(grandchildren)}
-
-
-def _descendants(proc: Any) -> list[Any]:
-    import psutil
-
-    try:
-        return list(proc.children(recursive=True))
-    except psutil.Error:
-        return []
+    serving = rss(me) / 2**20
+    workers = sum(rss(child) for child in me.children()) / 2**20
+    # the whole tree, less what was counted above (read a moment earlier)
+    theirs = max(0.0, tree_rss_bytes(me.pid) / 2**20 - serving - workers)
+    return {"steady_serving_mib": serving, "steady_workers_mib": workers,
+            "steady_their_children_mib": theirs, "steady_total_mib": serving + workers + theirs}
 
 
 def _compiled(row: str, model: Any, args: argparse.Namespace
