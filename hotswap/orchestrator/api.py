@@ -15,7 +15,7 @@ import torch
 from hotswap.errors import WaitTimeout
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.coordinator import Coordinator
-from hotswap.orchestrator.journey import GraphStatus
+from hotswap.orchestrator.journey import Statuses
 from hotswap.orchestrator.options import MODES, Options
 from hotswap.orchestrator.runtime import Runtime
 from hotswap.orchestrator.runtime import runtime as _runtime
@@ -198,20 +198,20 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
                      "hotswap.backend(...) object, or nothing for every graph")
 
 
-def status(compiled: Any = None) -> list[GraphStatus]:
+def status(compiled: Any = None) -> Statuses:
     """Each graph's tier, pending tiers and failures, now (never blocks). ``compiled``: what
     ``hotswap.compile`` returned, a ``hotswap.backend(...)`` object, what
     ``torch.compile(..., backend="hotswap")`` returned (every graph compiled that way), or
-    None (every graph). ``print(s)`` of a status is one line."""
-    return [s for c in _coordinators(compiled) for s in c.status()]
+    None (every graph). ``print(...)`` shows one line per graph."""
+    return Statuses(s for c in _coordinators(compiled) for s in c.status())
 
 
 def wait(compiled: Any = None, timeout_s: float | None = None, *,
-         raise_on_timeout: bool = False) -> list[GraphStatus]:
+         raise_on_timeout: bool = False) -> Statuses:
     """Block until no tier is pending for any graph of ``compiled`` (or ``timeout_s`` passes;
     then, with ``raise_on_timeout``, raise ``hotswap.WaitTimeout``)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    statuses = []
+    statuses = Statuses()
     for c in _coordinators(compiled):
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         statuses += c.wait(remaining)

@@ -130,6 +130,7 @@ class Coordinator:
         journey = self._journey(gm)
         if self.recorder.profiling:
             self.recorder.dynamo_trace(journey, t0)
+            self.recorder.graph_seen(journey.graph_id, gm, example_inputs, journey.origin)
         journey.example_inputs = example_inputs  # for a compile here, in this call only
         try:
             source, waits = self._prepare(journey, gm, example_inputs, t0)

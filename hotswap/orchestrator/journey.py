@@ -41,7 +41,7 @@ from hotswap.profiles.records import Swap
 if TYPE_CHECKING:
     from hotswap.orchestrator.recording import Recorder
 
-__all__ = ["Candidate", "Entry", "GraphJourney", "GraphStatus", "TierState"]
+__all__ = ["Candidate", "Entry", "GraphJourney", "GraphStatus", "Statuses", "TierState"]
 
 log = logging.getLogger("hotswap")
 
@@ -100,9 +100,11 @@ class GraphStatus:
 
     def summary(self) -> str:
         """One line: what serves, since when, and what is pending, kept or failed."""
-        since = dict(self.served_after_s)
-        parts = [f"{self.graph_id}: {self.tier}"
-                 + (f" ({self.path}, at {since[self.tier]:.1f} s)" if self.tier in since else "")]
+        head = f"{self.graph_id}: {self.tier}" + ("" if self.tier == "eager" else f" ({self.path})")
+        if self.served_after_s:
+            head += " | served " + " -> ".join(f"{tier} at {s:.1f} s"
+                                                for tier, s in self.served_after_s)
+        parts = [head]
         if self.pending:
             parts.append("pending " + ", ".join(self.pending)
                          + (f" ({self.waiting})" if self.waiting else ""))
@@ -114,6 +116,16 @@ class GraphStatus:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+class Statuses(list[GraphStatus]):
+    """What ``hotswap.status``/``wait`` return: a list of ``GraphStatus`` that prints as one
+    line per graph (each status keeps every field)."""
+
+    def __str__(self) -> str:
+        return "\n".join(s.summary() for s in self) if self else "(no graphs)"
+
+    __repr__ = __str__
 
 
 @dataclass(frozen=True)
@@ -235,6 +247,8 @@ class GraphJourney:
         bump("fallbacks")
         log.log(level, "hotswap graph %s: tier %r failed, staying on %r: %s",
                 self.graph_id, tier, self.runner.tier, reason)
+        self.recorder.timeline.add(Swap(self.graph_id, self.runner.tier, tier, time.monotonic(),
+                                        "failed"))
         if self._raise_failures:
             self.runner.raise_next(TierFailed(self.graph_id, tier, reason))
 

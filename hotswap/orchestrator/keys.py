@@ -82,6 +82,16 @@ def graph_digest(gm: torch.fx.GraphModule) -> str:
     return h.hexdigest()
 
 
+def graph_signature(gm: torch.fx.GraphModule, example_inputs: Iterable[Any]) -> str:
+    """The same graph in another run, or on another machine: its code and its inputs' shapes
+    and dtypes (no tensor values, no versions). Profiles pair graphs of two runs by it."""
+    h = hashlib.sha256(gm.code.encode())
+    for x in example_inputs:
+        h.update(repr((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor)
+                      else type(x).__name__).encode())
+    return h.hexdigest()[:16]
+
+
 def tier_key(gm: torch.fx.GraphModule, inputs: Iterable[InputMeta], grad_enabled: bool,
              tier_config: dict[str, Any], stamp: dict[str, Any],
              num_threads: int | None = None) -> str:

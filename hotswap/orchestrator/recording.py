@@ -25,8 +25,9 @@ import torch
 
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.graph import GraphRunner, ProfiledGraphRunner
+from hotswap.orchestrator.keys import graph_signature
 from hotswap.orchestrator.options import Tier
-from hotswap.profiles.records import GRAPH_TIER, Span
+from hotswap.profiles.records import GRAPH_TIER, GraphInfo, Span
 from hotswap.profiles.timeline import Timeline, category_of, self_time_by_category
 
 __all__ = ["GRAPH_TIER", "PROFILE_CONFIG", "Recorder", "profiled"]
@@ -96,6 +97,12 @@ class Recorder:
         else:
             runner = GraphRunner(graph_id, gm, tiers, **kwargs)
         return runner
+
+    def graph_seen(self, graph_id: str, gm: torch.fx.GraphModule, example_inputs: list[Any],
+                   origin: str) -> None:
+        """What ``graph_id`` stands for, so that another run's report finds the same graph."""
+        if self.profiling:
+            self.timeline.add(GraphInfo(graph_id, graph_signature(gm, example_inputs), origin))
 
     def span(self, graph: Timed, tier: str, name: str, start_s: float, end_s: float, *,
              pid: int | None = None, track: str | None = None, category: str = "") -> None:

@@ -197,13 +197,19 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 def origin_of(gm: torch.fx.GraphModule) -> str:
     """Where the graph came from, for people: the user's innermost frame of its first traced
-    operation, "forward (model.py:12)" ("" when dynamo recorded no stack)."""
+    operation, "forward (model.py:12)"; where dynamo kept no frame of the user's (a model
+    made of torch's modules alone), the outermost module, "Sequential.forward"; else ""."""
+    module = ""
     for node in gm.graph.nodes:
         frames = _FRAME.findall(node.meta.get("stack_trace") or "")
         if frames:
             path, line, name = frames[-1]
             return f"{name} ({os.path.basename(path)}:{line})"
-    return ""
+        stack = node.meta.get("nn_module_stack")
+        if not module and stack:
+            _, cls = next(iter(stack.values()))
+            module = f"{getattr(cls, '__name__', cls)}.forward"
+    return module
 
 
 def unship_graph(data: bytes) -> torch.fx.GraphModule:

@@ -104,8 +104,11 @@ class _Warmup:
                 with quick_gil_handoff, count_compiler_runs():
                     _STEPS[step]()
             except Exception as e:  # a load pays for it later, that is all
-                log.info("hotswap: warming the load path (%s) failed: %s: %s", step,
-                         type(e).__name__, e)
+                # Once the interpreter is exiting, steps fail for that reason alone.
+                exiting = not threading.main_thread().is_alive()
+                log.log(logging.DEBUG if exiting else logging.INFO,
+                        "hotswap: warming the load path (%s) failed: %s: %s", step,
+                        type(e).__name__, e)
             finally:
                 log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
                 self._done[step].set()

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
-    "GRAPH_TIER", "BenchResult", "Call", "GateDecision", "KernelBreakdown", "Record", "RunInfo",
-    "Span", "Swap", "TierBench", "record_from_dict",
+    "GRAPH_TIER", "BenchResult", "Call", "GateDecision", "GraphInfo", "KernelBreakdown", "Record",
+    "RunInfo", "Span", "Swap", "TierBench", "record_from_dict",
 ]
 
 
@@ -46,6 +46,18 @@ class RunInfo(_Record):
     argv: tuple[str, ...] = ()
     versions: dict[str, str] = field(default_factory=dict)
     device: str = ""
+
+
+@dataclass(frozen=True)
+class GraphInfo(_Record):
+    """What a graph id of this run stands for: ``signature`` hashes the graph's code and its
+    inputs' shapes and dtypes (the same graph has the same one in another run, whatever its id
+    there); ``origin`` is where the user's code made it, e.g. ``forward (model.py:12)``."""
+
+    type: ClassVar[str] = "graph"
+    graph_id: str
+    signature: str
+    origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,10 +177,11 @@ class KernelBreakdown(_Record):
     top_kernels: tuple[tuple[str, str, float, int], ...] = ()  # (name, category, total ms, count)
 
 
-Record = RunInfo | Span | Call | Swap | TierBench | GateDecision | KernelBreakdown
+Record = RunInfo | GraphInfo | Span | Call | Swap | TierBench | GateDecision | KernelBreakdown
 
 _TYPES: dict[str, type[Any]] = {cls.type: cls for cls in (
-    RunInfo, Span, Call, Swap, BenchResult, TierBench, GateDecision, KernelBreakdown)}
+    RunInfo, GraphInfo, Span, Call, Swap, BenchResult, TierBench, GateDecision,
+    KernelBreakdown)}
 
 
 def record_from_dict(data: dict[str, Any]) -> Any:

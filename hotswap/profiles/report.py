@@ -17,6 +17,7 @@ from hotswap.profiles.records import (
     GRAPH_TIER,
     Call,
     GateDecision,
+    GraphInfo,
     KernelBreakdown,
     RunInfo,
     Span,
@@ -40,6 +41,8 @@ COMPILE_ORDER = ("aot_autograd", "lowering", "codegen", "autotuning", "kernel_co
 @dataclass
 class GraphSummary:
     graph_id: str
+    signature: str = ""                                               # GraphInfo's, when recorded
+    origin: str = ""
     tiers: list[str] = field(default_factory=list)                    # in the order they appeared
     stages_s: dict[tuple[str, str], float] = field(default_factory=dict)   # (tier, stage) -> s
     compile_s: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, category) -> s
@@ -74,6 +77,9 @@ def summarize(records: Iterable[Any]) -> tuple[RunInfo | None, dict[str, GraphSu
     for record in records:
         if isinstance(record, RunInfo):
             run = run or record
+        elif isinstance(record, GraphInfo):
+            summary = graph(record.graph_id)
+            summary.signature, summary.origin = record.signature, record.origin
         elif isinstance(record, Span):
             summary = graph(record.graph_id)
             if not record.category:
@@ -178,7 +184,8 @@ def text_report(records: Iterable[Any]) -> str:
     out.append(f"graphs: {len(graphs)}, calls recorded: {total_calls}")
     for summary in graphs.values():
         out.append("")
-        out.append(f"graph {summary.graph_id}")
+        out.append(f"graph {summary.graph_id}"
+                   + (f": {summary.origin}" if summary.origin else ""))
         if summary.calls:
             served = ", ".join(f"{tier} {n}" for tier, n in summary.calls.items())
             out.append(f"  calls served: {served}; latency in ms as the caller saw it:")
@@ -222,20 +229,45 @@ def _row_adder(rows: list[list[str]]) -> Any:
     return row
 
 
+def _pairs(ga: dict[str, GraphSummary], gb: dict[str, GraphSummary],
+           ) -> tuple[list[tuple[GraphSummary, GraphSummary]], bool]:
+    """The graphs of two runs paired by signature (the n-th graph of a signature in A with the
+    n-th in B), or by id where a run recorded none (older files); True when by id."""
+    if not all(g.signature for g in (*ga.values(), *gb.values())):
+        return [(ga[g], gb[g]) for g in ga if g in gb], True
+    waiting: dict[str, list[GraphSummary]] = {}
+    for summary in gb.values():
+        waiting.setdefault(summary.signature, []).append(summary)
+    pairs = []
+    for summary in ga.values():
+        others = waiting.get(summary.signature)
+        if others:
+            pairs.append((summary, others.pop(0)))
+    return pairs, False
+
+
+def _graph_title(a: GraphSummary, b: GraphSummary) -> str:
+    ids = a.graph_id if a.graph_id == b.graph_id else f"{a.graph_id} (A) = {b.graph_id} (B)"
+    return f"graph {ids}" + (f": {a.origin or b.origin}" if a.origin or b.origin else "")
+
+
 def compare_report(a: Iterable[Any], b: Iterable[Any], *, names: tuple[str, str] = ("A", "B"),
                    ) -> str:
-    """Per graph (matched by id): stage seconds, compile categories and tier medians of two
-    runs, with B/A ratios."""
+    """Per graph (matched by signature: same code, same input shapes): stage seconds, compile
+    categories and tier medians of two runs, with B/A ratios."""
     run_a, ga = summarize(a)
     run_b, gb = summarize(b)
+    pairs, by_id = _pairs(ga, gb)
     out = [f"compare {names[0]} -> {names[1]} (ratio = {names[1]} / {names[0]})"]
+    if by_id:
+        out.append("warning: a run has no graph signatures (recorded by an older hotswap); "
+                   "graphs are matched by id (g1, g2, ...), which names the n-th graph of a "
+                   "run, not the same graph")
     if run_a is not None and run_b is not None and run_a.argv != run_b.argv:
-        out.append(f"warning: the runs ran different commands ({' '.join(run_a.argv)} | "
-                   f"{' '.join(run_b.argv)}); graphs are matched by id (g1, g2, ...), which "
-                   "names the n-th graph of a run, not the same graph")
-    for graph_id in [g for g in ga if g in gb]:
-        sa, sb = ga[graph_id], gb[graph_id]
-        out += ["", f"graph {graph_id}"]
+        out.append(f"note: the runs ran different commands ({' '.join(run_a.argv)} | "
+                   f"{' '.join(run_b.argv)})")
+    for sa, sb in pairs:
+        out += ["", _graph_title(sa, sb)]
         rows: list[list[str]] = []
         row = _row_adder(rows)
         row("first call -> final (s)", sa.time_to_final_s, sb.time_to_final_s)
@@ -248,14 +280,28 @@ def compare_report(a: Iterable[Any], b: Iterable[Any], *, names: tuple[str, str]
         for tier in [*ma, *(t for t in mb if t not in ma)]:
             row(f"{tier} median (ms)", ma.get(tier), mb.get(tier), unit="ms")
         out.extend(_table(["", names[0], names[1], "ratio"], rows))
-    only = sorted(set(ga) ^ set(gb))
-    if only:
-        out.append(f"\ngraphs in one run only: {', '.join(only)}")
+    for name, graphs, paired in ((names[0], ga, {id(p[0]) for p in pairs}),
+                                 (names[1], gb, {id(p[1]) for p in pairs})):
+        alone = [g.graph_id + (f" ({g.origin})" if g.origin else "")
+                 for g in graphs.values() if id(g) not in paired]
+        if alone:
+            out.append(f"\nonly in {name} (no graph with the same signature in the other run): "
+                       + ", ".join(alone))
+    if not pairs and ga and gb:
+        out.append("\nwarning: no graph of one run matches a graph of the other: these runs "
+                   "compiled different models or input shapes")
     return "\n".join(out) + "\n"
 
 
+# Spans drawn as a tier's compile window on the plot.
+_COMPILE_SPANS = ("inductor_compile", "inprocess_compile")
+
+
 def plot_latency(records: Iterable[Any], path: str | os.PathLike[str]) -> bool:
-    """A PNG of per-call latency over wall time, one colour per tier, swaps marked.
+    """A PNG of the run: above, each tier's compile windows, with a mark where a tier swapped
+    in, was kept out or failed; below, per-call latency over wall time, one colour per tier,
+    swaps as dotted lines through both. Labels sit in the upper panel and the legend outside
+    the axes, so neither hides the other on a long run.
 
     Returns False (and writes nothing) when matplotlib is not installed:
     ``pip install 'hotswap[plot]'``.
@@ -270,24 +316,49 @@ def plot_latency(records: Iterable[Any], path: str | os.PathLike[str]) -> bool:
     records = list(records)
     run = next((r for r in records if isinstance(r, RunInfo)), None)
     calls = [r for r in records if isinstance(r, Call)]
+    swaps = [r for r in records if isinstance(r, Swap)]
+    windows = [r for r in records if isinstance(r, Span) and r.name in _COMPILE_SPANS]
     base = run.started_s if run else min((c.start_s for c in calls), default=0.0)
-    fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
     tiers: dict[str, list[Call]] = {}
     for call in calls:
         tiers.setdefault(call.tier, []).append(call)
+    lanes: list[str] = []  # one row per (graph, tier) that compiled or was decided on
+    for lane in [f"{w.graph_id} {w.tier}" for w in windows] + [
+            f"{s.graph_id} {s.new_tier}" for s in swaps if s.new_tier != "eager"]:
+        if lane not in lanes:
+            lanes.append(lane)
+    fig, (top, ax) = plt.subplots(
+        2, 1, sharex=True, figsize=(11, 3.2 + 0.25 * len(lanes)), dpi=110,
+        gridspec_kw={"height_ratios": [max(1.0, 0.35 * len(lanes)), 3.0]})
+    colours = {tier: f"C{i}" for i, tier in enumerate(
+        dict.fromkeys([*tiers, *(w.tier for w in windows), *(s.new_tier for s in swaps)]))}
+    for window in windows:
+        top.broken_barh([(window.start_s - base, window.duration_s)],
+                        (lanes.index(f"{window.graph_id} {window.tier}") - 0.35, 0.7),
+                        color=colours[window.tier], alpha=0.6)
+    marks = {"swap": ("v", "swapped in"), "kept": ("x", "kept out"), "failed": ("X", "failed")}
+    for swap in swaps:
+        if swap.reason not in marks or swap.new_tier == "eager":
+            continue
+        shape, _ = marks[swap.reason]
+        y = lanes.index(f"{swap.graph_id} {swap.new_tier}")
+        top.scatter([swap.time_s - base], [y], marker=shape, color="black", s=30, zorder=3)
+        if swap.reason == "swap":
+            ax.axvline(swap.time_s - base, color="black", linestyle=":", linewidth=0.8)
+            top.axvline(swap.time_s - base, color="black", linestyle=":", linewidth=0.8)
+    top.set_yticks(range(len(lanes)), lanes, fontsize=7)
+    top.set_ylim(-0.7, max(0.7, len(lanes) - 0.3))
+    top.invert_yaxis()
+    top.set_title("hotswap: compile windows (bars), tiers swapped in (v), kept out (x), "
+                  "failed (X); per-call latency below", fontsize=9)
     for tier, group in tiers.items():
         ax.scatter([c.start_s - base for c in group], [(c.end_s - c.start_s) * 1e3 for c in group],
-                   s=6, label=f"{tier} ({len(group)})")
-    for swap in (r for r in records if isinstance(r, Swap) and r.reason == "swap"):
-        ax.axvline(swap.time_s - base, color="black", linestyle=":", linewidth=0.8)
-        ax.annotate(f"{swap.graph_id} -> {swap.new_tier}", (swap.time_s - base, 0.98),
-                    xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="top")
+                   s=6, color=colours[tier], label=f"{tier} ({len(group)} calls)")
     ax.set_xlabel("wall time since start (s)")
     ax.set_ylabel("call latency (ms)")
     if calls:
         ax.set_yscale("log")
-        ax.legend(loc="upper right", fontsize=8)
-    ax.set_title("hotswap: per-call latency by serving tier")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)

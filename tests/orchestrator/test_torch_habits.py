@@ -87,9 +87,13 @@ def test_wait_raises_on_timeout_when_asked_and_status_reads_in_one_line() -> Non
         hotswap.wait(backend, timeout_s=0.1, raise_on_timeout=True)
     assert isinstance(info.value, TimeoutError) and "pending default" in str(info.value)
     fake.release()
-    [status] = hotswap.wait(backend, timeout_s=30, raise_on_timeout=True)
+    statuses = hotswap.wait(backend, timeout_s=30, raise_on_timeout=True)
+    [status] = statuses
     line = str(status)
-    assert "\n" not in line and line.startswith(f"{status.graph_id}: default (worker, at ")
+    assert "\n" not in line
+    assert line.startswith(f"{status.graph_id}: default (worker) | served default at ")
+    assert str(statuses) == repr(statuses) == line == str(hotswap.status(backend))  # print(list)
+    assert str(hotswap.status(Coordinator(Options.create()))) == "(no graphs)"
 
 
 def test_the_public_names_are_in_dir() -> None:

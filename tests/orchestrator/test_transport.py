@@ -102,4 +102,7 @@ def test_a_graph_says_where_it_came_from() -> None:
 
     torch.compile(Net(), backend=capture)(torch.randn(3))
     assert origin_of(seen[0]).startswith("forward (test_transport.py:")
+    # torch's modules alone: dynamo keeps none of their frames; the module names it.
+    torch.compile(torch.nn.Sequential(torch.nn.Linear(3, 3)), backend=capture)(torch.randn(3))
+    assert origin_of(seen[1]) == "Sequential.forward"
     assert origin_of(torch.fx.symbolic_trace(Net())) == ""  # no stack recorded: no label

@@ -159,7 +159,8 @@ print("served", sys.argv[1:])
 """
 
 
-def test_profile_cli_on_a_script_then_report_and_compare(tmp_path: Path) -> None:
+def test_profile_cli_on_a_script_then_report_and_compare(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "serve.py"
     script.write_text(textwrap.dedent(SCRIPT))
     out = tmp_path / "out"
@@ -171,7 +172,8 @@ def test_profile_cli_on_a_script_then_report_and_compare(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     assert "served ['--flag', '--out', 'theirs']" in done.stdout
     report = (out / "report.txt").read_text()
-    assert "graph g1" in report and "calls served: eager 3, default 5" in report
+    assert "calls served: eager 3, default 5" in report
+    assert "graph g1: Sequential.forward" in report  # named by what made it
     trace = json.loads((out / "trace.json").read_text())
     assert any(e.get("cat") == "call" for e in trace["traceEvents"])
     merged = json.loads((out / "trace_merged.json").read_text())
@@ -184,5 +186,6 @@ def test_profile_cli_on_a_script_then_report_and_compare(tmp_path: Path) -> None
     assert main(["profile", "report", str(out)]) == 0
     assert (out / "report.txt").read_text() == report
     assert main(["profile", "compare", str(out), str(out)]) == 0
+    assert "graph g1: Sequential.forward" in capsys.readouterr().out  # paired by signature
     with pytest.raises(SystemExit, match="SCRIPT to run or --model"):
         main(["profile"])

@@ -8,6 +8,7 @@ import os
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from hotswap.profiles import (
     BenchResult,
     Call,
     GateDecision,
+    GraphInfo,
     KernelBreakdown,
     Span,
     Swap,
@@ -47,11 +49,14 @@ def _run(directory: Path) -> Timeline:
     timeline = Timeline(directory, argv=["demo"], versions={"torch": "x"})
     t0 = timeline.info.started_s
     for record in (
+        GraphInfo("g1", "sig-mlp", "forward (model.py:12)"),
         _span("inductor_compile", t0 + 1.0, t0 + 3.0),
         _span("GraphLowering.run", t0 + 1.0, t0 + 1.5, "lowering"),
         _span("compile_file", t0 + 1.6, t0 + 2.6, "kernel_compile"),
         Span("load", t0 + 3.1, t0 + 3.3, "g1", "default", os.getpid(), "hotswap-load"),
         Swap("g1", "eager", "default", t0 + 3.3, "swap"),
+        _span("inductor_compile", t0 + 1.2, t0 + 3.6, tier="max-autotune"),
+        Swap("g1", "default", "max-autotune", t0 + 3.8, "kept"),
         TierBench("g1", "eager", BenchResult(2.0, 1.9, 2.2, 50), 1.0),
         TierBench("g1", "default", BenchResult(1.0, 0.9, 1.1, 50), 2.0),
         GateDecision("g1", "max-autotune", "default", False, "not faster", 1.0, 1.0, 0.02),
@@ -180,11 +185,35 @@ def test_text_and_compare_reports(tmp_path: Path) -> None:
                    "  lowering", "kernel_compile", "2.00x", "gate: max-autotune kept out",
                    "cpp_fused 67%", "cpp_fused_relu_0", "p50", "p99", "speed-up"):
         assert needle in report, (needle, report)
+    assert "graph g1: forward (model.py:12)" in report
     diff = compare_report(records, records)
-    assert "graph g1" in diff and "1.00x" in diff and "warning" not in diff
+    assert "graph g1: forward (model.py:12)" in diff and "1.00x" in diff
+    assert "warning" not in diff and "only in" not in diff
+
+    def renamed(graph_id: str, signature: str) -> list[Any]:  # the run's graph, numbered or
+        out: list[Any] = []                                   # made otherwise
+        for r in records:
+            if isinstance(r, GraphInfo):
+                r = dataclasses.replace(r, signature=signature)
+            if hasattr(r, "graph_id"):
+                r = dataclasses.replace(r, graph_id=graph_id)
+            out.append(r)
+        return out
+
+    # The same graph as g2 of a run that traced another graph first: paired by signature.
+    diff = compare_report(records, [GraphInfo("g1", "sig-other"), *renamed("g2", "sig-mlp")])
+    assert "graph g1 (A) = g2 (B): forward (model.py:12)" in diff and "1.00x" in diff
+    assert "only in B (no graph with the same signature in the other run): g1" in diff
+    # Another model whose graph is also g1: not compared, and said so.
+    diff = compare_report(records, renamed("g1", "sig-other"))
+    assert "1.00x" not in diff and "no graph of one run matches a graph of the other" in diff
+    # Records without signatures (an older hotswap): by id, with a warning.
+    unsigned = [r for r in records if not isinstance(r, GraphInfo)]
+    diff = compare_report(records, unsigned)
+    assert "graphs are matched by id" in diff and "1.00x" in diff
     other = [dataclasses.replace(r, argv=("other.py",)) if isinstance(r, RunInfo) else r
              for r in records]
-    assert "warning: the runs ran different commands" in compare_report(records, other)
+    assert "note: the runs ran different commands" in compare_report(records, other)
 
 
 def test_plot_is_a_png(tmp_path: Path) -> None:

@@ -28,13 +28,17 @@ def busy_cores() -> Iterator[None]:
             spinner.wait()
 
 
-def test_a_starved_job_is_raised_then_lowered_again(busy_cores: None) -> None:
+def test_a_starved_job_is_raised_then_lowered_again(
+        busy_cores: None, caplog: pytest.LogCaptureFixture) -> None:
     with WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
         assert pool.wait_ready(60)
         future = pool.submit(J + "burn", 1.0)
         pid, policy = future.result(timeout=90)
         assert policy == os.SCHED_OTHER  # it finished raised
         assert pool.restarts == 0  # raised in place, not restarted
+        # The hint, once: what starved the job and what was done about it.
+        [hint] = [r.getMessage() for r in caplog.records if "every core busy" in r.getMessage()]
+        assert "raised them to the caller's priority until their job ends" in hint
         # Lowered again once its job ended.
         assert pool.submit(J + "sched_policy").result(timeout=90) == os.SCHED_IDLE
         assert pool.submit(J + "pid").result(timeout=90) == pid
