@@ -70,7 +70,7 @@ def _size(n: float | None) -> str:
 def _cache(args: argparse.Namespace) -> int:
     """ls, verify, clear or stats on the artifact cache (no torch import needed). A cache
     that does not exist is reported empty, not created."""
-    from hotswap.cache import ArtifactCache
+    from hotswap.cache import VERDICT_TIER, ArtifactCache
     from hotswap.cache.root import default_cache_dir
 
     root = args.cache_dir or str(default_cache_dir())
@@ -81,8 +81,12 @@ def _cache(args: argparse.Namespace) -> int:
         return 0
     # The stamp only matters for loading; listing and checking signatures ignore it.
     cache = ArtifactCache(root)
+    if args.verdicts and args.action not in ("ls", "clear"):
+        print(f"hotswap cache: --verdicts goes with ls or clear, not {args.action}",
+              file=sys.stderr)
+        return 2
     if args.action == "ls":
-        entries = cache.entries()
+        entries = [e for e in cache.entries() if not args.verdicts or e.tier == VERDICT_TIER]
         if args.json:
             print(json.dumps([dataclasses.asdict(e) for e in entries]))
             return 0
@@ -102,9 +106,10 @@ def _cache(args: argparse.Namespace) -> int:
         print(f"{len(cache.entries())} entries verified, {len(bad)} removed")
         return 1 if bad else 0
     elif args.action == "clear":
-        removed = cache.clear()
+        removed = cache.clear(VERDICT_TIER if args.verdicts else None)
+        what = "gate verdicts" if args.verdicts else "entries"
         print(json.dumps({"removed": removed}) if args.json
-              else f"removed {removed} entries from {cache.root}")
+              else f"removed {removed} {what} from {cache.root}")
     else:
         stats = cache.stats()
         if args.json:
@@ -145,13 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--cache-dir", default=None,
                        help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
     cache.add_argument("--json", action="store_true", help="print JSON instead of text")
+    cache.add_argument("--verdicts", action="store_true",
+                       help="ls/clear the benchmark gate's stored verdicts alone (each: the "
+                            "tier kept out, its measured gain and confidence); clearing them "
+                            "makes the next process measure those tiers again")
     cache.set_defaults(func=_cache)
-    from hotswap.tools import bench, corpus_cmd, profile_cmd, stress
+    from hotswap.tools import bench, corpus_cmd, gate_audit, profile_cmd, stress
 
     profile_cmd.add_parser(sub)
     stress.add_parser(sub)
     bench.add_parser(sub)
     corpus_cmd.add_parser(sub)
+    gate_audit.add_parser(sub)
     return parser
 
 

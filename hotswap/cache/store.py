@@ -37,7 +37,10 @@ import msgpack
 from hotswap._env import env_number
 from hotswap.cache.root import claim_root, default_cache_dir, load_secret
 
-__all__ = ["FORMAT_VERSION", "ArtifactCache", "EntryInfo"]
+__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo"]
+
+# The tier label of the benchmark gate's verdicts (a decision, not an artifact).
+VERDICT_TIER = "gate-verdict"
 
 log = logging.getLogger("hotswap")
 
@@ -194,14 +197,23 @@ class ArtifactCache:
                 bad.append((key, f"unreadable: {e}"))
         return bad
 
-    def clear(self) -> int:
-        """Remove every entry; returns how many."""
+    def clear(self, tier: str | None = None) -> int:
+        """Remove every entry (``tier``: those with that tier label alone, e.g.
+        ``VERDICT_TIER``); returns how many."""
         with self._lock:
-            paths = list(self._entry_paths())
+            if tier is None:
+                paths = list(self._entry_paths())
+                index: dict[str, dict[str, Any]] = {}
+            else:
+                index = self._read_index()
+                doomed = [k for k, v in index.items() if v.get("tier") == tier]
+                paths = [self._path(k) for k in doomed]
+                for key in doomed:
+                    del index[key]
             for path in paths:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-            self._write_index({})
+            self._write_index(index)
         return len(paths)
 
     def stats(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hotswap.orchestrator.wire import BenchReply, BenchRequest, CachedEntry
+from hotswap.profiles.records import BenchResult, Paired, TierBench
 from hotswap.workers import stage
 
 __all__ = ["bench_tiers"]
@@ -42,11 +43,15 @@ def bench_tiers(wire: dict[str, Any]) -> dict[str, Any]:
                 calls[tier] = _bind(load_entry(_read(entry), request.configs.get(tier)), inputs)
             except Exception as e:
                 errors[tier] = f"failed to load: {type(e).__name__}: {e}"
+    pairs: list[Paired] = []
     with (stage("bench", graph=request.graph_id), torch.set_grad_enabled(request.grad_enabled),
           compat.intra_op_threads(request.num_threads)):
-        benches = compare_tiers(request.graph_id, calls, device=device,
-                                budget_ms=request.budget_ms, purpose=request.purpose,
-                                errors=errors)
+        if request.pair:
+            benches, pairs = _pair(request, calls, device, errors)
+        else:
+            benches = compare_tiers(request.graph_id, calls, device=device,
+                                    budget_ms=request.budget_ms, purpose=request.purpose,
+                                    errors=errors)
         kernels = []
         if request.breakdown:
             for tier, fn in calls.items():
@@ -56,7 +61,30 @@ def bench_tiers(wire: dict[str, Any]) -> dict[str, Any]:
                     kernels.append(kernel_breakdown(request.graph_id, tier, fn, device=device))
                 except Exception as e:
                     errors[f"{tier}/kernels"] = f"{type(e).__name__}: {e}"
-    return BenchReply(benches, kernels, errors).to_wire()
+    return BenchReply(benches, kernels, errors, pairs).to_wire()
+
+
+def _pair(request: BenchRequest, calls: dict[str, Any], device: str, errors: dict[str, str],
+          ) -> tuple[list[TierBench], list[Paired]]:
+    """The gate's measurement: the request's two tiers in interleaved rounds."""
+    from hotswap.profiles.bench import GATE_ROUNDS, measure_pair
+
+    serving, candidate = request.pair
+    if serving not in calls or candidate not in calls:
+        for tier in {serving, candidate} - set(calls):
+            errors.setdefault(tier, "nothing to run (not loaded)")
+        return [], []
+    try:
+        pair = measure_pair(request.graph_id, serving, candidate, calls, device=device,
+                            budget_ms=request.budget_ms, rounds=request.rounds or GATE_ROUNDS)
+    except Exception as e:
+        errors[candidate] = f"{type(e).__name__}: {e}"
+        return [], []
+    benches = [TierBench(request.graph_id, tier, BenchResult(ms, ms, ms, pair.clean,
+                                                             pair.benchmarker),
+                         device=device, purpose=request.purpose)
+               for tier, ms in ((serving, pair.serving_ms), (candidate, pair.candidate_ms))]
+    return benches, [pair]
 
 
 def _read(entry: bytes | CachedEntry) -> bytes:

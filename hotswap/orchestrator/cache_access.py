@@ -22,7 +22,7 @@ from typing import Any
 import filelock
 import torch
 
-from hotswap.cache import ArtifactCache
+from hotswap.cache import VERDICT_TIER, ArtifactCache
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.keys import environment_stamp, tier_key, verdict_key
 from hotswap.orchestrator.options import Tier
@@ -130,8 +130,9 @@ class CacheAccess:
             return None
         return CachedEntry(str(self._cache.root), key)
 
-    def store_verdict(self, key: str, verdict: bytes) -> None:
-        self._put(verdict_key(key), verdict, "gate-verdict")
+    def store_verdict(self, key: str, verdict: bytes, label: str = "") -> None:
+        """The gate's verdict on ``key``'s tier; ``label`` shows in ``hotswap cache ls``."""
+        self._put(verdict_key(key), verdict, VERDICT_TIER, label)
 
     def _put(self, key: str, payload: bytes | memoryview, tier: str, origin: str = "") -> bool:
         if self._cache is None:

@@ -88,8 +88,11 @@ class Coordinator:
     """
 
     def __init__(self, options: Options, *, compiler: Compiler | None = None,
-                 measure: Measure | None = None) -> None:
+                 measure: Measure | None = None, retain_artifacts: bool = False) -> None:
         setup_logging()
+        # Keep each graph's shipped form and artifacts once its ladder is final (to measure
+        # its decisions again: hotswap.testing.audit); they are let go otherwise.
+        self._retain = retain_artifacts
         self.options = options
         plan = options.plan
         self._compiler = compiler
@@ -103,7 +106,8 @@ class Coordinator:
         if self.recorder.profiling:  # kernels named for profilers
             tiers = [profiled(t) for t in tiers]
         gate = Gate(options.gate_threshold, {t.name: dict(t.config) for t in tiers})
-        self.ladder = Ladder(tiers, gate=gate if plan.gated else None, recorder=self.recorder,
+        self.ladder = Ladder(tiers, gate=gate if plan.gated else None, force=options.force_tier,
+                             recorder=self.recorder,
                              measure=measure or self._bench_in_worker,
                              on_loader=self._on_loader, cache=self.cache, notify=self._notify)
         self.inprocess = InProcess(self.cache, self.recorder, self._load_tier)
@@ -160,7 +164,8 @@ class Coordinator:
         runner = self.recorder.runner(graph_id, gm, [t.name for t in tiers],
                                       verify=self.options.verify)
         journey = GraphJourney(runner, gm, tiers, self.recorder,
-                               raise_failures=self.options.on_failure == "raise")
+                               raise_failures=self.options.on_failure == "raise",
+                               retain=self._retain)
         journey.origin = origin_of(gm)
         with self._cond:
             self._journeys.append(journey)
@@ -274,6 +279,10 @@ class Coordinator:
     def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
         return measure_on(self.compiler, request, self.options.limit_s())
 
+    def measure(self, request: BenchRequest) -> Future[BenchReply]:
+        """Run a benchmark request where this coordinator's gate runs them."""
+        return self.ladder.measure(request)
+
     def _job(self, journey: GraphJourney, tier: Tier) -> CompileFuture:
         """Compile ``tier`` where the compiler runs (a worker), once more if its worker dies
         under it. Only shipped graphs reach the lifecycle."""
@@ -288,6 +297,11 @@ class Coordinator:
             raise TierFailed(journey.graph_id, tier, reason)
 
     # ------------------------------------------------------------------ status
+
+    def journeys(self) -> list[GraphJourney]:
+        """Every graph of this backend, in the order dynamo handed them over."""
+        with self._cond:
+            return list(self._journeys)
 
     @property
     def runners(self) -> list[GraphRunner]:

@@ -19,6 +19,10 @@ COUNTER_NAMES = (
     "graphs",           # graphs dynamo handed to hotswap
     "gate_benchmarks",  # a ready tier benchmarked against the serving one before a swap
     "gate_kept",        # ... and kept out because it was not faster by the gate's threshold
+                        # (or, against eager, measured slower than eager)
+    "gate_undecided",   # a gate measurement that decided nothing (noise, contention): again later
+    "eager_checks",     # a tier that replaced eager, measured against eager
+    "gate_remeasured",  # a low-confidence verdict of an earlier run, measured again
     # What went wrong with compile jobs and cache reads (retried or not):
     "worker_crashes",          # WorkerCrashed: the worker died mid-job (segfault, SIGKILL, exit)
     "job_timeouts",            # JobTimeout: over timeout_s; the worker was killed

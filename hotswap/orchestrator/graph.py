@@ -145,6 +145,16 @@ class GraphRunner:
             self.listener.swapped(tier, previous_tier)
         return True
 
+    def back_to_eager(self, tier: str) -> bool:
+        """Serve eagerly again, if ``tier`` still serves (it measured slower than eager)."""
+        with self._lock:
+            if self.tier != tier:
+                return False
+            self._fn = self._eager
+            self._fallback = (self._eager, "eager", -1)
+            self.tier, self._rank = "eager", -1
+        return True
+
     def raise_next(self, error: TierFailed) -> None:
         """``on_failure="raise"``: the next call raises ``error``, later calls are served."""
         with self._lock:

@@ -66,7 +66,7 @@ _NEXT: dict[TierState, frozenset[TierState]] = {
     S.COMPILED: frozenset({S.LOADED, S.PENDING, S.FAILED}),
     S.LOADED: frozenset({S.SERVING, S.MEASURING, S.KEPT, S.FAILED}),
     S.MEASURING: frozenset({S.SERVING, S.KEPT, S.FAILED}),
-    S.SERVING: frozenset({S.REPLACED, S.FAILED}),
+    S.SERVING: frozenset({S.REPLACED, S.KEPT, S.FAILED}),  # kept: measured slower than eager
     S.REPLACED: frozenset({S.SERVING, S.FAILED}),
     S.KEPT: frozenset(),
     S.FAILED: frozenset(),
@@ -132,16 +132,19 @@ class Statuses(list[GraphStatus]):
 class Candidate:
     """A loaded tier waiting for the gate: its callable, and where its verdict is stored."""
 
-    tier: str
+    tier: str                 # or "eager": the serving tier is measured against eager
     fn: Any
-    verdict_key: str | None
+    verdict_key: str | None   # where a verdict on the tier is stored (for "eager": the serving one's)
+    attempt: int = 1          # the gate's measurement of it (undecided ones are measured again)
+    contended: int = 0        # measurements too contended to decide on, so far
 
 
 class GraphJourney:
     """One graph: its runner, its shipped request, and its tiers' states. Thread-safe."""
 
     def __init__(self, runner: GraphRunner, gm: torch.fx.GraphModule, tiers: list[Tier],
-                 recorder: Recorder, *, raise_failures: bool = False) -> None:
+                 recorder: Recorder, *, raise_failures: bool = False,
+                 retain: bool = False) -> None:
         self.runner = runner
         self.graph_id = runner.graph_id
         self.gm = gm
@@ -155,6 +158,7 @@ class GraphJourney:
         self.origin = ""                          # where the graph came from (cache labels)
         self.keys: dict[str, str] = {}           # tier -> cache key
         self._raise_failures = raise_failures
+        self._retain = retain                    # keep request and entries once final
         self._lock = threading.Lock()
         self._states = {t.name: S.PENDING for t in tiers}
         self._paths: dict[str, str] = {}
@@ -252,6 +256,23 @@ class GraphJourney:
         if self._raise_failures:
             self.runner.raise_next(TierFailed(self.graph_id, tier, reason))
 
+    def back_to_eager(self, tier: str, reason: str) -> bool:
+        """``tier`` measured slower than eager: eager serves again and the tier is kept out
+        (False if it no longer serves)."""
+        if not self.runner.back_to_eager(tier):
+            return False
+        with self._lock:
+            ok = self._move(tier, S.KEPT)
+            if ok:
+                self._kept.append((tier, reason))
+        if not ok:
+            self.fail(tier, f"internal error: kept from {self.state(tier).value}",
+                      level=logging.ERROR)
+            return False
+        log.info("graph %s: tier %r kept out, eager serves again: %s", self.graph_id, tier, reason)
+        self.recorder.timeline.add(Swap(self.graph_id, tier, "eager", time.monotonic(), "kept"))
+        return True
+
     # ------------------------------------------------------------------ the runner's listener
 
     def swapped(self, tier: str, previous: str) -> None:
@@ -314,6 +335,8 @@ class GraphJourney:
 
     def let_go(self) -> None:
         """The ladder is final: nothing will ship or measure this graph again."""
+        if self._retain:
+            return
         with self._lock:
             self.request = None
             self._entries.clear()

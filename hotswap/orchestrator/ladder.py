@@ -18,6 +18,7 @@ the GIL and the device from the calls being served.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,11 +28,20 @@ from typing import Any
 
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.counters import bump
-from hotswap.orchestrator.gate import Action, Gate, Verdict, pack_verdict, unpack_verdict
+from hotswap.orchestrator.gate import (
+    Action,
+    Gate,
+    StoredVerdict,
+    Verdict,
+    pack_verdict,
+    verdict_label,
+)
 from hotswap.orchestrator.journey import Candidate, GraphJourney, TierState
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
 from hotswap.orchestrator.wire import BenchReply, BenchRequest
+from hotswap.profiles.bench import MIN_CLEAN
+from hotswap.profiles.records import GateDecision
 
 __all__ = ["Ladder", "Measure", "OnLoader"]
 
@@ -43,14 +53,28 @@ Measure = Callable[[BenchRequest], "Future[BenchReply]"]
 OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
 
 
+EAGER = "eager"
+# An undecided gate measures again, longer (Gate.request doubles the budget), after a pause
+# that lets a burst of load pass; after the last attempt the serving tier stays. A machine
+# too busy to measure on (a compile of another tier, a caller using every core) is waited
+# out: up to MAX_CONTENDED times more, each pause twice the last (about a minute in all).
+MAX_ATTEMPTS = 3
+MAX_CONTENDED = 6
+RETRY_AFTER_S = 1.0
+# Suffix of a tier's key under which a confident "not slower than eager" is stored.
+_HELD = "/vs-eager"
+
+
 class Ladder:
-    """The tiers a coordinator's graphs climb, and the gate between them (None: by rank)."""
+    """The tiers a coordinator's graphs climb, and the gate between them (None: by rank).
+    ``force``: a tier adopted as soon as it is ready, unmeasured, that nothing replaces."""
 
     def __init__(self, tiers: list[Tier], *, gate: Gate | None, recorder: Recorder,
                  measure: Measure, on_loader: OnLoader, cache: CacheAccess,
-                 notify: Callable[[], None]) -> None:
+                 notify: Callable[[], None], force: str | None = None) -> None:
         self.tiers = tiers
         self.gate = gate
+        self.force = force
         self._recorder, self._measure, self._on_loader = recorder, measure, on_loader
         self._cache, self._notify = cache, notify
         self._lock = threading.Lock()
@@ -64,17 +88,24 @@ class Ladder:
     def start_points(self, journey: GraphJourney) -> list[tuple[Tier, bytes | None]]:
         """The tiers to bring in, lowest first (so the fast tier is ready first), each with the
         entry the cache already gave (or None). The best tier the cache holds is loaded; tiers
-        below it are not needed at all; a tier the gate kept out in an earlier run is neither
-        loaded nor compiled again."""
+        below it are not needed at all; a tier the gate confidently kept out in an earlier run
+        is neither loaded nor compiled again (one kept with low confidence is measured again)."""
         best, cached = -1, None
         verdicts: dict[str, str] = {}
+        again: dict[str, bytes | None] = {}  # low-confidence verdicts: measured again
         if self._cache.enabled:
             for rank in range(len(self.tiers) - 1, -1, -1):
-                key = journey.keys.get(self.tiers[rank].name)
-                if key and self.gate is not None:
-                    verdict = self._cache.verdict(key)
-                    if verdict is not None:
-                        verdicts[self.tiers[rank].name] = unpack_verdict(verdict)
+                name = self.tiers[rank].name
+                key = journey.keys.get(name)
+                if key and self.gate is not None and name != self.force:
+                    data = self._cache.verdict(key)
+                    stored = StoredVerdict.unpack(data) if data is not None else None
+                    if stored is not None and stored.confident:
+                        verdicts[name] = stored.reason
+                        continue
+                    if stored is not None:  # not a start point: it must beat what serves
+                        bump("gate_remeasured")
+                        again[name] = self._cache.get(key)
                         continue
                 cached = self._cache.get(key)
                 if cached is not None:
@@ -84,6 +115,8 @@ class Ladder:
         for rank, tier in enumerate(self.tiers):
             if tier.name in verdicts:
                 journey.keep(tier.name, verdicts[tier.name], on_timeline=True)
+            elif tier.name in again:
+                starts.append((tier, again[tier.name]))
             elif rank < best:
                 journey.keep(tier.name, f"tier {self.tiers[best].name!r} came from the cache")
             else:
@@ -94,9 +127,16 @@ class Ladder:
 
     def offer(self, journey: GraphJourney, tier: str, fn: Any) -> None:
         """Load thread: ``tier`` is loaded; swap it in now, or once it has measured faster.
-        The first compiled tier replaces eager without a benchmark (it is what the user asked
-        for; eager is the fallback, not a contender)."""
-        if self.gate is None or journey.runner.tier == "eager":
+        Compiled code replacing eager is not held back behind a benchmark: it swaps in, and
+        (gated ladders) is then measured against eager, which serves again if the tier is
+        surely slower."""
+        if tier == self.force:
+            journey.swap_in(tier, fn, measured=True)
+            return
+        if self.force is not None and journey.runner.tier == self.force:
+            journey.keep(tier, f"tier {self.force!r} is forced (force_tier)")
+            return
+        if self.gate is None:
             journey.swap_in(tier, fn)
             return
         candidate = Candidate(tier, fn, journey.keys.get(tier))
@@ -106,37 +146,86 @@ class Ladder:
     def _measure_next(self, journey: GraphJourney, candidate: Candidate) -> None:
         assert self.gate is not None
         serving = journey.runner.tier
-        pair = journey.entries((serving, candidate.tier))
+        if serving == EAGER:
+            if candidate.tier == EAGER:  # the tier to check failed meanwhile
+                self._settle(journey, candidate, serving, None)
+                return
+            journey.swap_in(candidate.tier, candidate.fn)
+            if journey.runner.tier != candidate.tier or self._held_before(candidate.verdict_key):
+                self._settle(journey, candidate, serving, None)
+                return
+            serving = candidate.tier
+            candidate = Candidate(EAGER, None, candidate.verdict_key)
         request = journey.request
-        if len(pair) < 2 or request is None:  # nothing to measure against
+        tiers = (serving,) if candidate.tier == EAGER else (serving, candidate.tier)
+        entries = journey.entries(tiers)
+        if len(entries) < len(tiers) or request is None:  # nothing to measure against
             self._settle(journey, candidate, serving, Verdict(Action.BY_ORDER))
             return
-        journey.to(candidate.tier, TierState.MEASURING)
-        bump("gate_benchmarks")
-        bench = self.gate.request(journey.graph_id, pair, request, purpose="gate",
-                                  with_graph=self._recorder.profiling)
+        if candidate.tier == EAGER:
+            bump("eager_checks")
+        else:
+            if journey.state(candidate.tier) is not TierState.MEASURING:
+                journey.to(candidate.tier, TierState.MEASURING)
+            bump("gate_benchmarks")
+        bench = self.gate.request(journey.graph_id, entries, request, purpose="gate",
+                                  with_graph=candidate.tier == EAGER or self._recorder.profiling,
+                                  pair=(serving, candidate.tier), attempt=candidate.attempt)
         self._submit(bench, self._measured, journey, candidate, serving)
 
     def _measured(self, journey: GraphJourney, candidate: Candidate, serving: str,
                   future: Future[BenchReply], started: float) -> None:
         assert self.gate is not None
-        self._recorder.span(journey, candidate.tier, "gate_bench", started, time.monotonic(),
+        track_tier = serving if candidate.tier == EAGER else candidate.tier
+        self._recorder.span(journey, track_tier, "gate_bench", started, time.monotonic(),
                             track="hotswap-gate")
         error = future.exception()
         reply: BenchReply | BaseException = error if error is not None else future.result()
         if isinstance(reply, BenchReply):
-            for bench in reply.benches:
-                self._recorder.timeline.add(bench)
-        verdict = self.gate.decide(journey.graph_id, serving, candidate.tier, reply)
+            for record in (*reply.benches, *reply.pairs):
+                self._recorder.timeline.add(record)
+        verdict = self.gate.decide(journey.graph_id, serving, candidate.tier, reply,
+                                   attempt=candidate.attempt, last_attempt=False)
+        if verdict.action is Action.UNDECIDED and verdict.decision is not None:
+            self._recorder.timeline.add(verdict.decision)
+            again, delay = self._again(candidate, verdict.decision)
+            if again is not None:
+                bump("gate_undecided")
+                _log.debug("graph %s: %s; measuring again in %.0f s", journey.graph_id,
+                           verdict.reason, delay)
+                timer = threading.Timer(delay, self._on_loader,
+                                        (self._measure_next, (journey, again)))
+                timer.daemon = True
+                timer.start()
+                return
+            verdict = self.gate.decide(journey.graph_id, serving, candidate.tier, reply,
+                                       attempt=candidate.attempt, last_attempt=True)
         if verdict.decision is not None:
             self._recorder.timeline.add(verdict.decision)
         self._settle(journey, candidate, serving, verdict)
 
+    @staticmethod
+    def _again(candidate: Candidate, decision: GateDecision) -> tuple[Candidate | None, float]:
+        """The next measurement of an undecided candidate, and when; None: decide now. Too
+        few clean rounds (the machine was busy) is measured again with the same budget after
+        a pause that doubles; an interval across the threshold, longer, up to MAX_ATTEMPTS."""
+        if decision.rounds - decision.contended < MIN_CLEAN:
+            if candidate.contended < MAX_CONTENDED:
+                return (dataclasses.replace(candidate, contended=candidate.contended + 1),
+                        RETRY_AFTER_S * 2 ** candidate.contended)
+            return None, 0.0
+        if candidate.attempt < MAX_ATTEMPTS:
+            return (dataclasses.replace(candidate, attempt=candidate.attempt + 1),
+                    RETRY_AFTER_S * candidate.attempt)
+        return None, 0.0
+
     def _settle(self, journey: GraphJourney, candidate: Candidate, serving: str,
-                verdict: Verdict) -> None:
-        """Apply one verdict, then measure the graph's next waiting candidate."""
+                verdict: Verdict | None) -> None:
+        """Apply one verdict (None: nothing to apply), then measure the graph's next waiting
+        candidate."""
         try:
-            self._apply(journey, candidate, serving, verdict)
+            if verdict is not None:
+                self._apply(journey, candidate, serving, verdict)
         finally:
             following = journey.next_for_gate()
             if following is not None:
@@ -145,17 +234,37 @@ class Ladder:
 
     def _apply(self, journey: GraphJourney, candidate: Candidate, serving: str,
                verdict: Verdict) -> None:
+        if candidate.tier == EAGER:  # the serving tier against eager
+            decision = verdict.decision
+            if verdict.action is Action.ADOPT and decision is not None:
+                bump("gate_kept")
+                if journey.back_to_eager(serving, f"slower than eager: {decision.reason}"):
+                    self._store_verdict(journey, candidate.verdict_key, decision)
+            elif (decision is not None and decision.confidence == "confident"
+                  and candidate.verdict_key is not None):  # a warm process need not check it
+                self._store_verdict(journey, candidate.verdict_key + _HELD, decision)
+            return
         if verdict.action is Action.KEEP:
             if verdict.decision is not None:
                 bump("gate_kept")
-                if candidate.verdict_key is not None:
-                    self._cache.store_verdict(candidate.verdict_key,
-                                              pack_verdict(serving, verdict.decision.reason))
+                self._store_verdict(journey, candidate.verdict_key, verdict.decision)
             journey.keep(candidate.tier, verdict.reason, on_timeline=True)
         elif verdict.action is Action.ADOPT and journey.runner.tier == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
         else:  # not measured, or the serving tier changed meanwhile (it failed): by rank
             journey.swap_in(candidate.tier, candidate.fn)
+
+    def _held_before(self, key: str | None) -> bool:
+        """An earlier run measured this tier confidently not slower than eager."""
+        return key is not None and self._cache.verdict(key + _HELD) is not None
+
+    def _store_verdict(self, journey: GraphJourney, key: str | None,
+                       decision: GateDecision) -> None:
+        if key is None:
+            return
+        device = next((m.device for m in journey.inputs or () if m.is_tensor), "cpu")
+        self._cache.store_verdict(key, pack_verdict(decision, device),
+                                  verdict_label(decision))
 
     # ------------------------------------------------------------------ profiling comparison
 
@@ -191,6 +300,9 @@ class Ladder:
             with self._lock:
                 self._comparisons -= 1
             self._notify()
+
+    def measure(self, bench: BenchRequest) -> Future[BenchReply]:
+        return self._measure(bench)
 
     def _submit(self, bench: BenchRequest, then: Callable[..., None], *args: Any) -> None:
         """Measure ``bench``; on the load thread, ``then(*args, future, started_s)``."""

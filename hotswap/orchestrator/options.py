@@ -148,6 +148,7 @@ class Options:
     fullgraph: bool = False
     gate: bool = True
     gate_threshold: float = 0.02
+    force_tier: str | None = None
     profile_dir: str | None = None
 
     @classmethod
@@ -200,6 +201,11 @@ class Options:
                 or not -1.0 < threshold < 1.0):
             raise ValueError(f"gate_threshold must be a fraction between -1 and 1 (0.02: a tier "
                              f"must be 2% faster to replace the serving one), got {threshold!r}")
+        force_tier = kwargs.get("force_tier")
+        names = [t.name for t in parse_tiers(tiers)]
+        if force_tier is not None and force_tier not in names:
+            raise ValueError(f"force_tier must name a tier of the ladder {names}, got "
+                             f"{force_tier!r}")
         _check_environment()
         return cls(
             mode=mode,
@@ -213,6 +219,7 @@ class Options:
             fullgraph=kwargs.get("fullgraph", False),
             gate=kwargs.get("gate", True),
             gate_threshold=float(threshold),
+            force_tier=force_tier,
             profile_dir=profile_dir,
         )
 

@@ -22,7 +22,7 @@ import pickle
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from hotswap.profiles.records import KernelBreakdown, TierBench, record_from_dict
+from hotswap.profiles.records import KernelBreakdown, Paired, TierBench, record_from_dict
 
 __all__ = ["BENCH_JOB", "COMPILE_JOB", "BenchReply", "BenchRequest", "CachedEntry",
            "CompileRequest", "CompileResult", "InputMeta"]
@@ -147,6 +147,10 @@ class BenchRequest:
     num_threads: int | None = None   # the caller's intra-op threads: time what it will run
     # tier -> the inductor config it compiled with; its artifact loads under it (load_entry)
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (serving, candidate): time these two against each other in interleaved rounds
+    # (profiles/bench.measure_pair; "eager" is the graph as it is) instead of one by one.
+    pair: tuple[str, ...] = ()
+    rounds: int = 0                  # of the pair's measurement (0: its default)
 
     def to_wire(self) -> dict[str, Any]:
         entries = {t: e if isinstance(e, bytes) else {"cache_dir": e.cache_dir, "key": e.key}
@@ -158,7 +162,8 @@ class BenchRequest:
     def from_wire(cls, data: dict[str, Any]) -> BenchRequest:
         entries = {t: e if isinstance(e, bytes) else CachedEntry(**e)
                    for t, e in data["entries"].items()}
-        return cls(**{**data, "entries": entries, "inputs": _metas_from_wire(data["inputs"])})
+        return cls(**{**data, "entries": entries, "inputs": _metas_from_wire(data["inputs"]),
+                      "pair": tuple(data.get("pair", ()))})
 
 
 @dataclass(frozen=True)
@@ -166,12 +171,15 @@ class BenchReply:
     benches: list[TierBench]
     kernels: list[KernelBreakdown] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # tier -> why it has no row
+    pairs: list[Paired] = field(default_factory=list)     # a request's ``pair``, measured
 
     def to_wire(self) -> dict[str, Any]:
         return {"benches": [b.to_dict() for b in self.benches],
-                "kernels": [k.to_dict() for k in self.kernels], "errors": dict(self.errors)}
+                "kernels": [k.to_dict() for k in self.kernels], "errors": dict(self.errors),
+                "pairs": [p.to_dict() for p in self.pairs]}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> BenchReply:
         return cls([record_from_dict(b) for b in data["benches"]],
-                   [record_from_dict(k) for k in data["kernels"]], dict(data["errors"]))
+                   [record_from_dict(k) for k in data["kernels"]], dict(data["errors"]),
+                   [record_from_dict(p) for p in data.get("pairs", [])])

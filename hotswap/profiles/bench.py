@@ -7,14 +7,20 @@ the same inputs, in one process, one after the other, and reports speed-ups over
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import os
+import resource
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hotswap.profiles.records import BenchResult, GateDecision, TierBench
+from hotswap.profiles.records import BenchResult, GateDecision, Paired, TierBench
 
-__all__ = ["DEFAULT_BUDGET_MS", "benchmark", "compare_tiers", "gate_decision"]
+__all__ = ["DEFAULT_BUDGET_MS", "GATE_ROUNDS", "MIN_CLEAN", "benchmark", "compare_tiers",
+           "gate_decision", "measure_pair", "median_interval", "paired_from_medians"]
 
 log = logging.getLogger("hotswap")
 
@@ -103,14 +109,175 @@ def _pool(parts: list[BenchResult]) -> BenchResult:
                        sum(p.n for p in parts), parts[0].benchmarker)
 
 
-def gate_decision(graph_id: str, *, candidate: str, candidate_result: BenchResult, serving: str,
-                  serving_result: BenchResult, threshold: float, time_s: float = 0.0,
-                  ) -> GateDecision:
-    """Adopt ``candidate`` only if its median beats the serving tier's by ``threshold``
-    (0.02: at least 2 % faster)."""
-    gain = 1.0 - candidate_result.median_ms / serving_result.median_ms
-    adopt = gain >= threshold
-    reason = (f"{candidate_result.median_ms:.4f} ms vs {serving_result.median_ms:.4f} ms for "
-              f"{serving!r}: {100 * gain:+.1f}% (adopts at >= {100 * threshold:.1f}% faster)")
-    return GateDecision(graph_id, candidate, serving, adopt, reason, candidate_result.median_ms,
-                        serving_result.median_ms, threshold, time_s)
+# The gate's measurement (measure_pair): rounds of interleaved blocks, a decision needs
+# MIN_CLEAN rounds free of preemption (fewer give no 95 % interval of a median).
+GATE_ROUNDS = 24
+MIN_CLEAN = 8
+MAX_ROUNDS = 400
+# A block's length: short, so that most blocks fit between a busy caller's calls (at idle
+# priority beside a caller serving every 5 ms, 1 ms blocks were clean 48-59 times in 60 on our
+# 2-core box, 3 ms blocks 28 times), yet long against a clock read and a device sync.
+BLOCK_S = {"cpu": 0.001, "cuda": 0.002}
+
+
+def _sync(device: str) -> Callable[[], None]:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def _waited_ns() -> int:
+    """How long this process's threads have waited for a CPU, in all (the kernel's
+    ``run_delay``: preempted, or woken while every core was taken). A block during which this
+    grew was slowed by someone else's work; where the kernel does not say, involuntary context
+    switches stand in (one counts as a millisecond)."""
+    total = 0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with (contextlib.suppress(FileNotFoundError, ProcessLookupError),
+                  open(f"/proc/self/task/{task}/schedstat", "rb") as f):
+                total += int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw * 1_000_000
+    return total
+
+
+# A block is clean when its threads waited for a CPU less than this share of it (waking a
+# sleeping thread costs a few microseconds even on an idle machine).
+WAIT_TOLERANCE = 0.02
+
+
+def _block(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> tuple[float, bool]:
+    """(time per call of ``calls`` back-to-back calls, whether no thread of this process
+    waited for a CPU meanwhile)."""
+    before = _waited_ns()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    elapsed = time.perf_counter() - start
+    return elapsed / calls, (_waited_ns() - before) * 1e-9 <= WAIT_TOLERANCE * elapsed
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``values`` (order statistics: the
+    j-th smallest and largest, j from the binomial); (-inf, inf) when too few values."""
+    n = len(values)
+    ordered = sorted(values)
+    tail = (1.0 - confidence) / 2
+    j, below = 0, 0.0
+    while j < n // 2:
+        below += math.comb(n, j) / 2 ** n  # P(at most j values below the median)
+        if below > tail:
+            break
+        j += 1
+    if j == 0:
+        return -math.inf, math.inf
+    return ordered[j - 1], ordered[n - j]
+
+
+def measure_pair(graph_id: str, serving: str, candidate: str,
+                 fns: Mapping[str, Callable[[], Any]], *, device: str = "cpu",
+                 budget_ms: float = DEFAULT_BUDGET_MS, rounds: int = GATE_ROUNDS) -> Paired:
+    """Time ``fns[serving]`` against ``fns[candidate]`` for about ``2 * budget_ms`` (never
+    fewer than ``rounds`` rounds) in rounds of four short blocks of back-to-back calls, A B B
+    A (B A A B the next round): each round's ratio compares blocks adjacent in time, so a
+    machine that gets faster or slower (a host's frequency, a neighbour's load: 30 % from one
+    second to the next on a VM) moves both tiers alike, and a linear drift within the round
+    cancels. A block during which a thread of this process waited for a CPU (another task had
+    it) is left out; a round left without a block of either tier is ``contended``. The ratio
+    is the median of the clean rounds' ratios, with its 95 % distribution-free interval.
+
+    What it represents: steady-state serving of back-to-back calls (warm caches; on a GPU,
+    launch overhead included when a graph is launch-bound, since a block synchronizes once),
+    which is what a tier costs a busy service per call."""
+    sync = _sync(device)
+    pair = (fns[serving], fns[candidate])
+    per_call = 0.0
+    for fn in pair:
+        fn()  # lazy initialization, autotuning caches, ...
+        sync()
+        start = time.perf_counter()
+        for _ in range(3):
+            fn()
+        sync()
+        per_call = max(per_call, (time.perf_counter() - start) / 3, 1e-7)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    calls = max(1, round(BLOCK_S[kind] / per_call))
+    # As many rounds as the budget holds (two blocks per tier each), at least ``rounds``.
+    rounds = max(MIN_CLEAN, rounds,
+                 min(MAX_ROUNDS, int(budget_ms / 1000.0 / (2 * calls * per_call))))
+    ratios: list[float] = []
+    times: list[tuple[float, float]] = []  # (serving, candidate) per call, each clean round
+    fastest: list[tuple[float, float]] = []
+    for index in range(rounds):
+        order = (0, 1, 1, 0) if index % 2 == 0 else (1, 0, 0, 1)
+        blocks: list[list[float]] = [[], []]  # clean blocks' time per call, per tier
+        least = [math.inf, math.inf]
+        for i in order:
+            t, ok = _block(pair[i], calls, sync)
+            least[i] = min(least[i], t)
+            if ok:
+                blocks[i].append(t)
+        fastest.append((least[0], least[1]))
+        if blocks[0] and blocks[1]:
+            s_t, c_t = statistics.fmean(blocks[0]), statistics.fmean(blocks[1])
+            times.append((s_t, c_t))
+            ratios.append(c_t / s_t)
+    clean_rounds = len(ratios)
+    low, high = median_interval(ratios)
+    if not ratios:  # all contended: an estimate from the fastest blocks anyway
+        ratios, times = [c / s for s, c in fastest], fastest
+    return Paired(graph_id, serving, candidate,
+                  serving_ms=1e3 * statistics.median(s for s, _ in times),
+                  candidate_ms=1e3 * statistics.median(c for _, c in times),
+                  ratio=statistics.median(ratios), ratio_low=low, ratio_high=high,
+                  rounds=rounds, contended=rounds - clean_rounds, calls_per_block=calls,
+                  device=device, benchmarker=f"paired rounds (A B B A blocks of {calls} calls)")
+
+
+def paired_from_medians(graph_id: str, serving: str, serving_ms: float, candidate: str,
+                        candidate_ms: float) -> Paired:
+    """Two medians as a pair known exactly (a benchmarker that gives medians alone)."""
+    ratio = candidate_ms / serving_ms
+    return Paired(graph_id, serving, candidate, serving_ms, candidate_ms, ratio, ratio, ratio,
+                  rounds=MIN_CLEAN, contended=0, benchmarker="medians")
+
+
+def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attempt: int = 1,
+                  last_attempt: bool = True) -> GateDecision:
+    """Adopt the candidate when it is ``threshold`` faster (0.02: 2 %) and surely faster (its
+    interval's slow end still gains); keep it out when even the fast end of the interval gains
+    less than ``threshold``. Anything else, or too few rounds free of contention, is
+    "undecided" — unless ``last_attempt``: then the serving tier stays ("keep", with low
+    confidence: a later process measures it again)."""
+    gain = 1.0 - pair.ratio
+    gain_low, gain_high = 1.0 - pair.ratio_high, 1.0 - pair.ratio_low
+    if pair.clean < MIN_CLEAN:
+        outcome, confidence = "undecided", ""
+        why = f"contended: {pair.contended} of {pair.rounds} rounds preempted"
+    elif gain >= threshold and gain_low > 0:
+        outcome, confidence, why = "adopt", "confident", "faster"
+    elif gain_high < threshold:
+        outcome, confidence, why = "keep", "confident", "not faster"
+    else:
+        outcome, confidence, why = "undecided", "", "the interval straddles the threshold"
+    if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays
+        outcome, confidence = "keep", "low"
+        why += f"; still undecided at attempt {attempt}: the serving tier stays"
+    interval = ("" if math.isinf(gain_low) or math.isinf(gain_high)
+                else f" (95% interval {100 * gain_low:+.1f}% to {100 * gain_high:+.1f}%)")
+    reason = (f"{pair.candidate_ms:.4f} ms vs {pair.serving_ms:.4f} ms for {pair.serving!r}: "
+              f"{100 * gain:+.1f}%{interval}, {pair.clean} of {pair.rounds} rounds clean; "
+              f"adopts at >= {100 * threshold:.1f}% faster: {outcome}"
+              + (f" ({confidence}: {why})" if confidence else f" ({why})"))
+    return GateDecision(pair.graph_id, pair.candidate, pair.serving, outcome == "adopt", reason,
+                        pair.candidate_ms, pair.serving_ms, threshold, time_s, outcome,
+                        confidence, gain, _finite(gain_low), _finite(gain_high), pair.rounds,
+                        pair.contended, attempt)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None

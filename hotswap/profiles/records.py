@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
-    "GRAPH_TIER", "BenchResult", "Call", "GateDecision", "GraphInfo", "KernelBreakdown", "Record",
-    "RunInfo", "Span", "Swap", "TierBench", "record_from_dict",
+    "GRAPH_TIER", "BenchResult", "Call", "GateDecision", "GraphInfo", "KernelBreakdown", "Paired",
+    "Record", "RunInfo", "Span", "Swap", "TierBench", "record_from_dict",
 ]
 
 
@@ -146,8 +146,41 @@ class TierBench(_Record):
 
 
 @dataclass(frozen=True)
+class Paired(_Record):
+    """Two tiers timed in paired rounds on the same inputs (profiles/bench.measure_pair).
+
+    Each round times four blocks of ``calls_per_block`` back-to-back calls, A B B A (the
+    order flips round to round); ``ratio`` is the median over rounds of candidate / serving,
+    and ``ratio_low``/``ratio_high`` its 95 % distribution-free interval. A round in which
+    this process waited for a CPU is ``contended`` and left out."""
+
+    type: ClassVar[str] = "paired"
+    graph_id: str
+    serving: str
+    candidate: str
+    serving_ms: float       # per call: the median over clean rounds
+    candidate_ms: float
+    ratio: float            # candidate / serving
+    ratio_low: float
+    ratio_high: float
+    rounds: int             # rounds measured (clean + contended)
+    contended: int
+    calls_per_block: int = 1
+    device: str = ""
+    benchmarker: str = ""
+
+    @property
+    def clean(self) -> int:
+        return self.rounds - self.contended
+
+
+@dataclass(frozen=True)
 class GateDecision(_Record):
-    """Whether a ready tier replaced the serving one, and the measurements that decided it."""
+    """Whether a ready tier replaced the serving one, and the measurements that decided it.
+    ``outcome``: "adopt", "keep" or "undecided" (kept for now, measured again later);
+    ``confidence``: "confident" (the interval is clear of the threshold), "low" (the last
+    attempt decided on its estimate alone) or "" (undecided). ``gain_*`` is 1 - ratio: the
+    candidate's speed-up over the serving tier and its 95 % interval."""
 
     type: ClassVar[str] = "gate"
     graph_id: str
@@ -159,6 +192,14 @@ class GateDecision(_Record):
     serving_ms: float
     threshold: float
     time_s: float = 0.0
+    outcome: str = ""
+    confidence: str = ""
+    gain: float | None = None
+    gain_low: float | None = None
+    gain_high: float | None = None
+    rounds: int = 0
+    contended: int = 0
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -177,10 +218,11 @@ class KernelBreakdown(_Record):
     top_kernels: tuple[tuple[str, str, float, int], ...] = ()  # (name, category, total ms, count)
 
 
-Record = RunInfo | GraphInfo | Span | Call | Swap | TierBench | GateDecision | KernelBreakdown
+Record = (RunInfo | GraphInfo | Span | Call | Swap | TierBench | Paired | GateDecision
+          | KernelBreakdown)
 
 _TYPES: dict[str, type[Any]] = {cls.type: cls for cls in (
-    RunInfo, GraphInfo, Span, Call, Swap, BenchResult, TierBench, GateDecision,
+    RunInfo, GraphInfo, Span, Call, Swap, BenchResult, TierBench, Paired, GateDecision,
     KernelBreakdown)}
 
 

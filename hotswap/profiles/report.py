@@ -204,8 +204,9 @@ def text_report(records: Iterable[Any]) -> str:
             if slower:
                 out.append(f"  warning: {', '.join(slower)} measured slower than eager here")
         for gate in summary.gates:
-            verdict = "adopted" if gate.adopt else "kept out"
-            out.append(f"  gate: {gate.candidate} {verdict} ({gate.reason})")
+            verdict = ("undecided, measured again" if gate.outcome == "undecided"
+                       else "adopted" if gate.adopt else "kept out")
+            out.append(f"  gate: {gate.candidate} vs {gate.serving} {verdict} ({gate.reason})")
         for kb in summary.kernels:
             total = sum(kb.category_ms.values()) or 1.0
             parts = ", ".join(f"{c} {100 * ms / total:.0f}%"

@@ -81,7 +81,8 @@ def chrome_trace(records: Iterable[Any]) -> dict[str, Any]:
                                    f"{record.new_tier}",
                            "ts": us(record.time_s)})
         elif isinstance(record, GateDecision):
-            verdict = "adopt" if record.adopt else "keep out"
+            verdict = ("undecided on" if record.outcome == "undecided"
+                       else "adopt" if record.adopt else "keep out")
             events.append({"ph": "i", "s": "g", "cat": "gate", "pid": main_pid, "tid": 0,
                            "name": f"gate {record.graph_id}: {verdict} {record.candidate}",
                            "ts": us(record.time_s), "args": {"reason": record.reason}})

@@ -10,7 +10,9 @@ tier's artifact; loading one gives a callable that runs the graph as dynamo hand
 outputs equal eager's) and counts its calls per tier (``calls``). ``crashes[tier]`` compiles of
 a tier die first (``WorkerCrashed``, as a killed worker), ``fail[tier]`` raises the worker's
 ``CompileFailed``; with ``hold=True`` no compile starts before ``release()``; ``measure``
-answers the gate with ``medians`` (ms per tier). Everything
+answers the gate with ``medians`` (ms per tier; ``"eager"`` for the graph as it is), or, for
+the gate's paired measurements, with ``pairs`` in turn (``Paired`` records: a noisy or
+contended measurement, as ``profiles.bench.measure_pair`` returns it). Everything
 else is hotswap's own code: the cache (keys, claims, signed entries), the lifecycle, the
 ladder, the gate, the runner. The artifacts are this process's only: the fake has no inductor
 output to ship.
@@ -19,6 +21,7 @@ output to ship.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -30,7 +33,7 @@ import msgpack
 from hotswap.errors import CompileFailed, WorkerCrashed
 from hotswap.orchestrator.transport import unship_graph
 from hotswap.orchestrator.wire import BenchReply, BenchRequest, CompileRequest, CompileResult
-from hotswap.profiles.records import BenchResult, TierBench
+from hotswap.profiles.records import BenchResult, Paired, TierBench
 
 __all__ = ["FakeCompiler"]
 
@@ -41,11 +44,13 @@ class FakeCompiler:
     def __init__(self, *, delay_s: Mapping[str, float] | None = None,
                  crashes: Mapping[str, int] | None = None,
                  fail: Mapping[str, str] | None = None,
-                 medians: Mapping[str, float] | None = None, hold: bool = False) -> None:
+                 medians: Mapping[str, float] | None = None, hold: bool = False,
+                 pairs: Iterable[Paired] = ()) -> None:
         self._delay_s = dict(delay_s or {})
         self._crashes = collections.Counter(crashes or {})
         self._fail = dict(fail or {})
         self._medians = dict(medians or {})
+        self._pairs = list(pairs)
         self._released = threading.Event()
         if not hold:
             self._released.set()
@@ -102,14 +107,20 @@ class FakeCompiler:
 
     def measure(self, request: BenchRequest) -> Future[BenchReply]:
         """The gate's benchmark: ``medians[tier]`` ms for each tier measured (a tier with no
-        median has no row, as one that failed to load in the benchmark worker)."""
+        median has no row, as one that failed to load in the benchmark worker); a paired
+        request takes the next of ``pairs``, if any is left."""
+        measured = [*request.entries, *(["eager"] if request.graph_bytes else [])]
         with self._lock:
             self.benches.append(request)
+            scripted = self._pairs.pop(0) if request.pair and self._pairs else None
+        pairs = [] if scripted is None else [dataclasses.replace(
+            scripted, graph_id=request.graph_id, serving=request.pair[0],
+            candidate=request.pair[1])]
         reply = BenchReply(
             [TierBench(request.graph_id, tier, BenchResult(ms, ms, ms, 10, "fake"),
                        purpose=request.purpose)
-             for tier in request.entries if (ms := self._medians.get(tier)) is not None],
-            errors={t: "no median" for t in request.entries if t not in self._medians})
+             for tier in measured if (ms := self._medians.get(tier)) is not None],
+            errors={t: "no median" for t in measured if t not in self._medians}, pairs=pairs)
         future: Future[BenchReply] = Future()
         future.set_result(reply)
         return future

@@ -123,14 +123,18 @@ def test_dynamic_batch_loop(mode: str, dynamic: bool | None) -> None:
         for n in (3, 11, 30):
             x = torch.randn(n, 5)
             _close(compiled(x), model(x))
-    assert d["eager_calls"] == 0 and d["graphs"] == 0  # compiled, and no further recompiles
+    # Compiled, and no further recompiles. (A gated ladder gives way to eager where the gate
+    # measured every compiled tier slower than eager, as it may for a graph this small.)
+    gave_way = [s for s in statuses if s.tier == "eager"]
+    assert all(why.startswith("slower than eager") for s in gave_way for _, why in s.kept)
+    assert d["eager_calls"] == (3 if gave_way else 0) and d["graphs"] == 0
 
 
 def test_failing_tier_stays_on_current_tier_and_pool_compiles_next_graph() -> None:
     model, inputs = mlp()
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(model, mode="progressive", tiers=["default", BAD_TIER],
-                                   workers=2)
+                                   workers=2, gate=False)  # about failures, not the gate
         _close(compiled(*inputs), model(*inputs))
         [status] = hotswap.wait(compiled, timeout_s=240)
     assert status.final and status.tier == "default"

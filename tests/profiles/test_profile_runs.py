@@ -115,20 +115,28 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
     # Tiers compile in parallel, so either may be ready first; it swaps in straight from
     # eager. The other then swaps in only if the gate measured it faster, whatever its rank
     # (or, if its benchmark failed, if it ranks higher).
+    # A compiled tier measured slower than eager gives way to it ("kept" back to eager); the
+    # next tier then swaps in from eager, whatever its rank.
     climbed = [s.new_tier for s in swaps]
-    assert len(climbed) == len(set(climbed)) and climbed[-1] == status.tier
+    gave_way = {s.old_tier for s in records
+                if isinstance(s, Swap) and s.reason == "kept" and s.new_tier == "eager"}
+    served = climbed[-1]  # the last compiled tier swapped in
+    assert len(climbed) == len(set(climbed)) and status.tier in (served, "eager")
+    assert (status.tier == "eager") == (served in gave_way)
     assert swaps[0].old_tier == "eager"
     adopted = {d.candidate for d in records if isinstance(d, GateDecision) and d.adopt}
     for before, after in itertools.pairwise(climbed):
-        assert tiers.index(after) > tiers.index(before) or after in adopted, climbed
+        assert (tiers.index(after) > tiers.index(before) or after in adopted
+                or before in gave_way), climbed
     # The serving tier's first call comes after its load (a tier replaced before any call
     # reached it has no first call).
-    first = _stage(spans, status.tier, "first_call")
-    assert _stage(spans, status.tier, "load").end_s <= first.start_s + EPS
+    if status.tier != "eager":
+        first = _stage(spans, served, "first_call")
+        assert _stage(spans, served, "load").end_s <= first.start_s + EPS
     assert calls[0].tier == "eager" and calls[-1].tier == status.tier
     if mode == "progressive":
         # Profiling: every tier and eager compared on the same inputs, kernels broken down,
-        # and the gate's decision agrees with what it measured.
+        # and the gate's decisions are final and agree with what serves.
         compared = {b.tier: b for b in records if isinstance(b, TierBench) and b.purpose == "compare"}
         assert set(compared) == {"eager", "default", "no-fusion"}
         assert all(b.result.n > 0 and b.speedup_vs_eager for b in compared.values())
@@ -136,10 +144,12 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
         assert set(kernels) == {"eager", "default", "no-fusion"}
         assert "cpp_fused" in kernels["default"].category_ms
         assert "cpp_fused" not in kernels["eager"].category_ms
-        [decision] = [r for r in records if isinstance(r, GateDecision)]
-        assert decision.adopt == (decision.candidate_ms
-                                  <= decision.serving_ms * (1 - decision.threshold))
-        assert status.tier == (decision.candidate if decision.adopt else decision.serving)
+        decisions = [r for r in records if isinstance(r, GateDecision) and r.outcome != "undecided"]
+        assert decisions and all(d.outcome in ("adopt", "keep") for d in decisions)
+        between = [d for d in decisions if d.candidate != "eager"]
+        if between and not gave_way:
+            [decision] = between
+            assert status.tier == (decision.candidate if decision.adopt else decision.serving)
 
 
 SCRIPT = """

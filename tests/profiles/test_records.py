@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import os
 import struct
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +38,13 @@ from hotswap.profiles import (
     self_time_by_category,
     text_report,
 )
+from hotswap.profiles.bench import GATE_ROUNDS, MIN_CLEAN, measure_pair, median_interval
 from hotswap.profiles.kernels import summarize_kernels
-from hotswap.profiles.records import RunInfo, record_from_dict
+from hotswap.profiles.records import Paired, RunInfo, record_from_dict
 from hotswap.profiles.trace import call_mark
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _span(name: str, start: float, end: float, category: str = "", tier: str = "default",
@@ -59,7 +66,8 @@ def _run(directory: Path) -> Timeline:
         Swap("g1", "default", "max-autotune", t0 + 3.8, "kept"),
         TierBench("g1", "eager", BenchResult(2.0, 1.9, 2.2, 50), 1.0),
         TierBench("g1", "default", BenchResult(1.0, 0.9, 1.1, 50), 2.0),
-        GateDecision("g1", "max-autotune", "default", False, "not faster", 1.0, 1.0, 0.02),
+        GateDecision("g1", "max-autotune", "default", False, "not faster", 1.0, 1.0, 0.02,
+                     outcome="keep", confidence="confident"),
         KernelBreakdown("g1", "default", "cpu", 10, 10.0, 90.0, {"cpp_fused": 6.0, "extern": 3.0},
                         (("cpp_fused_relu_0", "cpp_fused", 6.0, 10),)),
     ):
@@ -122,14 +130,80 @@ def test_kernel_summary_merges_overlaps_for_busy_time() -> None:
     assert kb.top_kernels[0] == ("triton_poi_a", "pointwise", 7.0, 2)
 
 
-def test_gate_decision_threshold() -> None:
-    fast, slow = BenchResult(0.97, 0.9, 1.0, 9), BenchResult(1.0, 0.9, 1.1, 9)
-    kept = gate_decision("g1", candidate="b", candidate_result=fast, serving="a",
-                         serving_result=slow, threshold=0.05)
-    adopted = gate_decision("g1", candidate="b", candidate_result=fast, serving="a",
-                            serving_result=slow, threshold=0.02)
-    assert (kept.adopt, adopted.adopt) == (False, True)
-    assert "0.9700 ms vs 1.0000 ms" in kept.reason
+def _pair(ratio: float, low: float, high: float, *, rounds: int = 24,
+          contended: int = 0) -> Paired:
+    return Paired("g1", "a", "b", 1.0, ratio, ratio, low, high, rounds, contended)
+
+
+def test_gate_decides_on_the_interval_not_on_two_medians() -> None:
+    decide = functools.partial(gate_decision, threshold=0.02, last_attempt=False)
+    adopt = decide(_pair(0.90, 0.88, 0.93))
+    assert (adopt.outcome, adopt.confidence, adopt.adopt) == ("adopt", "confident", True)
+    assert "95% interval +7.0% to +12.0%" in adopt.reason and "24 of 24 rounds clean" in adopt.reason
+    keep = decide(_pair(1.01, 0.99, 1.03))  # even the fast end gains under 2 %
+    assert (keep.outcome, keep.confidence, keep.adopt) == ("keep", "confident", False)
+    # 3 % faster by the estimate, but the interval reaches 1 % slower: no verdict.
+    straddle = decide(_pair(0.97, 0.95, 1.01))
+    assert (straddle.outcome, straddle.confidence) == ("undecided", "")
+    assert "straddles" in straddle.reason
+    # Contention: too few clean rounds, whatever the numbers say.
+    contended = decide(_pair(0.5, 0.45, 0.55, contended=17))
+    assert contended.outcome == "undecided" and "contended: 17 of 24 rounds" in contended.reason
+    # The last attempt keeps what serves, and says it is a weak decision.
+    last = gate_decision(_pair(0.97, 0.95, 1.01), threshold=0.02, attempt=3)
+    assert (last.outcome, last.confidence, last.adopt) == ("keep", "low", False)
+    assert "still undecided at attempt 3: the serving tier stays" in last.reason
+    never = gate_decision(_pair(0.5, -math.inf, math.inf, contended=24), threshold=0.02)
+    assert (never.outcome, never.confidence) == ("keep", "low")
+
+
+def test_median_interval_is_the_binomial_order_statistics() -> None:
+    assert median_interval([1.0] * 5) == (-math.inf, math.inf)  # 5 values: no 95 % interval
+    assert median_interval([float(i) for i in range(12)]) == (2.0, 9.0)
+    assert median_interval([float(i) for i in range(24)]) == (6.0, 17.0)
+
+
+def _spin(seconds: float) -> Callable[[], None]:
+    def spin() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    return spin
+
+
+def test_measure_pair_ranks_two_callables() -> None:
+    pair = measure_pair("g1", "slow", "fast", {"slow": _spin(2e-4), "fast": _spin(1e-4)},
+                        budget_ms=100)
+    assert pair.rounds >= GATE_ROUNDS and pair.calls_per_block >= 1
+    assert 0.4 < pair.ratio < 0.65 and pair.serving_ms > pair.candidate_ms
+    if pair.clean >= MIN_CLEAN:  # a machine this busy decides nothing, which is the point
+        decision = gate_decision(pair, threshold=0.02)
+        assert decision.outcome == "adopt" and pair.ratio_low <= pair.ratio <= pair.ratio_high
+
+
+_CONTENDED = """
+import json, os, subprocess, sys
+from hotswap.profiles.bench import measure_pair
+spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(2 * (os.cpu_count() or 1))]
+try:
+    a = lambda: sum(range(300_000))  # a few ms: longer than a time slice shared 3 ways
+    pair = measure_pair("g1", "a", "b", {"a": a, "b": a}, budget_ms=200)
+finally:
+    for p in spin:
+        p.kill()
+print(json.dumps(pair.to_dict()))
+"""
+
+
+def test_measure_pair_sees_contention() -> None:
+    """Twice as many spinning processes as cores: blocks get preempted, and the measurement
+    counts those rounds out instead of ranking on them."""
+    done = subprocess.run([sys.executable, "-c", _CONTENDED], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    pair = record_from_dict(json.loads(done.stdout))
+    assert pair.contended >= 1, pair
 
 
 def test_record_file_survives_a_truncated_tail(tmp_path: Path) -> None:
@@ -182,7 +256,7 @@ def test_text_and_compare_reports(tmp_path: Path) -> None:
     records = read_records(_run(tmp_path).path or "")
     report = text_report(records)
     for needle in ("graph g1", "calls served: eager 1, default 1", "inductor_compile",
-                   "  lowering", "kernel_compile", "2.00x", "gate: max-autotune kept out",
+                   "  lowering", "kernel_compile", "2.00x", "gate: max-autotune vs default kept out",
                    "cpp_fused 67%", "cpp_fused_relu_0", "p50", "p99", "speed-up"):
         assert needle in report, (needle, report)
     assert "graph g1: forward (model.py:12)" in report
