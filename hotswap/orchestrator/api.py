@@ -127,22 +127,19 @@ TORCH_MODES: dict[str, tuple[str, ...]] = {
     "default": ("default",),
     "max-autotune": ("default", "max-autotune"),
     "max-autotune-no-cudagraphs": ("default", "max-autotune-no-cudagraphs"),
+    # CUDA graphs captured in the serving process after the swap (cudagraphs.py)
+    "reduce-overhead": ("default", "reduce-overhead"),
 }
 
 
 def _torch_mode_options(mode: str) -> dict[str, Any]:
-    if mode == "reduce-overhead":
-        raise ValueError(
-            "mode='reduce-overhead' asks for CUDA graphs, and hotswap's tiers run without them "
-            "(an artifact loaded into this process runs with CUDA graphs off); use "
-            "mode='max-autotune-no-cudagraphs', or torch.compile's own backend for CUDA graphs")
     if mode in MODES:
         raise ValueError(f"mode={mode!r} is torch.compile's mode= ({', '.join(TORCH_MODES)}): "
                          "it picks the top tier. hotswap's scheduling mode goes in options: "
                          f"torch.compile(m, backend='hotswap', options={{'mode': {mode!r}}})")
     if mode not in TORCH_MODES:
         raise ValueError(f"unknown torch.compile mode {mode!r}; hotswap takes "
-                         f"{[*TORCH_MODES, 'reduce-overhead']} (reduce-overhead is refused)")
+                         f"{list(TORCH_MODES)}")
     return {"tiers": list(TORCH_MODES[mode])}
 
 

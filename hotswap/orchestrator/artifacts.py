@@ -22,6 +22,7 @@ import msgpack
 
 from hotswap.orchestrator import compat, kernel_files, load_guard
 from hotswap.orchestrator.compat import Buffer
+from hotswap.orchestrator.cudagraphs import CudaGraphed, split_cudagraphs
 
 __all__ = ["entry_parts", "load_entry", "pack_entry"]
 
@@ -87,11 +88,13 @@ def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -
     missed the worker's library and was rebuilt with the machine's vector ISA flags."""
     from torch._inductor import config
 
+    config_patches, cudagraphs = split_cudagraphs(dict(config_patches or {}))
     artifact, files, probes = _unpack(entry)
     if files:
         kernel_files.restore_files(kernel_files.inductor_cache_dir(), files)
     if probes:
         load_guard.adopt(probes)
     with load_guard.count_compiler_runs(), config.patch(
-            {**dict(config_patches or {}), **load_guard.load_config()}):
-        return compat.artifact_from_bytes(artifact)
+            {**config_patches, **load_guard.load_config()}):
+        fn = compat.artifact_from_bytes(artifact)
+    return CudaGraphed(fn) if cudagraphs else fn

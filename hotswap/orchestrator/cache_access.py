@@ -74,7 +74,7 @@ class CacheAccess:
         if self._cache is None or self._cache.stamp is None:
             return {}
         stamp = self._cache.stamp
-        return {t.name: tier_key(gm, inputs, grad_enabled, t.config, stamp, num_threads)
+        return {t.name: tier_key(gm, inputs, grad_enabled, t.load_config, stamp, num_threads)
                 for t in wanted}
 
     def get(self, key: str | None) -> bytes | None:

@@ -105,7 +105,7 @@ class Coordinator:
         tiers = list(options.tiers if plan.climbs else options.tiers[-1:])
         if self.recorder.profiling:  # kernels named for profilers
             tiers = [profiled(t) for t in tiers]
-        gate = Gate(options.gate_threshold, {t.name: dict(t.config) for t in tiers})
+        gate = Gate(options.gate_threshold, {t.name: t.load_config for t in tiers})
         self.ladder = Ladder(tiers, gate=gate if plan.gated else None, force=options.force_tier,
                              recorder=self.recorder,
                              measure=measure or self._bench_in_worker,
@@ -252,7 +252,7 @@ class Coordinator:
             if time.monotonic() - t > 1e-3:
                 self.recorder.span(journey, GRAPH_TIER, "warmup_wait", t, time.monotonic())
         t = time.monotonic()
-        fn = self._loads.load(entry, tier.config)
+        fn = self._loads.load(entry, tier.load_config)
         self.recorder.span(journey, tier.name, stage, t, time.monotonic())
         return fn
 

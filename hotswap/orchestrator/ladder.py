@@ -274,7 +274,7 @@ class Ladder:
         entries, request = journey.entries(), journey.request
         if not self._recorder.profiling or request is None or not entries:
             return
-        gate = self.gate or Gate(0.0, {t.name: dict(t.config) for t in self.tiers})
+        gate = self.gate or Gate(0.0, {t.name: t.load_config for t in self.tiers})
         with self._lock:
             self._comparisons += 1
         bench = gate.request(journey.graph_id, entries, request, purpose="compare",

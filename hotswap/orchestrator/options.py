@@ -12,17 +12,23 @@ from typing import Any, NamedTuple
 
 from hotswap._env import env_number
 
-__all__ = ["MODES", "ON_FAILURE", "TIER_PRESETS", "Options", "Plan", "Tier", "parse_tiers"]
+__all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "TIER_PRESETS", "Options",
+           "Plan", "Tier", "parse_tiers"]
 
 MODES = ("inprocess", "subprocess", "async", "progressive")
 ON_FAILURE = ("stay", "raise")
-# Preset tiers: inductor config patches, as torch.compile's modes set them. CUDA graphs are off in
-# every tier: a loaded artifact runs without them (CompiledArtifact.load disables cudagraphs).
+# Preset tiers: inductor config patches, as torch.compile's modes set them. Inductor loads an
+# artifact with CUDA graphs off (CompiledArtifact.load); the tiers named in CUDAGRAPH_PRESETS
+# serve through CUDA graphs captured in the serving process after the swap (cudagraphs.py).
 TIER_PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
+    "reduce-overhead": {},
     "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True},
     "max-autotune-no-cudagraphs": {"max_autotune": True, "coordinate_descent_tuning": True},
 }
+CUDAGRAPH_PRESETS = ("reduce-overhead",)
+# The load config key that marks a tier to serve through CUDA graphs (never given to inductor).
+CUDAGRAPHS_KEY = "hotswap.cudagraphs"
 DEFAULT_LADDER = ("default", "max-autotune")
 
 
@@ -39,10 +45,19 @@ _AUTOTUNE_KEYS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
 
 @dataclass(frozen=True)
 class Tier:
-    """A rung of the ladder: a name and the inductor config patches it compiles under."""
+    """A rung of the ladder: a name, the inductor config patches it compiles under, and
+    whether it serves through CUDA graphs captured after the swap."""
 
     name: str
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+    cudagraphs: bool = False
+
+    @property
+    def load_config(self) -> dict[str, Any]:
+        """What its artifact loads under (cudagraphs.py reads and drops its own key); also
+        what its cache key is made of, so that a tier with CUDA graphs has entries and
+        verdicts of its own."""
+        return {**self.config, CUDAGRAPHS_KEY: True} if self.cudagraphs else dict(self.config)
 
 
 def _fits(default: Any, value: Any) -> bool:
@@ -93,14 +108,17 @@ def parse_tiers(tiers: Any) -> tuple[Tier, ...]:
             if tier not in TIER_PRESETS:
                 raise ValueError(f"unknown tier {tier!r}; presets are {sorted(TIER_PRESETS)}, or "
                                  "pass {'name': ..., 'config': {inductor config patches}}")
-            parsed.append(Tier(tier, dict(TIER_PRESETS[tier])))
+            parsed.append(Tier(tier, dict(TIER_PRESETS[tier]), tier in CUDAGRAPH_PRESETS))
         elif isinstance(tier, dict):
             name, config = tier.get("name"), tier.get("config", {})
-            extra = set(tier) - {"name", "config"}
-            if not isinstance(name, str) or not name or not isinstance(config, dict) or extra:
-                raise ValueError(f"a custom tier is {{'name': str, 'config': dict}}, got {tier!r}")
+            cudagraphs = tier.get("cudagraphs", False)
+            extra = set(tier) - {"name", "config", "cudagraphs"}
+            if (not isinstance(name, str) or not name or not isinstance(config, dict) or extra
+                    or not isinstance(cudagraphs, bool)):
+                raise ValueError("a custom tier is {'name': str, 'config': dict, 'cudagraphs': "
+                                 f"bool (optional)}}, got {tier!r}")
             _check_config_keys(name, config)
-            parsed.append(Tier(name, dict(config)))
+            parsed.append(Tier(name, dict(config), cudagraphs))
         else:
             raise ValueError(f"a tier is a preset name or a dict, got {tier!r}")
     names = [t.name for t in parsed]

@@ -210,21 +210,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"hotswap gate-audit: unknown model(s) {unknown}; choose from "
               f"{list(BENCH_MODELS)} or corpus:NAME", file=sys.stderr)
         return 2
-    results = []
-    for model in models:
+    print(f"== gate audit on {args.device}: busy caller every {args.interval_ms:g} ms; "
+          f"reference {args.rounds} rounds x {args.budget_ms:g} ms per tier, quiet ==")
+    results: list[dict[str, Any]] = []
+    for model in models:  # each model's rows as soon as they are in (and in --json)
         print(f"  auditing {model} on {args.device} ...", end="", flush=True, file=sys.stderr)
         t = time.monotonic()
         results.append(_spawn(model, args))
         failed = " (failed)" if "error" in results[-1] else ""
         print(f" {time.monotonic() - t:.0f} s{failed}", flush=True, file=sys.stderr)
+        lines, missed = summarize(results[-1:])
+        print("\n".join(lines[0 if len(results) == 1 else 1:]).split("\n\n")[0], flush=True)
+        if args.json:
+            lines, missed = summarize(results)
+            with open(args.json, "w") as f:
+                json.dump({"device": args.device, "results": results, "missed": missed}, f,
+                          indent=1)
     lines, missed = summarize(results)
-    print(f"== gate audit on {args.device}: busy caller every {args.interval_ms:g} ms; "
-          f"reference {args.rounds} rounds x {args.budget_ms:g} ms per tier, quiet ==")
-    print("\n".join(lines))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": args.device, "results": results, "missed": missed}, f,
-                      indent=1)
+    print("\n".join(lines[lines.index(""):]) if "" in lines else "no decisions measured")
     if missed:
         print("missed: " + "; ".join(missed))
     return 1 if missed and args.check else 0

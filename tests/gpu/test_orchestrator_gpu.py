@@ -63,13 +63,17 @@ def test_progressive_bf16_matmul_relu_climbs_and_keeps_the_faster_tier(tmp_path:
     assert not status.failures, status.failures
     assert served["eager"] >= 1  # the first call never waited for a compile
     # The ladder climbed: default served, then max-autotune either swapped in or was measured
-    # and kept out by the gate (with the numbers that decided it).
-    if status.tier == top:
-        assert status.kept == ()
-    else:
-        assert status.tier == "default"
+    # and kept out by the gate (with the numbers that decided it); a tier measured slower
+    # than eager gave way to eager (this graph is launch-bound: 13 µs).
+    if status.tier == top:  # default may have given way to eager, or lost to the top tier
+        assert [tier for tier, _ in status.kept] in ([], ["default"]), status.kept
+    elif status.tier == "default":
         [(tier, why)] = status.kept
         assert tier == top and why.startswith("gate: "), status.kept
+    else:
+        assert status.tier == "eager" and status.kept, status
+        assert any(why.startswith("slower than eager: ") for _, why in status.kept)
+        assert all(why.startswith(("slower than eager: ", "gate: ")) for _, why in status.kept)
     assert any("'max_autotune': True" in src for src in _max_autotune_sources(str(tmp_path), top))
     torch.testing.assert_close(compiled(x, y), f(x, y), rtol=2e-2, atol=2e-2)
     # The gate's point: what hotswap serves is no slower than plain torch.compile's default.

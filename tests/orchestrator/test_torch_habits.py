@@ -42,6 +42,29 @@ def test_torch_mode_picks_the_top_of_the_ladder_and_status_takes_the_optimized_m
     torch.testing.assert_close(compiled(*inputs), model(*inputs))
 
 
+def test_reduce_overhead_climbs_to_a_cuda_graph_tier_that_serves_cpu_graphs_as_they_are(
+        ) -> None:
+    """On CPU nothing is captured (tests/gpu captures); the ladder and outputs hold."""
+    model, inputs = mlp()
+    compiled = torch.compile(model, backend="hotswap", mode="reduce-overhead")
+    torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    [status] = hotswap.wait(compiled, timeout_s=300, raise_on_timeout=True)
+    assert [t for t, _ in status.states] == ["default", "reduce-overhead"] and not status.failures
+    for _ in range(3):
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+
+
+def test_a_cuda_graph_tier_runs_a_cpu_graph_as_it_is() -> None:
+    from hotswap.orchestrator.cudagraphs import CudaGraphed, split_cudagraphs
+
+    graphed = CudaGraphed(lambda x: x * 2, "g1")
+    for _ in range(3):
+        torch.testing.assert_close(graphed(torch.ones(3)), torch.full((3,), 2.0))
+    assert not graphed.captured and graphed.why_not == "an argument is not on a CUDA device"
+    assert split_cudagraphs({"max_autotune": True, "hotswap.cudagraphs": True}) == (
+        {"max_autotune": True}, True)
+
+
 def test_status_of_a_torch_compiled_model_is_its_own_backends_graphs() -> None:
     model, inputs = mlp()
     mine = torch.compile(model, backend="hotswap", options={"mode": "subprocess", "workers": 1,
@@ -57,7 +80,6 @@ def test_status_of_a_torch_compiled_model_is_its_own_backends_graphs() -> None:
 
 
 @pytest.mark.parametrize(("mode", "needle"), [
-    ("reduce-overhead", "CUDA graphs"),
     ("async", "options={'mode': 'async'}"),
     ("fastest", "unknown torch.compile mode"),
 ])
