@@ -156,7 +156,8 @@ class BenchRequest:
         entries = {t: e if isinstance(e, bytes) else {"cache_dir": e.cache_dir, "key": e.key}
                    for t, e in self.entries.items()}
         return {**{f.name: getattr(self, f.name) for f in fields(self)},
-                "entries": entries, "inputs": _metas_to_wire(self.inputs)}
+                "entries": entries, "inputs": _metas_to_wire(self.inputs),
+                "pair": list(self.pair)}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> BenchRequest:

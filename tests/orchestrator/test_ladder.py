@@ -200,7 +200,9 @@ def test_a_graph_lets_go_of_its_shipped_form_once_final() -> None:
     fake = _fake(delay_s={"max-autotune": 0.1}, medians=FAST_TOP)
     _, status, _ = _run(fake)
     assert status.final
-    assert shipped() == before  # wait() returns after the load thread's last step
+    # wait() returns after the load thread's last step (earlier tests' requests may be
+    # collected meanwhile: no more than before, not exactly as many)
+    assert shipped() <= before
 
 
 # The gate's cases as they ran with real workers and inductor (tests/profiles before): the
