@@ -230,6 +230,15 @@ class GraphJourney:
     def keep(self, tier: str, reason: str, *, on_timeline: bool = False) -> None:
         """A tier that will not serve; ``status().kept`` says why (and, ``on_timeline``, the
         profile's swap records)."""
+        if self._mark_kept(tier, reason) and on_timeline:
+            # a decision (the gate's, now or in an earlier run): said once
+            log.info("graph %s: tier %r kept out: %s", self.graph_id, tier, reason)
+            self.recorder.timeline.add(Swap(self.graph_id, self.runner.tier, tier,
+                                            time.monotonic(), "kept"))
+
+    def _mark_kept(self, tier: str, reason: str) -> bool:
+        """Move ``tier`` to kept, with its reason; False (and the tier failed) where its state
+        does not allow it."""
         with self._lock:
             ok = self._move(tier, S.KEPT)
             if ok:
@@ -237,10 +246,7 @@ class GraphJourney:
         if not ok:
             self.fail(tier, f"internal error: kept from {self.state(tier).value}",
                       level=logging.ERROR)
-        elif on_timeline:  # a decision (the gate's, now or in an earlier run): said once
-            log.info("graph %s: tier %r kept out: %s", self.graph_id, tier, reason)
-            self.recorder.timeline.add(Swap(self.graph_id, self.runner.tier, tier,
-                                            time.monotonic(), "kept"))
+        return ok
 
     def fail(self, tier: str, reason: str, *, level: int = logging.WARNING) -> None:
         """Record a failed tier; the graph stays where it is. Logged once (WARNING by
@@ -259,15 +265,7 @@ class GraphJourney:
     def back_to_eager(self, tier: str, reason: str) -> bool:
         """``tier`` measured slower than eager: eager serves again and the tier is kept out
         (False if it no longer serves)."""
-        if not self.runner.back_to_eager(tier):
-            return False
-        with self._lock:
-            ok = self._move(tier, S.KEPT)
-            if ok:
-                self._kept.append((tier, reason))
-        if not ok:
-            self.fail(tier, f"internal error: kept from {self.state(tier).value}",
-                      level=logging.ERROR)
+        if not self.runner.back_to_eager(tier) or not self._mark_kept(tier, reason):
             return False
         log.info("graph %s: tier %r kept out, eager serves again: %s", self.graph_id, tier, reason)
         self.recorder.timeline.add(Swap(self.graph_id, tier, "eager", time.monotonic(), "kept"))

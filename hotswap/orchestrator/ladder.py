@@ -237,8 +237,8 @@ class Ladder:
         if candidate.tier == EAGER:  # the serving tier against eager
             decision = verdict.decision
             if verdict.action is Action.ADOPT and decision is not None:
-                bump("gate_kept")
                 if journey.back_to_eager(serving, f"slower than eager: {decision.reason}"):
+                    bump("gate_kept")
                     self._store_verdict(journey, candidate.verdict_key, decision)
             elif (decision is not None and decision.confidence == "confident"
                   and candidate.verdict_key is not None):  # a warm process need not check it

@@ -143,57 +143,74 @@ def _interval(low: float | None, high: float | None) -> str:
     return "" if low is None or high is None else f"[{_pct(low)}, {_pct(high)}]"
 
 
+HEADER = (f"{'model':<18} {'graph':<6} {'serving -> candidate':<28} {'outcome':<8} "
+          f"{'confidence':<10} {'gate gain [95%]':<28} {'reference gain [95%]':<28} regret")
+
+
+def _model_lines(result: dict[str, Any]) -> tuple[list[str], list[float], list[str]]:
+    """One model's lines, the regrets of its decisions, and the targets it missed."""
+    model = result["model"]
+    if "error" in result:
+        return [f"{model:<18} FAILED: {result['error']}"], [], [f"{model}: failed"]
+    lines: list[str] = []
+    regrets: list[float] = []
+    missed: list[str] = []
+    for row in result["rows"]:
+        pair = f"{row['serving']} -> {row['candidate']}"
+        gate = f"{_pct(row['gain'])} {_interval(row['gain_low'], row['gain_high'])}"
+        decided = (f"{model:<18} {row['graph']:<6} {pair:<28} {row['outcome']:<8} "
+                   f"{row['confidence']:<10} {gate:<28}")
+        if "error" in row:
+            lines.append(f"{decided} reference failed: {row['error']}")
+            missed.append(f"{model} {row['graph']}: no reference")
+            continue
+        ref = f"{_pct(row['ref_gain'])} {_interval(row['ref_gain_low'], row['ref_gain_high'])}"
+        regrets.append(row["regret"])
+        lines.append(f"{decided} {ref:<28} {100 * row['regret']:.1f}%")
+    limit = 2 * result["eager_ms"] + 10
+    lines.append(f"{model:<18} {len(result['rows'])} decisions, {result['undecided']} "
+                 f"undecided measurements, final after {result['final_s']:.1f} s "
+                 f"({'final' if result['final'] else 'NOT FINAL'}); largest serving call "
+                 f"beside a gate measurement {result['largest_gate_ms']:.1f} ms (while the "
+                 f"tiers climbed {result['largest_ms']:.1f} ms) vs 2x eager + 10 ms = "
+                 f"{limit:.1f} ms")
+    if not result["final"]:
+        missed.append(f"{model}: never decided within the timeout")
+    if result["largest_gate_ms"] > limit:
+        missed.append(f"{model}: a call beside a gate measurement took "
+                      f"{result['largest_gate_ms']:.1f} ms > {limit:.1f} ms")
+    return lines, regrets, missed
+
+
+def _totals(regrets: list[float]) -> tuple[list[str], list[str]]:
+    """The regret targets over every decision: a line, and the targets missed."""
+    if not regrets:
+        return ["no decisions measured"], []
+    share = sum(r <= REGRET_OK for r in regrets) / len(regrets)
+    worst = max(regrets)
+    line = (f"decisions: {len(regrets)}; regret <= {100 * REGRET_OK:.0f}%: "
+            f"{100 * share:.1f}% (target >= {100 * SHARE_OK:.0f}%) "
+            f"{'met' if share >= SHARE_OK else 'MISSED'}; largest regret "
+            f"{100 * worst:.1f}% (target <= {100 * REGRET_MAX:.0f}%) "
+            f"{'met' if worst <= REGRET_MAX else 'MISSED'}")
+    missed = []
+    if share < SHARE_OK:
+        missed.append(f"regret <= 2% in {100 * share:.1f}% of decisions")
+    if worst > REGRET_MAX:
+        missed.append(f"largest regret {100 * worst:.1f}%")
+    return [line], missed
+
+
 def summarize(results: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """The report's lines, and the targets missed."""
-    lines = [f"{'model':<18} {'graph':<6} {'serving -> candidate':<28} {'outcome':<8} "
-             f"{'confidence':<10} {'gate gain [95%]':<28} {'reference gain [95%]':<28} regret"]
-    missed: list[str] = []
-    regrets: list[float] = []
+    lines, regrets, missed = [HEADER], [], []
     for result in results:
-        model = result["model"]
-        if "error" in result:
-            lines.append(f"{model:<18} FAILED: {result['error']}")
-            missed.append(f"{model}: failed")
-            continue
-        for row in result["rows"]:
-            pair = f"{row['serving']} -> {row['candidate']}"
-            gate = f"{_pct(row['gain'])} {_interval(row['gain_low'], row['gain_high'])}"
-            if "error" in row:
-                lines.append(f"{model:<18} {row['graph']:<6} {pair:<28} {row['outcome']:<8} "
-                             f"{row['confidence']:<10} {gate:<28} reference failed: "
-                             f"{row['error']}")
-                missed.append(f"{model} {row['graph']}: no reference")
-                continue
-            ref = f"{_pct(row['ref_gain'])} {_interval(row['ref_gain_low'], row['ref_gain_high'])}"
-            regrets.append(row["regret"])
-            lines.append(f"{model:<18} {row['graph']:<6} {pair:<28} {row['outcome']:<8} "
-                         f"{row['confidence']:<10} {gate:<28} {ref:<28} "
-                         f"{100 * row['regret']:.1f}%")
-        limit = 2 * result["eager_ms"] + 10
-        lines.append(f"{model:<18} {len(result['rows'])} decisions, {result['undecided']} "
-                     f"undecided measurements, final after {result['final_s']:.1f} s "
-                     f"({'final' if result['final'] else 'NOT FINAL'}); largest serving call "
-                     f"beside a gate measurement {result['largest_gate_ms']:.1f} ms (while the "
-                     f"tiers climbed {result['largest_ms']:.1f} ms) vs 2x eager + 10 ms = "
-                     f"{limit:.1f} ms")
-        if not result["final"]:
-            missed.append(f"{model}: never decided within the timeout")
-        if result["largest_gate_ms"] > limit:
-            missed.append(f"{model}: a call beside a gate measurement took "
-                          f"{result['largest_gate_ms']:.1f} ms > {limit:.1f} ms")
-    if regrets:
-        share = sum(r <= REGRET_OK for r in regrets) / len(regrets)
-        worst = max(regrets)
-        lines += ["", f"decisions: {len(regrets)}; regret <= {100 * REGRET_OK:.0f}%: "
-                      f"{100 * share:.1f}% (target >= {100 * SHARE_OK:.0f}%) "
-                      f"{'met' if share >= SHARE_OK else 'MISSED'}; largest regret "
-                      f"{100 * worst:.1f}% (target <= {100 * REGRET_MAX:.0f}%) "
-                      f"{'met' if worst <= REGRET_MAX else 'MISSED'}"]
-        if share < SHARE_OK:
-            missed.append(f"regret <= 2% in {100 * share:.1f}% of decisions")
-        if worst > REGRET_MAX:
-            missed.append(f"largest regret {100 * worst:.1f}%")
-    return lines, missed
+        more, found, missing = _model_lines(result)
+        lines += more
+        regrets += found
+        missed += missing
+    totals, missing = _totals(regrets)
+    return [*lines, "", *totals], missed + missing
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"== gate audit on {args.device}: busy caller every {args.interval_ms:g} ms; "
           f"reference {args.rounds} rounds x {args.budget_ms:g} ms per tier, quiet ==")
+    print(HEADER)
     results: list[dict[str, Any]] = []
     for model in models:  # each model's rows as soon as they are in (and in --json)
         print(f"  auditing {model} on {args.device} ...", end="", flush=True, file=sys.stderr)
@@ -219,15 +237,13 @@ def run(args: argparse.Namespace) -> int:
         results.append(_spawn(model, args))
         failed = " (failed)" if "error" in results[-1] else ""
         print(f" {time.monotonic() - t:.0f} s{failed}", flush=True, file=sys.stderr)
-        lines, missed = summarize(results[-1:])
-        print("\n".join(lines[0 if len(results) == 1 else 1:]).split("\n\n")[0], flush=True)
+        print("\n".join(_model_lines(results[-1])[0]), flush=True)
         if args.json:
-            lines, missed = summarize(results)
             with open(args.json, "w") as f:
-                json.dump({"device": args.device, "results": results, "missed": missed}, f,
-                          indent=1)
+                json.dump({"device": args.device, "results": results,
+                           "missed": summarize(results)[1]}, f, indent=1)
     lines, missed = summarize(results)
-    print("\n".join(lines[lines.index(""):]) if "" in lines else "no decisions measured")
+    print("\n".join(lines[lines.index(""):]))
     if missed:
         print("missed: " + "; ".join(missed))
     return 1 if missed and args.check else 0
