@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ClusterWorkerLost",
     "CompileFailed",
     "HotswapError",
     "JobError",
@@ -105,6 +106,17 @@ class WorkerCrashed(JobError):
         self.pid = pid
         self.exitcode = exitcode
         self.signal_name = signal_name
+
+
+class ClusterWorkerLost(WorkerCrashed):
+    """A cluster job's worker, or the connection to the cluster, was lost (``how`` says
+    which): a crash like any other, retried once."""
+
+    def __init__(self, how: str, *, job: str = "") -> None:
+        JobError.__init__(self, f"the cluster lost {job or 'a job'}: {how}", job=job)
+        self.pid = 0
+        self.exitcode = None
+        self.signal_name = None
 
 
 class WorkerStopped(WorkerCrashed):

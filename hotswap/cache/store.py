@@ -37,7 +37,8 @@ import msgpack
 from hotswap._env import env_number
 from hotswap.cache.root import claim_root, default_cache_dir, load_secret
 
-__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo"]
+__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo", "EntryRejected", "is_key",
+           "seal", "split_entry", "unseal"]
 
 # The tier label of the benchmark gate's verdicts (a decision, not an artifact).
 VERDICT_TIER = "gate-verdict"
@@ -152,20 +153,13 @@ class ArtifactCache:
         ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``."""
         if self.stamp is None:
             raise ValueError("this ArtifactCache was opened without a stamp; it cannot write")
-        header = msgpack.packb({"format": FORMAT_VERSION, "key": key, "tier": tier,
-                                "origin": origin,
-                                "stamp": self.stamp, "sha256": hashlib.sha256(payload).hexdigest(),
-                                "size": len(payload), "created_s": time.time()},
-                               use_bin_type=True)
         # Written and signed piece by piece, never joined: joining copies the payload (tens of
         # MB for a GPU tier) while holding the GIL, which stalls the user's calls; hashing and
         # writing a large buffer release it.
-        head = MAGIC + _LEN.pack(len(header)) + header
-        mac = hmac.new(self._secret, head, hashlib.sha256)
-        mac.update(payload)
+        head, mac = seal(self._secret, key, payload, tier=tier, origin=origin, stamp=self.stamp)
         path = self._path(key)
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        _write_atomic(path, head, payload, mac.digest())
+        _write_atomic(path, head, payload, mac)
         size = len(head) + len(payload) + _MAC_BYTES
         with self._lock:
             index = self._read_index()
@@ -269,29 +263,7 @@ class ArtifactCache:
 
     def _verify(self, parts: tuple[bytes, bytes, bytes], key: str
                 ) -> tuple[dict[str, Any], bytes]:
-        head, payload, mac = parts
-        if len(head) < len(MAGIC) + _LEN.size or len(mac) != _MAC_BYTES \
-                or not head.startswith(MAGIC):
-            raise EntryRejected("truncated or not a hotswap artifact")
-        signature = hmac.new(self._secret, head, hashlib.sha256)
-        signature.update(payload)
-        if not hmac.compare_digest(mac, signature.digest()):
-            raise EntryRejected("signature does not match this cache's key (tampered, truncated "
-                                "or written by another cache)")
-        try:
-            header = msgpack.unpackb(head[len(MAGIC) + _LEN.size:], raw=False)
-        except Exception as e:
-            raise EntryRejected(f"unreadable header: {e}") from e
-        if header.get("format") != FORMAT_VERSION:
-            raise EntryRejected(f"format {header.get('format')} is not {FORMAT_VERSION}")
-        if header.get("key") != key:
-            raise EntryRejected("stored under another key")
-        if len(payload) != header.get("size") or \
-                hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-            raise EntryRejected("checksum mismatch")
-        if self.stamp is not None and header.get("stamp") != self.stamp:
-            raise EntryRejected(f"written by another build: {header.get('stamp')} != {self.stamp}")
-        return header, payload
+        return unseal(self._secret, parts, key, self.stamp)
 
     def _reject(self, key: str, reason: str, *, warn: bool = True) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -346,6 +318,68 @@ class ArtifactCache:
             total -= index.pop(key)["size"]
             with contextlib.suppress(FileNotFoundError):
                 self._path(key).unlink()
+
+
+def seal(secret: bytes, key: str, payload: bytes | memoryview, *, tier: str, origin: str,
+         stamp: dict[str, Any]) -> tuple[bytes, bytes]:
+    """An entry's (MAGIC + header length + header, HMAC-SHA256 of it and the payload): what
+    goes before and after ``payload`` wherever an entry is stored (a file here; the fleet
+    store's Redis values too)."""
+    header = msgpack.packb({"format": FORMAT_VERSION, "key": key, "tier": tier,
+                            "origin": origin, "stamp": stamp,
+                            "sha256": hashlib.sha256(payload).hexdigest(),
+                            "size": len(payload), "created_s": time.time()},
+                           use_bin_type=True)
+    head = MAGIC + _LEN.pack(len(header)) + header
+    mac = hmac.new(secret, head, hashlib.sha256)
+    mac.update(payload)
+    return head, mac.digest()
+
+
+def unseal(secret: bytes, parts: tuple[bytes, bytes, bytes], key: str,
+           stamp: dict[str, Any] | None) -> tuple[dict[str, Any], bytes]:
+    """An entry's header and payload, if its magic, lengths, HMAC (``secret``), format, key,
+    SHA-256 and ``stamp`` (None: any) all check out; else ``EntryRejected`` saying which."""
+    head, payload, mac = parts
+    if len(head) < len(MAGIC) + _LEN.size or len(mac) != _MAC_BYTES \
+            or not head.startswith(MAGIC):
+        raise EntryRejected("truncated or not a hotswap artifact")
+    signature = hmac.new(secret, head, hashlib.sha256)
+    signature.update(payload)
+    if not hmac.compare_digest(mac, signature.digest()):
+        raise EntryRejected("signature does not match this cache's key (tampered, truncated "
+                            "or written by another cache)")
+    try:
+        header = msgpack.unpackb(head[len(MAGIC) + _LEN.size:], raw=False)
+    except Exception as e:
+        raise EntryRejected(f"unreadable header: {e}") from e
+    if header.get("format") != FORMAT_VERSION:
+        raise EntryRejected(f"format {header.get('format')} is not {FORMAT_VERSION}")
+    if header.get("key") != key:
+        raise EntryRejected("stored under another key")
+    if len(payload) != header.get("size") or \
+            hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        raise EntryRejected("checksum mismatch")
+    if stamp is not None and header.get("stamp") != stamp:
+        raise EntryRejected(f"written by another build: {header.get('stamp')} != {stamp}")
+    return header, payload
+
+
+def split_entry(blob: bytes) -> tuple[bytes, bytes, bytes]:
+    """A whole entry held in memory, as ``_read_entry`` reads one from a file."""
+    prefix = blob[:len(MAGIC) + _LEN.size]
+    if len(prefix) < len(MAGIC) + _LEN.size:
+        return blob, b"", b""
+    end_head = len(prefix) + _LEN.unpack_from(prefix, len(MAGIC))[0]
+    end_payload = len(blob) - _MAC_BYTES
+    if end_payload < end_head:
+        return blob, b"", b""
+    return blob[:end_head], blob[end_head:end_payload], blob[end_payload:]
+
+
+def is_key(name: str) -> bool:
+    """Whether ``name`` is a cache key (lowercase hex)."""
+    return _is_key(name)
 
 
 def _is_key(name: str) -> bool:

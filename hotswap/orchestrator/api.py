@@ -54,7 +54,11 @@ def compile(
     fullgraph: bool = False,
     gate: bool = True,
     gate_threshold: float | None = None,
+    force_tier: str | None = None,
     profile_dir: str | None = None,
+    executor: Any = None,
+    cache_url: str | None = None,
+    worker_devices: Any = None,
 ) -> Any:
     """Compile ``model`` (a module or function) like ``torch.compile``, without blocking.
 
@@ -71,13 +75,21 @@ def compile(
     profile_dir: record a profile of this run there (HOTSWAP_PROFILE_DIR): every stage of every
           graph and tier, every call, tier benchmarks and kernel breakdowns; read it with
           ``hotswap profile report DIR``.
+    executor: where compiles and gate benchmarks run: None or "local" (the worker pool), a
+          Dask scheduler ("dask://host:8786") or a ``distributed.Client`` (HOTSWAP_EXECUTOR).
+    cache_url: a Redis store the fleet shares ("redis://host:6379/0"; HOTSWAP_CACHE_URL),
+          signed with the key in HOTSWAP_CACHE_KEY_FILE; the local cache stays in front.
+    worker_devices: the GPU each local worker compiles and benchmarks on (["cuda:1"]: off the
+          serving GPU; HOTSWAP_WORKER_DEVICES).
     """
     if not callable(model):
         raise ValueError(f"hotswap.compile takes a torch.nn.Module or a function, got {model!r}")
     options = Options.create(mode=mode, tiers=tiers, workers=workers, cache_dir=cache_dir,
                              timeout_s=timeout_s, verify=verify, on_failure=on_failure,
                              dynamic=dynamic, fullgraph=fullgraph, gate=gate,
-                             gate_threshold=gate_threshold, profile_dir=profile_dir)
+                             gate_threshold=gate_threshold, force_tier=force_tier,
+                             profile_dir=profile_dir, executor=executor, cache_url=cache_url,
+                             worker_devices=worker_devices)
     coordinator = Coordinator(options)
     compiled = torch.compile(model, backend=coordinator, dynamic=options.dynamic,
                              fullgraph=options.fullgraph)
@@ -88,7 +100,8 @@ def compile(
 
 
 def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
-            wait: bool = False, timeout_s: float | None = None) -> bool:
+            wait: bool = False, timeout_s: float | None = None,
+            worker_devices: Any = None) -> bool:
     """Start the compile workers and warm this process's load path now, so that the first
     swap neither waits for nor competes with one-time costs (a worker's start: its imports,
     then the CUDA context or the CPU vector-ISA probe; here: about 1.5 s of imports and a hash
@@ -100,14 +113,14 @@ def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
     workers are ready and the warm-up is done, or ``timeout_s`` passes. Returns whether
     everything is ready (always True without ``wait``).
     """
-    Options.create(workers=workers)  # the same checks as compile()
+    options = Options.create(workers=workers, worker_devices=worker_devices)  # as compile()
     if devices is None:
         devices = ["cuda"] if torch.cuda.is_available() else ["cpu"]
     devices = [str(d) for d in devices]
     unknown = [d for d in devices if d.split(":")[0] not in ("cpu", "cuda")]
     if unknown:
         raise ValueError(f"devices must be 'cpu' or 'cuda[:N]', got {unknown}")
-    pool = _runtime.pool(workers)
+    pool = _runtime.pool(workers, options.worker_devices)
     importlib.import_module("torch._dynamo")  # here, before the warm-up thread (warmup.py)
     start_warmup(devices)
     if not wait:

@@ -2,12 +2,19 @@
 
     Coordinator ---keys()----> one key per (graph, tier), from the graph, inputs and tier config
                 ---get()-----> a verified entry or None (a refused entry counts in cache_rejects)
+                ---fetch()---> the fleet store's entry (off the user's thread), written here too
                 ---claim()---> this process compiles key; others wait_for_holder(), then re-read
                 ---store()---> entries of artifacts that loaded here; gate verdicts beside them
 
 Opened lazily on the first graph (the stamp needs the graph's devices); a cache that cannot be
 opened (unwritable directory, say) is logged once and hotswap runs without one. Locks held by
 this process live in ``_claims``: taken in the user's call, released on the loader thread.
+
+With a fleet store (``cache_url``, fleet/store.py) the local directory is a read-through tier
+in front of it, and a claim is two: this machine's file lock, then the fleet's expiring Redis
+claim. A store that fails (Redis down) is warned of once and left alone for
+``_REMOTE_RETRY_S``: the process serves on from its local cache; entries stored meanwhile are
+sent once it answers again.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import filelock
 import torch
 
 from hotswap.cache import VERDICT_TIER, ArtifactCache
+from hotswap.fleet.store import FleetStore, load_fleet_key
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.keys import environment_stamp, tier_key, verdict_key
 from hotswap.orchestrator.options import Tier
@@ -34,15 +42,24 @@ from hotswap.workers.starvation import STOPPED_GRACE_S
 __all__ = ["STOPPED_GRACE_S", "CacheAccess"]
 
 _POLL_S = 0.5
+_REMOTE_RETRY_S = 30.0
+# Entries a fleet store missed while it was down, per store URL, in this process (every
+# coordinator's): key -> (tier, origin, local cache root). Sent with the next entry it takes.
+_unsent: dict[str, dict[str, tuple[str, str, str]]] = {}
+_unsent_lock = threading.Lock()
 
 log = logging.getLogger("hotswap")
 
 
 class CacheAccess:
-    def __init__(self, cache_dir: str | None, timeout_s: float | None) -> None:
+    def __init__(self, cache_dir: str | None, timeout_s: float | None,
+                 cache_url: str | None = None) -> None:
         self._cache_dir = cache_dir
         self._timeout_s = timeout_s
         self._cache: ArtifactCache | None = None
+        self._url = cache_url
+        self._remote: FleetStore | None = None
+        self._remote_down_until = 0.0
         self._failed = False
         self._lock = threading.Lock()
         self._claims: dict[str, filelock.FileLock] = {}
@@ -58,6 +75,11 @@ class CacheAccess:
     def enabled(self) -> bool:
         return self._cache is not None
 
+    @property
+    def shared(self) -> bool:
+        """Whether a fleet store stands behind the local cache."""
+        return self._remote is not None
+
     def keys(self, gm: torch.fx.GraphModule, inputs: tuple[Any, ...], grad_enabled: bool,
              wanted: list[Tier], num_threads: int | None = None) -> dict[str, str]:
         """Cache key per tier; opens the cache on first use. No cache, no keys."""
@@ -71,6 +93,8 @@ class CacheAccess:
                     self._failed = True
                     self._notes["open"] = f"artifact cache disabled: {e}"
                     log.warning("hotswap: %s", self._notes["open"])
+                if self._cache is not None and self._url is not None:
+                    self._open_remote(self._cache.stamp)
         if self._cache is None or self._cache.stamp is None:
             return {}
         stamp = self._cache.stamp
@@ -93,6 +117,52 @@ class CacheAccess:
         if entry is not None:  # the index notes the use off the user's path (best effort)
             threading.Thread(target=self._cache.touch, args=(key,), daemon=True,
                              name="hotswap-cache-touch").start()
+        return entry
+
+    def _open_remote(self, stamp: dict[str, Any] | None) -> None:
+        """The fleet store behind the local cache; without the fleet key, none (said once)."""
+        assert self._url is not None
+        try:
+            self._remote = FleetStore(self._url, load_fleet_key(), stamp)
+        except ValueError as e:
+            self._notes["fleet"] = f"fleet store {self._url} not used: {e}"
+            log.warning("hotswap: %s", self._notes["fleet"])
+
+    def _fleet(self) -> FleetStore | None:
+        """The fleet store, unless it failed less than _REMOTE_RETRY_S ago."""
+        if self._remote is None or time.monotonic() < self._remote_down_until:
+            return None
+        return self._remote
+
+    def _fleet_failed(self, error: OSError) -> None:
+        bump("fleet_store_errors")
+        self._remote_down_until = time.monotonic() + _REMOTE_RETRY_S
+        note = (f"fleet store unreachable ({error}); serving from the local cache at "
+                f"{self._cache.root if self._cache else self._cache_dir}, trying it again "
+                f"every {_REMOTE_RETRY_S:g} s")
+        with self._lock:
+            first = "fleet-down" not in self._notes
+            self._notes.setdefault("fleet-down", note)
+        if first:
+            log.warning("hotswap: %s", note)
+
+    def fetch(self, key: str) -> bytes | None:
+        """The fleet store's entry for ``key`` (None: none, or the store is down), written to
+        the local cache too. Blocks on the network: never in the user's call."""
+        remote = self._fleet()
+        if remote is None:
+            return None
+        rejected = remote.rejected
+        try:
+            entry = remote.get(key)
+        except OSError as e:
+            self._fleet_failed(e)
+            return None
+        if remote.rejected != rejected:
+            bump("cache_rejects")
+        if entry is not None:
+            bump("remote_cache_hits")
+            self._put(key, entry, "", local_only=True)
         return entry
 
     def _warn_once(self, what: str, error: OSError) -> None:
@@ -134,15 +204,41 @@ class CacheAccess:
         """The gate's verdict on ``key``'s tier; ``label`` shows in ``hotswap cache ls``."""
         self._put(verdict_key(key), verdict, VERDICT_TIER, label)
 
-    def _put(self, key: str, payload: bytes | memoryview, tier: str, origin: str = "") -> bool:
+    def _put(self, key: str, payload: bytes | memoryview, tier: str, origin: str = "", *,
+             local_only: bool = False) -> bool:
         if self._cache is None:
             return False
+        stored = True
         try:
             self._cache.put(key, payload, tier=tier, origin=origin)
         except OSError as e:  # a full disk must not cost the user the tier they already have
             self._warn_once("write", e)
-            return False
-        return True
+            stored = False
+        if self._remote is not None and not local_only:
+            self._send(key, payload, tier, origin)
+        return stored
+
+    def _send(self, key: str, payload: bytes | memoryview, tier: str, origin: str) -> None:
+        """Store in the fleet store too, with what it missed while it was down; what it
+        misses now is sent with a later entry (by any coordinator of this process)."""
+        assert self._url is not None and self._cache is not None
+        remote = self._fleet()
+        with _unsent_lock:
+            late = _unsent.setdefault(self._url, {})
+            late[key] = (tier, origin, str(self._cache.root))
+            todo = dict(late)
+        if remote is None:
+            return
+        try:
+            for todo_key, (todo_tier, todo_origin, root) in todo.items():
+                data = payload if todo_key == key else ArtifactCache(root).get(todo_key,
+                                                                               touch=False)
+                if data is not None:
+                    remote.put(todo_key, data, tier=todo_tier, origin=todo_origin)
+                with _unsent_lock:
+                    late.pop(todo_key, None)
+        except OSError as e:
+            self._fleet_failed(e)
 
     # ------------------------------------------------------------------ compile claims
 
@@ -167,11 +263,21 @@ class CacheAccess:
             self._cache.claim_owner_path(key).write_text(str(os.getpid()))
         except OSError:
             pass  # waiters then cannot tell if we stop; the time limit still bounds them
+        remote = self._fleet()
+        if remote is not None:
+            try:
+                if not remote.claim(key):  # another replica compiles it: wait for that one
+                    self.release(key)
+                    return False
+            except OSError as e:  # compile, claimed on this machine only
+                self._fleet_failed(e)
         return True
 
     def claimed_hit(self, key: str) -> bytes | None:
         """After a claim: the entry if it appeared meanwhile (the claim is then released)."""
         cached = self.get(key)
+        if cached is None and self._remote is not None:
+            cached = self.fetch(key)
         if cached is not None:
             self.release(key)
         return cached
@@ -180,6 +286,8 @@ class CacheAccess:
         with self._lock:
             lock = self._claims.pop(key, None) if key is not None else None
         if lock is not None:
+            if self._remote is not None and key is not None:
+                self._remote.release(key)
             if self._cache is not None and key is not None:
                 with contextlib.suppress(OSError):
                     self._cache.claim_owner_path(key).unlink()
@@ -220,7 +328,22 @@ class CacheAccess:
                 self._warn_once("lock", e)
                 return False
             lock.release()
-            return True
+            return self._wait_for_fleet_holder(key, deadline)
+
+    def _wait_for_fleet_holder(self, key: str, deadline: float | None) -> bool:
+        """Block while another replica holds the fleet's claim on ``key`` (it expires if that
+        replica dies: fleet/store.py). True once it is let go, or the store is down."""
+        while (remote := self._fleet()) is not None:
+            try:
+                if not remote.held(key):
+                    return True
+            except OSError as e:
+                self._fleet_failed(e)
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+        return True
 
     def _holder(self, key: str) -> int | None:
         assert self._cache is not None

@@ -101,7 +101,7 @@ class Coordinator:
         self._cond = threading.Condition()
         self._loader = Loader()
         self.recorder = Recorder(options.profile_dir)
-        self.cache = CacheAccess(options.cache_dir, options.limit_s())
+        self.cache = CacheAccess(options.cache_dir, options.limit_s(), options.cache_url)
         tiers = list(options.tiers if plan.climbs else options.tiers[-1:])
         if self.recorder.profiling:  # kernels named for profilers
             tiers = [profiled(t) for t in tiers]
@@ -117,14 +117,19 @@ class Coordinator:
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
         if not plan.here and compiler is None:
-            runtime.pool(options.workers)  # warm the pool now, before the first graph arrives
+            if options.executor is None:  # warm the pool now, before the first graph arrives
+                runtime.pool(options.workers, options.worker_devices)
+            else:  # connect now; the local pool starts only if the cluster is refused
+                runtime.cluster(options.executor)
             # The cache stamp's version lookups, off the user's first call.
             threading.Thread(target=prepare_stamp, daemon=True, name="hotswap-stamp").start()
 
     @property
     def compiler(self) -> Compiler:
         """What compiles and loads this coordinator's tiers now."""
-        return self._compiler or runtime.compiler(self.options.workers)
+        return self._compiler or runtime.compiler(self.options.workers,
+                                                  self.options.worker_devices,
+                                                  self.options.executor)
 
     # ------------------------------------------------------------------ backend entry
 
@@ -317,7 +322,8 @@ class Coordinator:
         with self._cond:
             journeys = list(self._journeys)
         statuses = [j.status() for j in journeys]
-        note = runtime.cpu_note(self.options.workers) if not self._waits else ""
+        note = (runtime.cpu_note(self.options.workers, self.options.worker_devices)
+                if not self._waits else "")
         cache = self.cache.note
         return [dataclasses.replace(s, waiting=note if s.pending else "", cache=cache)
                 for s in statuses]

@@ -15,6 +15,8 @@ COUNTER_NAMES = (
     "worker_compiles",  # compile jobs that finished in a worker with an artifact
     "inprocess_compiles",
     "cache_hits",       # artifacts taken from the artifact cache instead of compiling
+    "remote_cache_hits",  # ... of them, found in the fleet store (cache_url), not on this machine
+    "remote_compiles",  # compile jobs that finished on the cluster (executor), with an artifact
     "fallbacks",        # a tier failed (compile error, crash, timeout, unserializable graph, bad artifact)
     "graphs",           # graphs dynamo handed to hotswap
     "gate_benchmarks",  # a ready tier benchmarked against the serving one before a swap
@@ -29,6 +31,8 @@ COUNTER_NAMES = (
     "memory_limit_kills",      # MemoryLimitExceeded: over HOTSWAP_WORKER_RSS_LIMIT_BYTES
     "serialization_failures",  # SerializationFailed: a payload or result would not (un)pickle
     "cache_rejects",           # cache entries refused (checksum, signature, stamp) and removed
+    "fleet_store_errors",      # fleet store (cache_url) operations that failed: Redis unreachable
+    "cluster_fallbacks",       # cluster jobs sent to the local pool instead (refused, unreachable)
     # Processes this process started to load artifacts or warm their load path (a compiler,
     # an ISA probe), a compiler's version query aside: 0 when every kernel arrived built.
     "load_compiler_runs",

@@ -153,6 +153,29 @@ def _check_environment() -> None:
         read()
 
 
+def _parse_executor(value: Any) -> Any:
+    from hotswap.fleet.cluster import parse_executor
+
+    return parse_executor(value)
+
+
+def _worker_devices(value: Any) -> tuple[str, ...]:
+    """``worker_devices`` (or HOTSWAP_WORKER_DEVICES, "cuda:1,cuda:1"): the GPU each local
+    worker compiles and benchmarks on, cycled over the workers."""
+    if value is None:
+        value = _env("HOTSWAP_WORKER_DEVICES") or ()
+    if isinstance(value, str):
+        value = [d.strip() for d in value.split(",") if d.strip()]
+    if not isinstance(value, list | tuple) or not all(isinstance(d, str) for d in value):
+        raise ValueError(f"worker_devices must be a list of 'cuda:N', got {value!r}")
+    for device in value:
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or not index.isdigit():
+            raise ValueError(f"worker_devices takes GPUs as 'cuda:N' (one per worker, cycled), "
+                             f"got {device!r}")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class Options:
     mode: str = "progressive"
@@ -168,6 +191,11 @@ class Options:
     gate_threshold: float = 0.02
     force_tier: str | None = None
     profile_dir: str | None = None
+    # Beyond one machine (hotswap/fleet): where compiles run, the fleet's store, and the
+    # GPU each local worker compiles and benchmarks on.
+    executor: Any = None
+    cache_url: str | None = None
+    worker_devices: tuple[str, ...] = ()
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:  # one flat check per option: long on purpose
@@ -224,6 +252,15 @@ class Options:
         if force_tier is not None and force_tier not in names:
             raise ValueError(f"force_tier must name a tier of the ladder {names}, got "
                              f"{force_tier!r}")
+        executor = kwargs["executor"] if kwargs.get("executor") is not None else _env(
+            "HOTSWAP_EXECUTOR")
+        executor = _parse_executor(executor)
+        cache_url = kwargs.get("cache_url") or _env("HOTSWAP_CACHE_URL")
+        if cache_url is not None and (not isinstance(cache_url, str) or not cache_url.startswith(
+                ("redis://", "rediss://", "unix://"))):
+            raise ValueError(f"cache_url must be a Redis URL (redis://host:port/db), got "
+                             f"{cache_url!r}")
+        worker_devices = _worker_devices(kwargs.get("worker_devices"))
         _check_environment()
         return cls(
             mode=mode,
@@ -239,6 +276,9 @@ class Options:
             gate_threshold=float(threshold),
             force_tier=force_tier,
             profile_dir=profile_dir,
+            executor=executor,
+            cache_url=cache_url,
+            worker_devices=worker_devices,
         )
 
     def limit_s(self, tier: Tier | None = None) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hotswap._env import env_number
 from hotswap.cache import ArtifactCache
+from hotswap.fleet.cluster import Cluster, ClusterCompiler
 from hotswap.orchestrator.compilers import Compiler, PoolCompiler
 from hotswap.orchestrator.kernel_files import inductor_cache_dir
 from hotswap.workers import JobFuture, WorkerPool
@@ -29,21 +30,27 @@ class Runtime:
     """The process's worker pools. Thread-safe."""
 
     def __init__(self) -> None:
-        self._pools: dict[int, WorkerPool] = {}
+        # One pool per (worker count, worker devices).
+        self._pools: dict[PoolKey, WorkerPool] = {}
+        self._clusters: dict[Any, Cluster] = {}
         self._lock = threading.Lock()
         # Jobs submitted through compiler() and not yet done, and since when a pool that has
         # run jobs has none (idle_exit_s() stops such a pool; the next job starts one).
-        self._inflight: dict[int, int] = {}
-        self._idle_since: dict[int, float] = {}
+        self._inflight: dict[PoolKey, int] = {}
+        self._idle_since: dict[PoolKey, float] = {}
         self._reaper: threading.Thread | None = None
         self._compiler_wrappers: list[Callable[[Compiler], Compiler]] = []
         self._read_hooks: list[Callable[[ArtifactCache, str], None]] = []
 
-    def compiler(self, workers: int | None = None) -> Compiler:
-        """What compiles a tier now: the pool of ``workers``, in every installed wrapper."""
-        size = workers or default_workers()
+    def compiler(self, workers: int | None = None, devices: tuple[str, ...] = (),
+                 executor: Any = None) -> Compiler:
+        """What compiles a tier now: the pool of ``workers`` (on ``devices``), or the cluster
+        ``executor`` with that pool behind it, in every installed wrapper."""
+        size = _key(workers, devices)
         compiler: Compiler = PoolCompiler(
             lambda job, payload, timeout_s: self._submit(size, job, payload, timeout_s))
+        if executor is not None:
+            compiler = ClusterCompiler(self.cluster(executor), compiler)
         with self._lock:
             wrappers = list(self._compiler_wrappers)
         for wrap in wrappers:
@@ -66,7 +73,17 @@ class Runtime:
         for hook in hooks:
             hook(cache, key)
 
-    def _submit(self, size: int, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
+    def cluster(self, executor: Any) -> Cluster:
+        """The connection to the cluster ``executor`` (an address or a distributed.Client),
+        made on first use and shared by every coordinator of this process."""
+        with self._lock:
+            key = executor if isinstance(executor, str) else id(executor)
+            cluster = self._clusters.get(key)
+            if cluster is None:
+                cluster = self._clusters[key] = Cluster(executor)
+            return cluster
+
+    def _submit(self, size: PoolKey, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
         """A job for the pool of ``size``, counted until done. Counted under the lock that
         stops idle pools, so a job never lands in a pool being stopped: it gets the pool, or
         a new one. The payload is pickled outside that lock (cache reads on the user's path
@@ -87,7 +104,7 @@ class Runtime:
         future.add_done_callback(lambda _: self._job_done(size, pool))
         return future
 
-    def _job_done(self, size: int, pool: WorkerPool) -> None:
+    def _job_done(self, size: PoolKey, pool: WorkerPool) -> None:
         with self._lock:
             if self._pools.get(size) is not pool:
                 return
@@ -121,17 +138,18 @@ class Runtime:
             for pool in stopped:
                 pool.terminate()
 
-    def pool(self, workers: int | None = None) -> WorkerPool:
-        """The pool of ``workers`` compile workers (None: the default count), started and
-        warming. Malformed HOTSWAP_* settings for workers raise ValueError here."""
-        size = workers or default_workers()
+    def pool(self, workers: int | None = None, devices: tuple[str, ...] = ()) -> WorkerPool:
+        """The pool of ``workers`` compile workers (None: the default count) on ``devices``
+        (worker_devices), started and warming. Malformed HOTSWAP_* settings for workers, and
+        devices this machine lacks, raise ValueError here."""
+        size = _key(workers, devices)
         with self._lock:
             return self._pool_locked(size)
 
-    def _pool_locked(self, size: int) -> WorkerPool:
+    def _pool_locked(self, size: PoolKey) -> WorkerPool:
         pool = self._pools.get(size)
         if pool is None:
-            pool = self._pools[size] = _start_pool(size)
+            pool = self._pools[size] = _start_pool(*size)
         return pool
 
     def pools(self) -> list[WorkerPool]:
@@ -142,11 +160,11 @@ class Runtime:
         """Every compile worker running now."""
         return [pid for pool in self.pools() for pid in pool.worker_pids()]
 
-    def cpu_note(self, workers: int | None = None) -> str:
+    def cpu_note(self, workers: int | None = None, devices: tuple[str, ...] = ()) -> str:
         """Why that pool's jobs wait on CPU, where they do (``WorkerPool.cpu_note``); "" when
         it is not running."""
         with self._lock:
-            pool = self._pools.get(workers or default_workers())
+            pool = self._pools.get(_key(workers, devices))
         return pool.cpu_note() if pool is not None else ""
 
     @property
@@ -200,7 +218,28 @@ def _add(lock: threading.Lock, hooks: list[Any], hook: Any) -> Callable[[], None
     return remove
 
 
-def _start_pool(size: int) -> WorkerPool:
+PoolKey = tuple[int, tuple[str, ...]]
+
+
+def _key(workers: int | None, devices: tuple[str, ...]) -> PoolKey:
+    return (workers or default_workers(), tuple(devices))
+
+
+def visible_devices(device: str, current: str | None, count: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a worker that compiles on ``device`` ("cuda:N" as this
+    process numbers its GPUs): this process's GPUs with 0 and N swapped. A graph on the
+    caller's default GPU then compiles, autotunes and is benchmarked on GPU N, and its
+    artifact, made for "cuda:0", loads here on the caller's cuda:0."""
+    ids = [d.strip() for d in current.split(",")] if current else [str(i) for i in range(count)]
+    index = int(device.partition(":")[2])
+    if index >= len(ids):
+        raise ValueError(f"worker_devices names {device!r}, but this process sees "
+                         f"{len(ids)} GPU(s)")
+    ids[0], ids[index] = ids[index], ids[0]
+    return ",".join(ids)
+
+
+def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
     # Inductor's own parallel compile would put several processes per worker on a few cores;
     # share the cores out instead, unless the user chose.
     threads = str(max(1, (os.cpu_count() or 1) // size))
@@ -210,7 +249,18 @@ def _start_pool(size: int) -> WorkerPool:
     # inductor's cache, which would otherwise follow it, to the caller's: one cache for all.
     env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
     nice, idle = worker_priority()
-    pool = WorkerPool(size, worker_env=env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
+    worker_env: Any = env
+    if devices:
+        import torch
+
+        count = torch.cuda.device_count()
+        visible = [visible_devices(d, os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+                   for d in devices]
+
+        def worker_env(slot: int) -> dict[str, str]:
+            return {**env, "CUDA_VISIBLE_DEVICES": visible[slot % len(visible)]}
+
+    pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
                       warm_modules=("torch", "torch._inductor.compile_fx",
                                     "hotswap.orchestrator.compile_job:warm_device",
                                     "hotswap.orchestrator.compile_job:warm_compile"))

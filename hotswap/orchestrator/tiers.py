@@ -5,10 +5,12 @@ for it in the call).
     start(journey, tier, cached=None) -> Future[Arrival]
       hit ---------------------------------> load (load thread) --> Arrival(fn, "cache", entry)
        |                                          '-- will not load: compiled, as a miss
+      miss here, a fleet store behind (cache_url): go on on a thread, its hit is a hit
       miss: claim key --held elsewhere--> wait for its holder (a thread), then start again
        |                                  (a hit now; or, past the limit, compile unclaimed)
        '--claimed--> compile (retried once on a crashed worker) --> load --> store -->
                      release --> Arrival(fn, "worker", entry)
+    (a claim is this machine's file lock, then, with a fleet store, the fleet's claim)
 
 This is the cached compiler of the worker modes: load-else-compile-then-store in one place
 (vLLM's ``CompilerManager``). ``InProcess`` (inprocess.py) keeps the same contract for
@@ -85,9 +87,17 @@ class TierLifecycle:
         return out
 
     def _begin(self, out: Future[Arrival], journey: GraphJourney,
-               tier: Tier, key: str | None, cached: bytes | None) -> None:
+               tier: Tier, key: str | None, cached: bytes | None, *,
+               off_caller: bool = False) -> None:
         if cached is None and self._cache.enabled and key is not None:
             cached = self._cache.get(key)
+            if cached is None and self._cache.shared:
+                if not off_caller:  # the fleet store is a network away: not in the call
+                    threading.Thread(target=self._begin, daemon=True, name="hotswap-fleet",
+                                     args=(out, journey, tier, key, None),
+                                     kwargs={"off_caller": True}).start()
+                    return
+                cached = self._cache.fetch(key)
             if cached is None:
                 if not self._cache.claim(key):
                     threading.Thread(target=self._await_holder, daemon=True,
@@ -106,7 +116,7 @@ class TierLifecycle:
         """Wait until the process compiling ``key`` lets go, then start again (its entry is a
         hit now; if it failed, this process compiles)."""
         if self._cache.wait_for_holder(key):
-            self._begin(out, journey, tier, key, None)
+            self._begin(out, journey, tier, key, None, off_caller=True)
         else:
             self._compile(out, journey, tier, None)  # too slow: compile here
 

@@ -1,0 +1,308 @@
+"""The cluster executor: compile jobs and gate benchmarks on a Dask cluster.
+
+    ClusterCompiler.submit(request) --(Dask client)--> a Dask worker: run_job(job, payload,
+                                                       stamp): the same job functions as a
+                                                       local worker runs, one at a time
+    the future resolves with the job's wire result, or: the job's error -> CompileFailed;
+    a lost worker or connection -> ClusterWorkerLost (a WorkerCrashed: retried once, by
+    RetryingCompiler); past timeout_s -> JobTimeout; a worker of another build ->
+    the local pool takes the job (and every later one)
+
+Dask schedules, moves data and reruns a task whose worker died (up to its scheduler's
+``distributed.scheduler.allowed-failures``); hotswap adds no RPC of its own. The connection
+is made on a thread when the executor is first used: a cluster that cannot be reached, has no
+workers, or whose workers differ from this process in torch build, triton, Python or device
+(the stamp, as cache entries carry) is refused with one warning, and the local pool compiles.
+Artifacts come back as bytes and load in this process as a local worker's do.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from hotswap.errors import ClusterWorkerLost, CompileFailed, JobTimeout
+from hotswap.orchestrator.compilers import Compiler, InductorLoads
+from hotswap.orchestrator.counters import bump
+from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, CompileRequest
+from hotswap.workers import JobFuture
+
+__all__ = ["EXECUTOR_ENV", "Cluster", "ClusterCompiler", "StampMismatch", "cluster_stamp",
+           "parse_executor", "run_job"]
+
+log = logging.getLogger("hotswap")
+
+EXECUTOR_ENV = "HOTSWAP_EXECUTOR"
+CONNECT_TIMEOUT_S = 10.0
+_SCHEMES = ("dask://", "tcp://", "tls://", "inproc://")
+
+# One job at a time per worker process: dynamo and inductor keep process-wide state, and a
+# Dask worker runs tasks on a thread pool.
+_job_lock = threading.Lock()
+
+
+class StampMismatch(RuntimeError):
+    """A cluster worker runs another build than the process that sent it a job."""
+
+
+def parse_executor(value: Any) -> Any:
+    """``executor=`` as given: None or "local" (the local pool), a Dask address
+    ("dask://host:8786", "tcp://host:8786"), or a ``distributed.Client``. ValueError else."""
+    if value is None or value == "local":
+        return None
+    if isinstance(value, str):
+        if not value.startswith(_SCHEMES):
+            raise ValueError(f"executor must be 'local', a Dask scheduler address "
+                             f"(dask://host:port) or a distributed.Client, got {value!r}")
+        return value
+    if type(value).__name__ == "Client" and type(value).__module__.startswith("distributed"):
+        return value
+    raise ValueError(f"executor must be 'local', a Dask scheduler address (dask://host:port) "
+                     f"or a distributed.Client, got {value!r}")
+
+
+def cluster_stamp() -> dict[str, Any]:
+    """What a cluster worker must share with the caller for its artifacts to load there."""
+    import torch
+
+    from hotswap.orchestrator.keys import environment_stamp
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return {**environment_stamp(devices), "python": list(sys.version_info[:2])}
+
+
+_stamp: dict[str, Any] | None = None
+
+
+def run_job(job: str, payload: Any, stamp: dict[str, Any]) -> Any:
+    """A Dask task: one hotswap job, run as a local worker runs it, if this worker's build
+    is the caller's."""
+    global _stamp
+    from hotswap.workers.child import resolve_job
+
+    with _job_lock:
+        if _stamp is None:
+            _stamp = cluster_stamp()
+        if _stamp != stamp:
+            differs = {k: (v, _stamp.get(k)) for k, v in stamp.items() if _stamp.get(k) != v}
+            raise StampMismatch(f"this worker's build differs from the caller's "
+                                f"(caller, worker): {differs}")
+        result = resolve_job(job)(payload)
+    if isinstance(result, dict) and isinstance(result.get("entry"), pickle.PickleBuffer):
+        result = {**result, "entry": bytes(result["entry"].raw())}
+    return result
+
+
+def warm_worker() -> None:
+    """A cluster worker's warm-up (what a local worker does before its first job)."""
+    from hotswap.orchestrator.compile_job import warm_compile, warm_device
+
+    with _job_lock:
+        warm_device()
+        warm_compile()
+
+
+class Cluster:
+    """One connection to a Dask cluster, made on a thread; ``client()`` waits for it (None:
+    refused or unreachable, said once)."""
+
+    def __init__(self, target: Any, *, warm: bool = True) -> None:
+        self.target = target
+        self.name = target if isinstance(target, str) else str(getattr(target, "scheduler", ""))
+        self._ready: Future[Any] = Future()
+        self._refused = ""
+        self._lock = threading.Lock()
+        threading.Thread(target=self._connect, args=(warm,), daemon=True,
+                         name="hotswap-cluster").start()
+
+    @property
+    def refused(self) -> str:
+        """Why the cluster is not used ("" while it is, or not yet known)."""
+        return self._refused
+
+    def client(self, timeout_s: float | None = None) -> Any:
+        try:
+            return self._ready.result(timeout_s)
+        except TimeoutError:
+            return None
+
+    def when_ready(self, fn: Callable[[Any], None]) -> None:
+        """``fn(client or None)`` once connected or refused, on this or the connecting thread."""
+        self._ready.add_done_callback(lambda f: fn(f.result()))
+
+    def _connect(self, warm: bool) -> None:
+        try:
+            client = self.target
+            if isinstance(client, str):
+                from distributed import Client
+
+                address = client.replace("dask://", "tcp://", 1)
+                client = Client(address, timeout=CONNECT_TIMEOUT_S,  # type: ignore[no-untyped-call]
+                                set_as_default=False)
+            stamps = client.run(cluster_stamp)
+            if not stamps:
+                raise StampMismatch("the cluster has no workers")
+            mine = _local_stamp()
+            for worker, theirs in stamps.items():
+                if theirs != mine:
+                    differs = {k: (v, theirs.get(k)) for k, v in mine.items()
+                               if theirs.get(k) != v}
+                    raise StampMismatch(f"worker {worker} runs another build (here, there): "
+                                        f"{differs}")
+            if warm:  # each worker pays its first compile's set-up now, not in a job
+                from distributed import fire_and_forget
+
+                for worker in stamps:
+                    fire_and_forget(client.submit(  # type: ignore[no-untyped-call]
+                        warm_worker, workers=[worker], pure=False))
+        except BaseException as e:
+            self.refuse(f"{type(e).__name__}: {e}")
+            return
+        self._ready.set_result(client)
+
+    def refuse(self, why: str) -> None:
+        """Stop using the cluster (said once); its jobs go to the local pool."""
+        with self._lock:
+            if self._refused:
+                return
+            self._refused = why
+        log.warning("hotswap: cluster %s not used (%s); compiling in the local worker pool",
+                    self.name, why)
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+
+class ClusterCompiler(InductorLoads):
+    """A ``Compiler`` whose jobs run on ``cluster``, or with ``local`` where it is refused."""
+
+    def __init__(self, cluster: Cluster, local: Compiler) -> None:
+        self._cluster, self._local = cluster, local
+
+    def submit(self, request: CompileRequest, timeout_s: float | None) -> JobFuture:
+        return self.submit_job(COMPILE_JOB, request.to_wire(), timeout_s)
+
+    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
+        outer = JobFuture(job, -1)
+        self._cluster.when_ready(lambda client: self._dispatch(client, outer, job, payload,
+                                                               timeout_s))
+        return outer
+
+    def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
+        return self._local.load(entry, config)
+
+    def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
+        return self._local.warm(devices, wait_s)
+
+    def _dispatch(self, client: Any, outer: JobFuture, job: str, payload: Any,
+                  timeout_s: float | None) -> None:
+        if client is None or getattr(client, "status", "running") != "running":
+            self._locally(outer, job, payload, timeout_s)
+            return
+        try:
+            if job == BENCH_JOB:
+                payload = _with_bytes(payload)
+            task = client.submit(run_job, job, payload, _local_stamp(), pure=False)
+        except LookupError as e:
+            _settle(outer, error=e)
+            return
+        except Exception as e:
+            _settle(outer, error=ClusterWorkerLost(f"{type(e).__name__}: {e}", job=job))
+            return
+        outer.set_running_or_notify_cancel()
+        if timeout_s is not None:
+            timer = threading.Timer(timeout_s, self._timed_out, (task, outer, job, timeout_s))
+            timer.daemon = True
+            timer.start()
+        task.add_done_callback(lambda t: self._finished(t, outer, job, payload, timeout_s))
+
+    def _locally(self, outer: JobFuture, job: str, payload: Any,
+                 timeout_s: float | None) -> None:
+        bump("cluster_fallbacks")
+        inner: Future[Any] = (self._local.submit(CompileRequest.from_wire(payload), timeout_s)
+                              if job == COMPILE_JOB
+                              else self._local.submit_job(job, payload, timeout_s))
+
+        def done(f: Future[Any]) -> None:
+            outer.stage_events = list(getattr(f, "stage_events", []))
+            error = f.exception()
+            _settle(outer, result=None if error else f.result(), error=error)
+
+        inner.add_done_callback(done)
+
+    def _timed_out(self, task: Any, outer: JobFuture, job: str, timeout_s: float) -> None:
+        if not outer.done():
+            task.cancel()
+            _settle(outer, error=JobTimeout(timeout_s, 0, job=job))
+
+    def _finished(self, task: Any, outer: JobFuture, job: str, payload: Any,
+                  timeout_s: float | None) -> None:
+        """On Dask's callback thread: the job's result, or what became of it."""
+        if outer.done():
+            return
+        try:
+            result = task.result()
+            task.release()  # the cluster may forget it now
+        except StampMismatch as e:  # a worker joined with another build: no cluster for us
+            self._cluster.refuse(str(e))
+            self._locally(outer, job, payload, timeout_s)
+            return
+        except BaseException as e:
+            _settle(outer, error=_job_error(e, job))
+            return
+        if job == COMPILE_JOB:
+            bump("remote_compiles")
+        _settle(outer, result=result)
+
+
+def _job_error(error: BaseException, job: str) -> BaseException:
+    """A cluster job's failure as a local worker's would be: lost work is a crash (retried),
+    the job's own exception a CompileFailed."""
+    name = type(error).__name__
+    lost = name in ("KilledWorker", "CommClosedError", "CancelledError", "FutureCancelledError",
+                    "TimeoutError") or isinstance(error, OSError)
+    if lost:
+        return ClusterWorkerLost(f"{name}: {error}", job=job)
+    text = "".join(traceback.format_exception(error))
+    return CompileFailed(job, f"{type(error).__module__}.{name}", str(error), text)
+
+
+def _settle(outer: JobFuture, *, result: Any = None, error: BaseException | None = None) -> None:
+    try:
+        if error is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(result)
+    except Exception:
+        pass  # cancelled or timed out meanwhile
+
+
+_stamp_here: dict[str, Any] | None = None
+
+
+def _local_stamp() -> dict[str, Any]:
+    global _stamp_here
+    if _stamp_here is None:
+        _stamp_here = cluster_stamp()
+    return _stamp_here
+
+
+def _with_bytes(payload: dict[str, Any]) -> dict[str, Any]:
+    """A benchmark request whose entries name this machine's cache carries their bytes
+    instead: a cluster worker cannot read this machine's files."""
+    from hotswap.cache import ArtifactCache
+
+    entries = {}
+    for tier, entry in payload["entries"].items():
+        if isinstance(entry, dict):
+            data = ArtifactCache(entry["cache_dir"]).get(entry["key"], touch=False)
+            if data is None:
+                raise LookupError(f"the artifact cache no longer holds entry {entry['key'][:12]}")
+            entry = data
+        entries[tier] = entry
+    return {**payload, "entries": entries}

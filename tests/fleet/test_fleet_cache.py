@@ -1,0 +1,149 @@
+"""Two "machines" (separate cache directories) behind one Redis fleet store, with a compiler
+that compiles nothing (hotswap.testing.fake): compile-once across the fleet, a store that is
+down at start or goes down mid-run, and a replica without the fleet key."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.cache import ArtifactCache
+from hotswap.orchestrator import cache_access
+from hotswap.orchestrator.coordinator import Coordinator
+from hotswap.orchestrator.options import Options
+from hotswap.testing.fake import FakeCompiler
+from tests.fleet.conftest import RedisServer, free_port
+
+TIERS = ["default", "max-autotune"]
+
+
+def _model(width: int = 16) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, 4)), (torch.randn(3, 8),)
+
+
+def _replica(tmp_path: Path, name: str, url: str, fake: FakeCompiler,
+             model: torch.nn.Module) -> tuple[Coordinator, Any]:
+    options = Options.create(mode="progressive", tiers=TIERS, gate=False,
+                             cache_dir=str(tmp_path / name), cache_url=url)
+    coordinator = Coordinator(options, compiler=fake, measure=fake.measure)
+    return coordinator, torch.compile(model, backend=coordinator)
+
+
+def _remote_keys(server: RedisServer) -> set[str]:
+    return {k.decode()[len("hotswap:e:"):] for k in server.client().scan_iter("hotswap:e:*")}
+
+
+def test_each_tier_compiles_once_across_machines_and_replicas(
+        tmp_path: Path, redis_server: RedisServer, fleet_key: Path) -> None:
+    model, inputs = _model()
+    expected = model(*inputs)
+    fakes = [FakeCompiler(hold=True) for _ in range(4)]
+    # Two machines, two replicas each, started together: every first call is served eagerly
+    # while every compile is held; then all compiles may go.
+    replicas = [_replica(tmp_path, f"machine{i // 2}", redis_server.url, fake, model)
+                for i, fake in enumerate(fakes)]
+    with hotswap.counters_delta() as d:
+        for _, compiled in replicas:
+            torch.testing.assert_close(compiled(*inputs), expected)
+        for fake in fakes:
+            fake.release()
+        statuses = [coordinator.wait(timeout_s=60) for coordinator, _ in replicas]
+        for _, compiled in replicas:
+            torch.testing.assert_close(compiled(*inputs), expected)
+    compiled_tiers = sorted(t for fake in fakes for _, t in fake.compiles)
+    assert compiled_tiers == TIERS  # each (graph, tier) once across the fleet
+    assert [s.tier for [s] in statuses] == ["max-autotune"] * 4
+    assert d["worker_compiles"] == 2 and d["cache_hits"] == 6
+    # the other machine fetched both tiers from Redis (once, or once per replica when both
+    # replicas waited on the fleet's claim); the compiler's neighbour found them on its disk
+    assert 2 <= d["remote_cache_hits"] <= 4
+    assert len(_remote_keys(redis_server)) == 2
+    for machine in ("machine0", "machine1"):  # read through: each machine holds both now
+        assert len([e for e in ArtifactCache(tmp_path / machine).entries()]) == 2
+
+
+def test_a_replica_started_later_loads_from_the_fleet_without_compiling(
+        tmp_path: Path, redis_server: RedisServer, fleet_key: Path) -> None:
+    model, inputs = _model()
+    first = FakeCompiler()
+    coordinator, compiled = _replica(tmp_path, "a", redis_server.url, first, model)
+    compiled(*inputs)
+    coordinator.wait(timeout_s=30)
+    later = FakeCompiler()
+    with hotswap.counters_delta() as d:
+        coordinator, compiled = _replica(tmp_path, "b", redis_server.url, later, model)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+        [status] = coordinator.wait(timeout_s=30)
+    assert later.compiles == [] and status.tier == "max-autotune"
+    assert d["remote_cache_hits"] == 2 and d["worker_compiles"] == 0
+
+
+def test_a_store_down_at_start_leaves_the_local_cache_serving(
+        tmp_path: Path, fleet_key: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, inputs = _model()
+    fake = FakeCompiler()
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with caplog.at_level(logging.WARNING, logger="hotswap"), hotswap.counters_delta() as d:
+        coordinator, compiled = _replica(tmp_path, "a", url, fake, model)
+        compiled(*inputs)
+        [status] = coordinator.wait(timeout_s=30)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    assert status.tier == "max-autotune" and sorted(t for _, t in fake.compiles) == TIERS
+    assert caplog.text.count("fleet store unreachable") == 1
+    assert d["fleet_store_errors"] >= 1
+    assert len(ArtifactCache(tmp_path / "a").entries()) == 2  # nothing lost here
+    assert "fleet store unreachable" in status.cache
+
+
+def test_a_store_that_goes_down_mid_run_loses_nothing(
+        tmp_path: Path, redis_server: RedisServer, fleet_key: Path,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_access, "_REMOTE_RETRY_S", 0.5)
+    fake = FakeCompiler()
+    with caplog.at_level(logging.WARNING, logger="hotswap"):
+        model, inputs = _model(16)
+        coordinator, compiled = _replica(tmp_path, "a", redis_server.url, fake, model)
+        compiled(*inputs)
+        coordinator.wait(timeout_s=30)
+        assert len(_remote_keys(redis_server)) == 2
+        redis_server.stop()  # down mid-run: the next model compiles and serves all the same
+        model, inputs = _model(32)
+        coordinator, compiled = _replica(tmp_path, "a", redis_server.url, fake, model)
+        compiled(*inputs)
+        [status] = coordinator.wait(timeout_s=30)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+        assert status.tier == "max-autotune"
+        assert caplog.text.count("fleet store unreachable") == 1
+        redis_server.start()  # back (empty: no persistence): what it missed is sent again
+        model, inputs = _model(64)
+        coordinator, compiled = _replica(tmp_path, "a", redis_server.url, fake, model)
+        compiled(*inputs)
+        coordinator.wait(timeout_s=30)
+    local = {e.key for e in ArtifactCache(tmp_path / "a").entries()}
+    assert len(local) == 6
+    # the server came back empty: it holds the last model's entries and, sent with them, the
+    # ones stored while it was down; the first model's went with the old server's memory
+    assert len(_remote_keys(redis_server)) == 4 and _remote_keys(redis_server) <= local
+
+
+def test_without_the_fleet_key_nothing_is_read_or_written_remotely(
+        tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("HOTSWAP_CACHE_KEY_FILE", raising=False)
+    model, inputs = _model()
+    fake = FakeCompiler()
+    with caplog.at_level(logging.WARNING, logger="hotswap"):
+        coordinator, compiled = _replica(tmp_path, "a", redis_server.url, fake, model)
+        compiled(*inputs)
+        [status] = coordinator.wait(timeout_s=30)
+    assert status.tier == "max-autotune"
+    assert _remote_keys(redis_server) == set()
+    assert "HOTSWAP_CACHE_KEY_FILE is not set" in caplog.text
+    assert "HOTSWAP_CACHE_KEY_FILE is not set" in status.cache
