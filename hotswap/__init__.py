@@ -22,6 +22,7 @@ from hotswap.orchestrator.counters import counters, counters_delta
 from hotswap.workers import StageEvent, WorkerPool
 
 if TYPE_CHECKING:
+    from hotswap.fleet.metrics import serve_metrics
     from hotswap.orchestrator.api import (
         backend,
         compile,
@@ -60,6 +61,7 @@ __all__ = [
     "counters_delta",
     "prepare",
     "runtime",
+    "serve_metrics",
     "shutdown",
     "status",
     "wait",
@@ -76,6 +78,7 @@ _LAZY = {
     "GraphStatus": "hotswap.orchestrator.journey",
     "MODES": "hotswap.orchestrator.options",
     "TierFailed": "hotswap.orchestrator.graph",
+    "serve_metrics": "hotswap.fleet.metrics",
 }
 
 

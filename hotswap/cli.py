@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import time
+from typing import Any
 
 import hotswap
 
@@ -42,7 +43,14 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"workers not ready after {args.timeout_s:g} s", file=sys.stderr)
         return 1
     print(f"{len(pids)} workers started and pre-imported torch in {time.monotonic() - t:.2f} s")
-    return 0
+    from hotswap.tools.fleet_check import check_executor, check_store
+
+    fleet_ok = True
+    if args.executor and args.executor != "local":
+        fleet_ok &= check_executor(args.executor, args.timeout_s)
+    if args.cache_url:
+        fleet_ok &= check_store(args.cache_url)
+    return 0 if fleet_ok else 1
 
 
 def thread_advice(cores: int, threads: int, cuda: bool) -> str | None:
@@ -70,9 +78,13 @@ def _size(n: float | None) -> str:
 def _cache(args: argparse.Namespace) -> int:
     """ls, verify, clear or stats on the artifact cache (no torch import needed). A cache
     that does not exist is reported empty, not created."""
-    from hotswap.cache import VERDICT_TIER, ArtifactCache
+    from hotswap.cache import ArtifactCache
     from hotswap.cache.root import default_cache_dir
 
+    if args.url:  # the fleet store: the same commands, on Redis
+        from hotswap.fleet.store import FleetStore, load_fleet_key
+
+        return _cache_commands(args, FleetStore(args.url, load_fleet_key(), None))
     root = args.cache_dir or str(default_cache_dir())
     if not os.path.exists(root):
         out: dict[str, object] = {"root": root, "exists": False, "entries": 0}
@@ -80,7 +92,13 @@ def _cache(args: argparse.Namespace) -> int:
                                                   f"{args.action})")
         return 0
     # The stamp only matters for loading; listing and checking signatures ignore it.
-    cache = ArtifactCache(root)
+    return _cache_commands(args, ArtifactCache(root))
+
+
+def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
+    """ls, verify, clear or stats on an ``ArtifactCache`` or a ``FleetStore``."""
+    from hotswap.cache import VERDICT_TIER
+
     if args.verdicts and args.action not in ("ls", "clear"):
         print(f"hotswap cache: --verdicts goes with ls or clear, not {args.action}",
               file=sys.stderr)
@@ -137,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hotswap {hotswap.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="check the environment and time a worker start")
+    doctor.add_argument("--executor", default=os.environ.get("HOTSWAP_EXECUTOR"),
+                        help="also check this Dask cluster (dask://host:port; default "
+                             "HOTSWAP_EXECUTOR): reachable, its workers' builds match this one")
+    doctor.add_argument("--cache-url", default=os.environ.get("HOTSWAP_CACHE_URL"),
+                        help="also check this fleet store (redis://host:port/db; default "
+                             "HOTSWAP_CACHE_URL): the key file, a round trip, a claim")
     doctor.add_argument("--workers", type=_positive_int, default=1,
                         help="workers to start (default 1)")
     doctor.add_argument("--timeout-s", type=float, default=120.0,
@@ -149,19 +173,23 @@ def build_parser() -> argparse.ArgumentParser:
                             "clear: remove all; stats: totals")
     cache.add_argument("--cache-dir", default=None,
                        help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
+    cache.add_argument("--url", default=None,
+                       help="work on the fleet store at this Redis URL instead (needs "
+                            "HOTSWAP_CACHE_KEY_FILE: entries are checked with its key)")
     cache.add_argument("--json", action="store_true", help="print JSON instead of text")
     cache.add_argument("--verdicts", action="store_true",
                        help="ls/clear the benchmark gate's stored verdicts alone (each: the "
                             "tier kept out, its measured gain and confidence); clearing them "
                             "makes the next process measure those tiers again")
     cache.set_defaults(func=_cache)
-    from hotswap.tools import bench, corpus_cmd, gate_audit, profile_cmd, stress
+    from hotswap.tools import bench, corpus_cmd, fleet_bench, gate_audit, profile_cmd, stress
 
     profile_cmd.add_parser(sub)
     stress.add_parser(sub)
     bench.add_parser(sub)
     corpus_cmd.add_parser(sub)
     gate_audit.add_parser(sub)
+    fleet_bench.add_parser(sub)
     return parser
 
 

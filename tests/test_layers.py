@@ -5,7 +5,7 @@
     every module                                       sits in no import cycle (module level)
     every module                                       uses no private name of another module
     hotswap.tools                                      uses the public API (hotswap, profiles,
-                                                       testing) and proctree's RSS reading
+                                                       testing, fleet) and proctree's RSS reading
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hotswap"
 PRODUCTION = ("hotswap.orchestrator", "hotswap.cache", "hotswap.workers", "hotswap.profiles")
 BELOW_ORCHESTRATOR = ("hotswap.cache", "hotswap.workers", "hotswap.profiles")
 TOOLS_MAY_USE = ("hotswap.tools", "hotswap.profiles", "hotswap.testing", "hotswap.errors",
-                 "hotswap.workers.proctree")
+                 "hotswap.workers.proctree", "hotswap.fleet")
 
 
 def _modules() -> dict[str, Path]:

@@ -34,7 +34,7 @@ from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, CompileRequest
 from hotswap.workers import JobFuture
 
 __all__ = ["EXECUTOR_ENV", "Cluster", "ClusterCompiler", "StampMismatch", "cluster_stamp",
-           "parse_executor", "run_job"]
+           "local_cluster", "parse_executor", "run_job", "warm_worker"]
 
 log = logging.getLogger("hotswap")
 
@@ -106,6 +106,18 @@ def warm_worker() -> None:
     with _job_lock:
         warm_device()
         warm_compile()
+
+
+def local_cluster(workers: int = 1) -> Any:
+    """A ``distributed.LocalCluster`` of ``workers`` worker processes (one thread each) on
+    this machine, each warmed (``warm_worker``) before this returns; close it when done."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=workers,  # type: ignore[no-untyped-call]
+                           threads_per_worker=1, processes=True, dashboard_address=None)
+    with Client(cluster) as client:  # type: ignore[no-untyped-call]
+        client.run(warm_worker)
+    return cluster
 
 
 class Cluster:

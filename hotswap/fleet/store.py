@@ -192,6 +192,16 @@ class FleetStore:
             self._drop(key)
         return len(set(doomed))
 
+    @property
+    def root(self) -> str:
+        """Where the entries are (as ``ArtifactCache.root`` for the CLI)."""
+        return self.url
+
+    def stats(self) -> dict[str, Any]:
+        entries = self.entries()
+        return {"root": self.url, "entries": len(entries),
+                "bytes": sum(e.size_bytes for e in entries), "max_bytes": None}
+
     def _drop(self, key: str) -> None:
         pipe = self._redis.pipeline()
         pipe.delete(self._prefix + "e:" + key)

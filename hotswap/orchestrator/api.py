@@ -101,26 +101,30 @@ def compile(
 
 def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
             wait: bool = False, timeout_s: float | None = None,
-            worker_devices: Any = None) -> bool:
+            worker_devices: Any = None, executor: Any = None) -> bool:
     """Start the compile workers and warm this process's load path now, so that the first
     swap neither waits for nor competes with one-time costs (a worker's start: its imports,
     then the CUDA context or the CPU vector-ISA probe; here: about 1.5 s of imports and a hash
     of torch's sources). Call it first thing, before building the model, so a worker's start
     overlaps with the model's construction; ``hotswap.compile`` does the same on its own, later.
 
-    workers: the pool to start (as ``hotswap.compile(workers=...)``). devices: those the
+    workers, worker_devices: the pool to start (as ``hotswap.compile(...)``); executor: a
+    cluster to connect to instead (as ``hotswap.compile(executor=...)``). devices: those the
     graphs will run on (default "cuda" when available, else "cpu"). wait: block until the
     workers are ready and the warm-up is done, or ``timeout_s`` passes. Returns whether
     everything is ready (always True without ``wait``).
     """
-    options = Options.create(workers=workers, worker_devices=worker_devices)  # as compile()
+    options = Options.create(workers=workers, worker_devices=worker_devices,
+                             executor=executor)  # the same checks as compile()
     if devices is None:
         devices = ["cuda"] if torch.cuda.is_available() else ["cpu"]
     devices = [str(d) for d in devices]
     unknown = [d for d in devices if d.split(":")[0] not in ("cpu", "cuda")]
     if unknown:
         raise ValueError(f"devices must be 'cpu' or 'cuda[:N]', got {unknown}")
-    pool = _runtime.pool(workers, options.worker_devices)
+    # With a cluster (executor=, HOTSWAP_EXECUTOR): connect to it instead of starting workers.
+    cluster = _runtime.cluster(options.executor) if options.executor is not None else None
+    pool = _runtime.pool(workers, options.worker_devices) if cluster is None else None
     importlib.import_module("torch._dynamo")  # here, before the warm-up thread (warmup.py)
     start_warmup(devices)
     if not wait:
@@ -130,7 +134,11 @@ def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
     def remaining() -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    ready = pool.wait_ready(remaining())
+    if pool is not None:
+        ready = pool.wait_ready(remaining())
+    else:
+        assert cluster is not None
+        ready = cluster.client(remaining()) is not None
     return wait_warmup(devices, remaining()) and ready
 
 

@@ -146,9 +146,10 @@ class CacheAccess:
         if first:
             log.warning("hotswap: %s", note)
 
-    def fetch(self, key: str) -> bytes | None:
+    def fetch(self, key: str, tier: str = "") -> bytes | None:
         """The fleet store's entry for ``key`` (None: none, or the store is down), written to
-        the local cache too. Blocks on the network: never in the user's call."""
+        the local cache too (labelled ``tier``). Blocks on the network: never in the user's
+        call."""
         remote = self._fleet()
         if remote is None:
             return None
@@ -161,9 +162,31 @@ class CacheAccess:
         if remote.rejected != rejected:
             bump("cache_rejects")
         if entry is not None:
-            bump("remote_cache_hits")
-            self._put(key, entry, "", local_only=True)
+            if tier != VERDICT_TIER:
+                bump("remote_cache_hits")
+            self._put(key, entry, tier, local_only=True)
         return entry
+
+    def fleet_verdict(self, key: str) -> bytes | None:
+        """The verdict stored under ``key`` (a tier key, or one with a suffix) in the fleet
+        store itself: another replica's decision (off the user's thread)."""
+        return self.fetch(verdict_key(key), VERDICT_TIER)
+
+    def claim_decision(self, key: str) -> bool:
+        """Take the fleet's claim on deciding ``key`` (one replica measures, the others take
+        its verdict). True also where no fleet store is there to share a decision through."""
+        remote = self._fleet()
+        if remote is None:
+            return True
+        try:
+            return remote.claim(verdict_key(key + "/deciding"))
+        except OSError as e:
+            self._fleet_failed(e)
+            return True
+
+    def release_decision(self, key: str) -> None:
+        if self._remote is not None:
+            self._remote.release(verdict_key(key + "/deciding"))
 
     def _warn_once(self, what: str, error: OSError) -> None:
         root = self._cache.root if self._cache is not None else self._cache_dir

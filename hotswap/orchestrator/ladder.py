@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.counters import bump
@@ -63,6 +63,8 @@ MAX_CONTENDED = 6
 RETRY_AFTER_S = 1.0
 # Suffix of a tier's key under which a confident "not slower than eager" is stored.
 _HELD = "/vs-eager"
+# How often a replica waiting for another's decision on a tier looks for it.
+_FLEET_POLL_S = 0.5
 
 
 class Ladder:
@@ -79,6 +81,8 @@ class Ladder:
         self._cache, self._notify = cache, notify
         self._lock = threading.Lock()
         self._comparisons = 0  # profile comparisons in flight
+        # Fleet decisions this replica has claimed and is measuring (load thread only).
+        self._deciding: set[str] = set()
 
     @property
     def idle(self) -> bool:
@@ -156,6 +160,8 @@ class Ladder:
                 return
             serving = candidate.tier
             candidate = Candidate(EAGER, None, candidate.verdict_key)
+        if self._cache.shared and self._fleet_decides(journey, candidate, serving):
+            return
         request = journey.request
         tiers = (serving,) if candidate.tier == EAGER else (serving, candidate.tier)
         entries = journey.entries(tiers)
@@ -219,6 +225,49 @@ class Ladder:
                     RETRY_AFTER_S * candidate.attempt)
         return None, 0.0
 
+    def _fleet_decides(self, journey: GraphJourney, candidate: Candidate, serving: str) -> bool:
+        """With a fleet store, each decision is measured by one replica and taken by the
+        others, as each tier is compiled by one: True when another replica's verdict settled
+        ``candidate``, or when one is measuring it now (then looked for again shortly, on a
+        timer: the load thread never waits). False: this replica measures it."""
+        ids = _fleet_ids(journey, candidate, serving)
+        if ids is None or ids.decision in self._deciding:
+            return False
+        if self._take_fleet_verdict(journey, candidate, serving, ids):
+            return True
+        if not self._cache.claim_decision(ids.decision):
+            timer = threading.Timer(_FLEET_POLL_S, self._on_loader,
+                                    (self._measure_next, (journey, candidate)))
+            timer.daemon = True
+            timer.start()
+            return True
+        if self._take_fleet_verdict(journey, candidate, serving, ids):  # decided meanwhile
+            self._cache.release_decision(ids.decision)
+            return True
+        self._deciding.add(ids.decision)
+        return False
+
+    def _take_fleet_verdict(self, journey: GraphJourney, candidate: Candidate, serving: str,
+                            ids: _FleetIds) -> bool:
+        """Apply another replica's verdict on this decision, if the fleet has one."""
+        won = self._cache.fleet_verdict(ids.won)
+        lost = self._cache.fleet_verdict(ids.lost) if won is None else None
+        if won is None and lost is None:
+            return False
+        stored = StoredVerdict.unpack(won or lost or b"")
+        reason = stored.reason.replace("earlier run", "another replica")
+        if candidate.tier == EAGER:
+            if won is not None and journey.back_to_eager(serving, reason):
+                bump("gate_kept")  # slower than eager, as another replica measured
+        elif won is None:
+            journey.keep(candidate.tier, reason, on_timeline=True)
+        elif journey.runner.tier == serving:
+            journey.swap_in(candidate.tier, candidate.fn, measured=True)
+        else:
+            journey.swap_in(candidate.tier, candidate.fn)
+        self._settle(journey, candidate, serving, None)
+        return True
+
     def _settle(self, journey: GraphJourney, candidate: Candidate, serving: str,
                 verdict: Verdict | None) -> None:
         """Apply one verdict (None: nothing to apply), then measure the graph's next waiting
@@ -227,6 +276,10 @@ class Ladder:
             if verdict is not None:
                 self._apply(journey, candidate, serving, verdict)
         finally:
+            ids = _fleet_ids(journey, candidate, serving) if self._deciding else None
+            if ids is not None and ids.decision in self._deciding:  # stored above: the
+                self._deciding.discard(ids.decision)                # others may take it
+                self._cache.release_decision(ids.decision)
             following = journey.next_for_gate()
             if following is not None:
                 self._measure_next(journey, following)
@@ -244,13 +297,18 @@ class Ladder:
                   and candidate.verdict_key is not None):  # a warm process need not check it
                 self._store_verdict(journey, candidate.verdict_key + _HELD, decision)
             return
+        ids = _fleet_ids(journey, candidate, serving) if self._cache.shared else None
         if verdict.action is Action.KEEP:
             if verdict.decision is not None:
                 bump("gate_kept")
                 self._store_verdict(journey, candidate.verdict_key, verdict.decision)
+                if ids is not None:
+                    self._store_verdict(journey, ids.lost, verdict.decision)
             journey.keep(candidate.tier, verdict.reason, on_timeline=True)
         elif verdict.action is Action.ADOPT and journey.runner.tier == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
+            if ids is not None and verdict.decision is not None:
+                self._store_verdict(journey, ids.won, verdict.decision)
         else:  # not measured, or the serving tier changed meanwhile (it failed): by rank
             journey.swap_in(candidate.tier, candidate.fn)
 
@@ -315,3 +373,26 @@ class Ladder:
         future.add_done_callback(lambda f: self._on_loader(then, (*args, f, started)))
 
 
+class _FleetIds(NamedTuple):
+    """One fleet decision: what replicas claim to measure it, and where its verdict is
+    stored when the candidate won or lost."""
+
+    decision: str
+    won: str
+    lost: str
+
+
+def _fleet_ids(journey: GraphJourney, candidate: Candidate, serving: str) -> _FleetIds | None:
+    """A tier against eager: its own keys (as a warm process reads them). Two tiers: one
+    decision whichever of them serves when it is measured, so that replicas that loaded them
+    in other orders still decide once and alike."""
+    key = candidate.verdict_key
+    if key is None:
+        return None
+    if candidate.tier == EAGER:  # eager "wins": the tier is slower than eager
+        return _FleetIds(key + "/vs-eager-check", key, key + _HELD)
+    other = journey.keys.get(serving)
+    if other is None:
+        return None
+    pair = "|".join(sorted((key, other)))
+    return _FleetIds(pair, f"{pair}/won-by/{key}", f"{pair}/won-by/{other}")

@@ -99,6 +99,10 @@ def _ratios(ratio_line: Any, caller: str) -> None:
                        "first_output_s", 1.2)
     ratio_line("async first call vs PyTorch async's first call", "hotswap:async",
                "first_call_s", "pytorch:async+subprocess", "first_call_s", 0.1)
+    ratio_line("async compiled on the cluster vs torch.compile's first call",
+               "hotswap:async@cluster", "to_final_s", "torch:default", "to_final_s", 1.0)
+    ratio_line("progressive, autotuned on cuda:1, final tier vs in-process max-autotune",
+               "hotswap:progressive@gpu1", "to_final_s", "torch:max-autotune", "to_final_s", 1.0)
     for row in ("async", "progressive"):
         ratio_line(f"{row}: hotswap time to final vs PyTorch's {row}+subprocess",
                    f"hotswap:{row}", "to_final_s", f"pytorch:{row}+subprocess", "to_final_s", 1.0)
@@ -123,7 +127,8 @@ def _footprint(results: list[dict[str, Any]]) -> list[str]:
 def _largest_calls(by_row: dict[str, dict[str, Any]]) -> list[str]:
     """The largest call of each serving row vs 2x eager + 10 ms, beside the machine's own."""
     lines = []
-    for row in ("hotswap:async", "hotswap:progressive", "machine:busy-eager"):
+    for row in ("hotswap:async", "hotswap:progressive", "hotswap:async@cluster",
+                "hotswap:progressive@gpu1", "machine:busy-eager"):
         r = by_row.get(row)
         if not r or "error" in r or r.get("calls", 0) <= 1:
             continue

@@ -100,10 +100,14 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,
         "first_call_s": served.durations[0], "first_output_s": ready_s + served.durations[0],
         "to_final_s": served.final_s, **served.calls(eager_ms),
+        # hotswap rows: process start -> every graph serves compiled code (any tier)
+        "to_compiled_s": _compiled_at[0] if _compiled_at else served.final_s,
         "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20, **memory,
         "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
                       if row.startswith("hotswap:") else {}),
         "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
+        "tiers": ([s.tier for s in hotswap.status(compiled)] if row.startswith("hotswap:")
+                  else []),
     }
 
 
@@ -130,6 +134,10 @@ def memory_parts() -> dict[str, float]:
             "steady_their_children_mib": theirs, "steady_total_mib": serving + workers + theirs}
 
 
+# When a hotswap row's graphs all served compiled code first (one row per process).
+_compiled_at: list[float] = []
+
+
 def _compiled(row: str, model: Any, args: argparse.Namespace
               ) -> tuple[Any, Callable[[], bool], list[subprocess.Popen[bytes]]]:
     """The row's callable, how to tell its final code serves, and CPU spinners it started."""
@@ -138,12 +146,14 @@ def _compiled(row: str, model: Any, args: argparse.Namespace
     import hotswap
 
     if row.startswith("hotswap:"):
-        mode = row.split(":")[1]
+        mode = row.split(":")[1].split("@")[0]  # "@cluster", "@gpu1": bench.py's env
         tiers = ["default", "max-autotune-no-cudagraphs"] if mode == "progressive" else None
         compiled = hotswap.compile(model, mode=mode, tiers=tiers, workers=args.workers)
 
         def is_final() -> bool:
             statuses = hotswap.status(compiled)
+            if not _compiled_at and statuses and all(s.tier != "eager" for s in statuses):
+                _compiled_at.append(_since_start())  # every graph serves compiled code
             return bool(statuses) and all(s.final for s in statuses)
 
         return compiled, is_final, []

@@ -147,3 +147,35 @@ def test_without_the_fleet_key_nothing_is_read_or_written_remotely(
     assert _remote_keys(redis_server) == set()
     assert "HOTSWAP_CACHE_KEY_FILE is not set" in caplog.text
     assert "HOTSWAP_CACHE_KEY_FILE is not set" in status.cache
+
+
+def test_the_fleet_decides_each_tier_once_and_every_replica_takes_the_decision(
+        tmp_path: Path, redis_server: RedisServer, fleet_key: Path) -> None:
+    # Each replica's benchmark would decide otherwise (max-autotune 2x faster for one, 1.5x
+    # slower for the other): whichever measures first decides for the fleet.
+    model, inputs = _model()
+    expected = model(*inputs)
+    fakes = [FakeCompiler(hold=True, medians={"eager": 2.0, "default": 1.0,
+                                              "max-autotune": 0.5 if i % 2 else 1.5})
+             for i in range(4)]
+    replicas = []
+    for i, fake in enumerate(fakes):
+        options = Options.create(mode="progressive", tiers=TIERS,
+                                 cache_dir=str(tmp_path / f"m{i % 2}"), cache_url=redis_server.url)
+        coordinator = Coordinator(options, compiler=fake, measure=fake.measure)
+        replicas.append((coordinator, torch.compile(model, backend=coordinator)))
+    for _, compiled in replicas:
+        compiled(*inputs)
+    for fake in fakes:
+        fake.release()
+    statuses = [coordinator.wait(timeout_s=60) for coordinator, _ in replicas]
+    for _, compiled in replicas:
+        torch.testing.assert_close(compiled(*inputs), expected)
+    # One measurement per decision across the fleet (a replica that loaded max-autotune first
+    # decides "default against max-autotune", another decision, also once)
+    decisions = [b.pair for fake in fakes for b in fake.benches]
+    assert len(decisions) == len(set(decisions)), decisions
+    assert decisions.count(("default", "max-autotune")) <= 1
+    assert len({s.tier for [s] in statuses}) == 1, [s.summary() for [s] in statuses]
+    assert all(s.final for [s] in statuses)
+    assert sorted(t for fake in fakes for _, t in fake.compiles) == TIERS
