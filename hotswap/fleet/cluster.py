@@ -19,7 +19,11 @@ Artifacts come back as bytes and load in this process as a local worker's do.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import signal
+import socket
+import subprocess
 import sys
 import threading
 import traceback
@@ -27,14 +31,24 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from hotswap.errors import ClusterWorkerLost, CompileFailed, JobTimeout
+from hotswap.errors import ClusterWorkerLost, CompileFailed, JobTimeout, PoolClosed
 from hotswap.orchestrator.compilers import Compiler, InductorLoads
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, CompileRequest
 from hotswap.workers import JobFuture
 
-__all__ = ["EXECUTOR_ENV", "Cluster", "ClusterCompiler", "StampMismatch", "cluster_stamp",
-           "local_cluster", "parse_executor", "run_job", "warm_worker"]
+__all__ = [
+    "EXECUTOR_ENV",
+    "Cluster",
+    "ClusterCompiler",
+    "LocalCluster",
+    "StampMismatch",
+    "cluster_stamp",
+    "local_cluster",
+    "parse_executor",
+    "run_job",
+    "warm_worker",
+]
 
 log = logging.getLogger("hotswap")
 
@@ -108,16 +122,63 @@ def warm_worker() -> None:
         warm_compile()
 
 
-def local_cluster(workers: int = 1) -> Any:
-    """A ``distributed.LocalCluster`` of ``workers`` worker processes (one thread each) on
-    this machine, each warmed (``warm_worker``) before this returns; close it when done."""
-    from distributed import Client, LocalCluster
+class LocalCluster:
+    """A Dask scheduler and ``workers`` worker processes (one thread each, warmed) on this
+    machine, each a program of its own (``dask scheduler`` / ``dask worker``) in a session of
+    its own: nothing of Dask's runs in this process, whose environment it leaves alone
+    (``distributed.LocalCluster`` sets OMP_NUM_THREADS=1 in its caller's environment, which
+    every process started later inherits, and leaves a helper process behind). ``close()``
+    stops them all; ``extra_env`` goes to the workers (e.g. CUDA_VISIBLE_DEVICES)."""
 
-    cluster = LocalCluster(n_workers=workers,  # type: ignore[no-untyped-call]
-                           threads_per_worker=1, processes=True, dashboard_address=None)
-    with Client(cluster) as client:  # type: ignore[no-untyped-call]
-        client.run(warm_worker)
-    return cluster
+    def __init__(self, workers: int = 1, *, extra_env: Mapping[str, str] | None = None,
+                 allowed_failures: int | None = None, timeout_s: float = 120.0) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.scheduler_address = f"tcp://127.0.0.1:{port}"
+        python = [sys.executable, "-m"]
+        quiet = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error"}
+        scheduler = dict(quiet) if allowed_failures is None else {
+            **quiet, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(allowed_failures)}
+        self._procs = [subprocess.Popen(
+            [*python, "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+             str(port), "--no-dashboard"], start_new_session=True, env=scheduler,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        self._procs.append(subprocess.Popen(
+            [*python, "distributed.cli.dask_worker", self.scheduler_address, "--nworkers",
+             str(workers), "--nthreads", "1", "--no-dashboard", "--preload",
+             "hotswap.fleet.preload"], start_new_session=True, env={**quiet, **(extra_env or {})},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        try:
+            from distributed import Client
+
+            with Client(self.scheduler_address,  # type: ignore[no-untyped-call]
+                        timeout=timeout_s, set_as_default=False) as client:
+                client.wait_for_workers(workers, timeout=timeout_s)
+                client.run(warm_worker)  # waits for the preload's warm-up
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for proc in self._procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        self._procs = []
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def local_cluster(workers: int = 1) -> LocalCluster:
+    """A warmed ``LocalCluster`` of ``workers`` worker processes; close it when done."""
+    return LocalCluster(workers)
 
 
 class Cluster:
@@ -129,6 +190,7 @@ class Cluster:
         self.name = target if isinstance(target, str) else str(getattr(target, "scheduler", ""))
         self._ready: Future[Any] = Future()
         self._refused = ""
+        self.closed = False  # hotswap.shutdown(): jobs fail as a closed pool's do
         self._lock = threading.Lock()
         threading.Thread(target=self._connect, args=(warm,), daemon=True,
                          name="hotswap-cluster").start()
@@ -178,6 +240,16 @@ class Cluster:
             return
         self._ready.set_result(client)
 
+    def close(self) -> None:
+        """Close the connection if this made it (a Client handed in stays the caller's)."""
+        self.closed = True
+        client = self._ready.result() if self._ready.done() else None
+        if client is not None and isinstance(self.target, str):
+            try:
+                client.close(timeout=2)
+            except Exception:  # closing at interpreter exit: nothing left to tell
+                pass
+
     def refuse(self, why: str) -> None:
         """Stop using the cluster (said once); its jobs go to the local pool."""
         with self._lock:
@@ -213,6 +285,9 @@ class ClusterCompiler(InductorLoads):
 
     def _dispatch(self, client: Any, outer: JobFuture, job: str, payload: Any,
                   timeout_s: float | None) -> None:
+        if self._cluster.closed:
+            _settle(outer, error=PoolClosed("hotswap was shut down"))
+            return
         if client is None or getattr(client, "status", "running") != "running":
             self._locally(outer, job, payload, timeout_s)
             return
@@ -265,7 +340,8 @@ class ClusterCompiler(InductorLoads):
             self._locally(outer, job, payload, timeout_s)
             return
         except BaseException as e:
-            _settle(outer, error=_job_error(e, job))
+            _settle(outer, error=PoolClosed("hotswap was shut down") if self._cluster.closed
+                    else _job_error(e, job))
             return
         if job == COMPILE_JOB:
             bump("remote_compiles")

@@ -143,13 +143,14 @@ def _check_environment() -> None:
     """Every other HOTSWAP_* variable, read now so that a malformed one fails at compile()
     (ValueError naming it), not in the first call or a background thread."""
     from hotswap.cache.store import env_max_bytes
+    from hotswap.fleet.store import claim_ttl_s
     from hotswap.orchestrator.loader import gil_handoff_s
     from hotswap.orchestrator.logs import log_setting
     from hotswap.orchestrator.runtime import idle_exit_s, rss_limit, worker_priority
     from hotswap.workers.pool import default_workers
 
     for read in (default_workers, worker_priority, rss_limit, env_max_bytes, gil_handoff_s,
-                 log_setting, idle_exit_s):
+                 log_setting, idle_exit_s, claim_ttl_s):
         read()
 
 

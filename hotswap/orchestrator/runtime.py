@@ -191,11 +191,15 @@ class Runtime:
         graphs keep the tier they serve). Safe to call twice; later compiles start again."""
         with self._lock:
             pools = list(self._pools.values())
+            clusters = list(self._clusters.values())
             self._pools.clear()
+            self._clusters.clear()
             self._inflight.clear()
             self._idle_since.clear()
         for pool in pools:
             pool.terminate()
+        for cluster in clusters:
+            cluster.close()
 
 
 def idle_exit_s() -> float | None:

@@ -16,7 +16,7 @@ import torch
 
 import hotswap
 from hotswap.fleet import cluster as cluster_module
-from hotswap.fleet.cluster import Cluster, ClusterCompiler
+from hotswap.fleet.cluster import Cluster, ClusterCompiler, LocalCluster
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.options import Options
 from hotswap.testing.fake import FakeCompiler
@@ -27,8 +27,9 @@ distributed = pytest.importorskip("distributed", reason="the fleet extra is not 
 
 @pytest.fixture
 def dask_cluster() -> Iterator[Any]:
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as local:
+    # A scheduler and two worker processes of their own (dask scheduler / dask worker); the
+    # scheduler reruns a task whose worker died once, then gives up (KilledWorker).
+    with LocalCluster(2, allowed_failures=1) as local:
         yield local
 
 
@@ -61,7 +62,7 @@ def test_compiles_run_on_the_cluster_and_survive_a_killed_worker(dask_cluster: A
         torch.testing.assert_close(compiled(x), model(x))
     assert status.tier == "default" and status.path == "worker", status
     assert d["remote_compiles"] == 1 and d["worker_compiles"] == 1
-    assert hotswap.runtime().worker_pids() == []  # the local pool never started
+    assert d["cluster_fallbacks"] == 0  # nothing went to the local pool
 
 
 def _compile_beside(cluster: Cluster) -> tuple[FakeCompiler, Any, dict[str, int]]:
@@ -112,3 +113,20 @@ def test_a_worker_that_changed_build_after_connecting_sends_jobs_home(
     local, status, d = _compile_beside(joined)
     assert status.tier == "default" and len(local.compiles) == 1
     assert d["cluster_fallbacks"] == 1 and "build differs" in joined.refused
+
+
+def test_cluster_jobs_fail_as_local_worker_jobs_do(dask_cluster: Any) -> None:
+    """A job that raises is a CompileFailed; one past its time limit a JobTimeout; a worker
+    that dies under every attempt (Dask gives up: KilledWorker) a crash, which is retried."""
+    from hotswap.errors import CompileFailed, JobTimeout, WorkerCrashed
+
+    compiler = ClusterCompiler(Cluster(dask_cluster.scheduler_address, warm=False),
+                               FakeCompiler())
+    assert compiler.submit_job("hotswap.workers.faults:echo", {"x": 1}, 60).result(60) == {
+        "x": 1}
+    with pytest.raises(CompileFailed, match="RuntimeError: boom"):
+        compiler.submit_job("hotswap.workers.faults:raise_error", "boom", 60).result(60)
+    with pytest.raises(JobTimeout):
+        compiler.submit_job("hotswap.workers.faults:sleep", 30.0, 1.0).result(60)
+    with pytest.raises(WorkerCrashed, match="KilledWorker"):
+        compiler.submit_job("hotswap.workers.faults:sigkill", None, 120).result(120)

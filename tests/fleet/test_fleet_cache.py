@@ -5,6 +5,10 @@ down at start or goes down mid-run, and a replica without the fleet key."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,9 @@ import torch
 
 import hotswap
 from hotswap.cache import ArtifactCache
+from hotswap.fleet import FleetStore
 from hotswap.orchestrator import cache_access
+from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.options import Options
 from hotswap.testing.fake import FakeCompiler
@@ -179,3 +185,71 @@ def test_the_fleet_decides_each_tier_once_and_every_replica_takes_the_decision(
     assert len({s.tier for [s] in statuses}) == 1, [s.summary() for [s] in statuses]
     assert all(s.final for [s] in statuses)
     assert sorted(t for fake in fakes for _, t in fake.compiles) == TIERS
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "foreign"])
+def test_a_bad_fleet_entry_is_refused_removed_and_compiled_again(
+        tmp_path: Path, redis_server: RedisServer, fleet_key: Path, damage: str) -> None:
+    model, inputs = _model()
+    first = FakeCompiler()
+    coordinator, compiled = _replica(tmp_path, "a", redis_server.url, first, model)
+    compiled(*inputs)
+    coordinator.wait(timeout_s=30)
+    raw = redis_server.client()
+    for name in raw.scan_iter("hotswap:e:*"):
+        key = name.decode()[len("hotswap:e:"):]
+        if damage == "corrupt":
+            blob = raw.get(name)
+            raw.set(name, blob[:-1] + bytes([blob[-1] ^ 0xFF]))
+        else:  # signed by someone without the fleet's key
+            foreign = FleetStore(redis_server.url, os.urandom(32), {})
+            foreign.put(key, b"not yours", tier="default")
+    torch._dynamo.reset()
+    later = FakeCompiler()
+    with hotswap.counters_delta() as d:
+        coordinator, compiled = _replica(tmp_path, "b", redis_server.url, later, model)
+        compiled(*inputs)
+        [status] = coordinator.wait(timeout_s=30)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    assert sorted(t for _, t in later.compiles) == TIERS  # compiled again, both tiers
+    assert d["cache_rejects"] >= 2 and d["remote_cache_hits"] == 0
+    assert status.tier == "max-autotune"
+    # the refused entries were replaced by the new compiles' (good again)
+    good = FleetStore(redis_server.url, fleet_key.read_bytes(), None)
+    assert all(good.get(e.key) is not None for e in good.entries())
+
+
+# Take this machine's and the fleet's claim on KEY (ttl 2 s) through the cache layer, say so,
+# then hang until killed.
+_HOLDER = r"""
+import sys, time, torch
+from hotswap.orchestrator.cache_access import CacheAccess
+access = CacheAccess(sys.argv[1], None, sys.argv[2])
+access.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])
+assert access.claim("f" * 64)
+print("claimed", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_replica_killed_holding_a_claim_leaves_the_key_to_another_replica(
+        tmp_path: Path, redis_server: RedisServer, fleet_key: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_CLAIM_TTL_S", "2")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path / "a"),
+                               redis_server.url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+        other = CacheAccess(str(tmp_path / "b"), 60.0, redis_server.url)  # another machine
+        other.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])
+        assert not other.claim("f" * 64)
+        holder.kill()
+        holder.wait()
+        t = time.monotonic()
+        assert other.wait_for_holder("f" * 64)
+        assert time.monotonic() - t < 10  # the dead holder's claim expired (ttl 2 s)
+        assert other.claim("f" * 64)
+        other.release("f" * 64)
+    finally:
+        holder.kill()
+        holder.wait()
