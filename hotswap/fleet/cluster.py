@@ -323,9 +323,9 @@ class ClusterCompiler(InductorLoads):
         inner.add_done_callback(done)
 
     def _timed_out(self, task: Any, outer: JobFuture, job: str, timeout_s: float) -> None:
-        if not outer.done():
-            task.cancel()
+        if not outer.done():  # settled first: the cancelled task's callback finds it done
             _settle(outer, error=JobTimeout(timeout_s, 0, job=job))
+            task.cancel()
 
     def _finished(self, task: Any, outer: JobFuture, job: str, payload: Any,
                   timeout_s: float | None) -> None:
