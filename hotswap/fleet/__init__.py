@@ -6,8 +6,8 @@ A Dask worker for hotswap: ``dask worker tcp://scheduler:8786 --nthreads 1 --pre
 hotswap.fleet.preload`` (the preload warms the worker as a local compile worker warms).
 """
 
-from hotswap.fleet.cluster import Cluster, cluster_stamp, local_cluster, warm_worker
+from hotswap.fleet.cluster import Cluster, LocalCluster, cluster_stamp, warm_worker
 from hotswap.fleet.store import FleetStore, load_fleet_key
 
-__all__ = ["Cluster", "FleetStore", "cluster_stamp", "load_fleet_key", "local_cluster",
+__all__ = ["Cluster", "FleetStore", "LocalCluster", "cluster_stamp", "load_fleet_key",
            "warm_worker"]

@@ -18,6 +18,7 @@ Artifacts come back as bytes and load in this process as a local worker's do.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -36,6 +37,7 @@ from hotswap.orchestrator.compilers import Compiler, InductorLoads
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, CompileRequest
 from hotswap.workers import JobFuture
+from hotswap.workers.inbox import resolve
 
 __all__ = [
     "EXECUTOR_ENV",
@@ -44,7 +46,6 @@ __all__ = [
     "LocalCluster",
     "StampMismatch",
     "cluster_stamp",
-    "local_cluster",
     "parse_executor",
     "run_job",
     "warm_worker",
@@ -91,22 +92,26 @@ def cluster_stamp() -> dict[str, Any]:
     return {**environment_stamp(devices), "python": list(sys.version_info[:2])}
 
 
-_stamp: dict[str, Any] | None = None
+@functools.cache
+def _local_stamp() -> dict[str, Any]:
+    """This process's ``cluster_stamp`` (the caller's, or a cluster worker's)."""
+    return cluster_stamp()
+
+
+def _differences(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """Each stamp field that differs: (ours, theirs)."""
+    return {k: (v, theirs.get(k)) for k, v in ours.items() if theirs.get(k) != v}
 
 
 def run_job(job: str, payload: Any, stamp: dict[str, Any]) -> Any:
     """A Dask task: one hotswap job, run as a local worker runs it, if this worker's build
     is the caller's."""
-    global _stamp
     from hotswap.workers.child import resolve_job
 
     with _job_lock:
-        if _stamp is None:
-            _stamp = cluster_stamp()
-        if _stamp != stamp:
-            differs = {k: (v, _stamp.get(k)) for k, v in stamp.items() if _stamp.get(k) != v}
+        if _local_stamp() != stamp:
             raise StampMismatch(f"this worker's build differs from the caller's "
-                                f"(caller, worker): {differs}")
+                                f"(caller, worker): {_differences(stamp, _local_stamp())}")
         result = resolve_job(job)(payload)
     if isinstance(result, dict) and isinstance(result.get("entry"), pickle.PickleBuffer):
         result = {**result, "entry": bytes(result["entry"].raw())}
@@ -176,11 +181,6 @@ class LocalCluster:
         self.close()
 
 
-def local_cluster(workers: int = 1) -> LocalCluster:
-    """A warmed ``LocalCluster`` of ``workers`` worker processes; close it when done."""
-    return LocalCluster(workers)
-
-
 class Cluster:
     """One connection to a Dask cluster, made on a thread; ``client()`` waits for it (None:
     refused or unreachable, said once)."""
@@ -225,10 +225,8 @@ class Cluster:
             mine = _local_stamp()
             for worker, theirs in stamps.items():
                 if theirs != mine:
-                    differs = {k: (v, theirs.get(k)) for k, v in mine.items()
-                               if theirs.get(k) != v}
                     raise StampMismatch(f"worker {worker} runs another build (here, there): "
-                                        f"{differs}")
+                                        f"{_differences(mine, theirs)}")
             if warm:  # each worker pays its first compile's set-up now, not in a job
                 from distributed import fire_and_forget
 
@@ -286,7 +284,7 @@ class ClusterCompiler(InductorLoads):
     def _dispatch(self, client: Any, outer: JobFuture, job: str, payload: Any,
                   timeout_s: float | None) -> None:
         if self._cluster.closed:
-            _settle(outer, error=PoolClosed("hotswap was shut down"))
+            resolve(outer, error=PoolClosed("hotswap was shut down"))
             return
         if client is None or getattr(client, "status", "running") != "running":
             self._locally(outer, job, payload, timeout_s)
@@ -296,10 +294,10 @@ class ClusterCompiler(InductorLoads):
                 payload = _with_bytes(payload)
             task = client.submit(run_job, job, payload, _local_stamp(), pure=False)
         except LookupError as e:
-            _settle(outer, error=e)
+            resolve(outer, error=e)
             return
         except Exception as e:
-            _settle(outer, error=ClusterWorkerLost(f"{type(e).__name__}: {e}", job=job))
+            resolve(outer, error=ClusterWorkerLost(f"{type(e).__name__}: {e}", job=job))
             return
         outer.set_running_or_notify_cancel()
         if timeout_s is not None:
@@ -318,13 +316,13 @@ class ClusterCompiler(InductorLoads):
         def done(f: Future[Any]) -> None:
             outer.stage_events = list(getattr(f, "stage_events", []))
             error = f.exception()
-            _settle(outer, result=None if error else f.result(), error=error)
+            resolve(outer, result=None if error else f.result(), error=error)
 
         inner.add_done_callback(done)
 
     def _timed_out(self, task: Any, outer: JobFuture, job: str, timeout_s: float) -> None:
         if not outer.done():  # settled first: the cancelled task's callback finds it done
-            _settle(outer, error=JobTimeout(timeout_s, 0, job=job))
+            resolve(outer, error=JobTimeout(timeout_s, 0, job=job))
             task.cancel()
 
     def _finished(self, task: Any, outer: JobFuture, job: str, payload: Any,
@@ -340,12 +338,12 @@ class ClusterCompiler(InductorLoads):
             self._locally(outer, job, payload, timeout_s)
             return
         except BaseException as e:
-            _settle(outer, error=PoolClosed("hotswap was shut down") if self._cluster.closed
+            resolve(outer, error=PoolClosed("hotswap was shut down") if self._cluster.closed
                     else _job_error(e, job))
             return
         if job == COMPILE_JOB:
             bump("remote_compiles")
-        _settle(outer, result=result)
+        resolve(outer, result=result)
 
 
 def _job_error(error: BaseException, job: str) -> BaseException:
@@ -358,26 +356,6 @@ def _job_error(error: BaseException, job: str) -> BaseException:
         return ClusterWorkerLost(f"{name}: {error}", job=job)
     text = "".join(traceback.format_exception(error))
     return CompileFailed(job, f"{type(error).__module__}.{name}", str(error), text)
-
-
-def _settle(outer: JobFuture, *, result: Any = None, error: BaseException | None = None) -> None:
-    try:
-        if error is not None:
-            outer.set_exception(error)
-        else:
-            outer.set_result(result)
-    except Exception:
-        pass  # cancelled or timed out meanwhile
-
-
-_stamp_here: dict[str, Any] | None = None
-
-
-def _local_stamp() -> dict[str, Any]:
-    global _stamp_here
-    if _stamp_here is None:
-        _stamp_here = cluster_stamp()
-    return _stamp_here
 
 
 def _with_bytes(payload: dict[str, Any]) -> dict[str, Any]:

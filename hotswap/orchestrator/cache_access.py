@@ -299,7 +299,7 @@ class CacheAccess:
     def claimed_hit(self, key: str) -> bytes | None:
         """After a claim: the entry if it appeared meanwhile (the claim is then released)."""
         cached = self.get(key)
-        if cached is None and self._remote is not None:
+        if cached is None:  # None without a fleet store
             cached = self.fetch(key)
         if cached is not None:
             self.release(key)

@@ -125,10 +125,10 @@ def _local_cluster() -> tuple[Any, str, float]:
     """A one-worker Dask cluster on this machine, warmed (torch imported, a first compile's
     set-up paid) before any row starts: a fleet's cluster runs before a replica starts. On
     one box it shares the caller's cores: a simulation of a compile machine, not one."""
-    from hotswap.fleet import local_cluster
+    from hotswap.fleet import LocalCluster
 
     start = time.monotonic()
-    cluster = local_cluster(1)
+    cluster = LocalCluster(1)
     took = time.monotonic() - start
     print(f"  Dask cluster {cluster.scheduler_address}: 1 worker, started and warmed in "
           f"{took:.1f} s (before the rows, on no row's clock)", file=sys.stderr)

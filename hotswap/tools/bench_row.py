@@ -95,6 +95,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
             while hotswap.runtime().worker_pids() and time.monotonic() < deadline:
                 time.sleep(0.2)
             memory["idle_total_mib"] = memory_parts()["steady_total_mib"]
+    statuses = hotswap.status(compiled) if row.startswith("hotswap:") else []
     return {
         "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
         "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,
@@ -103,11 +104,9 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         # hotswap rows: process start -> every graph serves compiled code (any tier)
         "to_compiled_s": _compiled_at[0] if _compiled_at else served.final_s,
         "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20, **memory,
-        "timings_s": ({k: v for s in hotswap.status(compiled) for k, v in s.timings_s.items()}
-                      if row.startswith("hotswap:") else {}),
+        "timings_s": {k: v for s in statuses for k, v in s.timings_s.items()},
         "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
-        "tiers": ([s.tier for s in hotswap.status(compiled)] if row.startswith("hotswap:")
-                  else []),
+        "tiers": [s.tier for s in statuses],
     }
 
 

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from hotswap.fleet import LocalCluster
 from hotswap.testing.servers import RedisServer, free_port
 from hotswap.tools.bench import spawn_row
 from hotswap.tools.bench_row import is_bench_model
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             setup["redis"] = time.monotonic() - t
             t = time.monotonic()
             if args.cluster is None:
-                cluster, args.cluster = _cluster(args.cluster_workers)
+                cluster = LocalCluster(args.cluster_workers)
+                args.cluster = cluster.scheduler_address
             setup["cluster"] = time.monotonic() - t
             key = Path(root) / "fleet.key"
             key.write_bytes(os.urandom(32))
@@ -105,13 +107,6 @@ def _redis_server(root: Path) -> tuple[RedisServer, str]:
     except RuntimeError as e:
         raise SystemExit(f"{e}; or pass --redis URL") from e
     return server, server.url
-
-
-def _cluster(workers: int) -> tuple[Any, str]:
-    from hotswap.fleet import local_cluster
-
-    cluster = local_cluster(workers)
-    return cluster, cluster.scheduler_address
 
 
 def _row_args(args: argparse.Namespace) -> argparse.Namespace:
