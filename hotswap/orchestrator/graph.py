@@ -3,8 +3,15 @@
 ``GraphRunner.__call__`` is one attribute read and one call. A swap replaces that attribute
 (atomic under the GIL), so a call already running finishes on the old callable and threads
 never see a half-made swap. A newly swapped tier serves its first call on probation: if it
-raises (or, with ``verify=True``, disagrees with the tier before it), the graph goes back to
-the previous callable and the call is answered by that callable.
+disagrees with the tier before it (``verify=True``), the graph goes back to the previous
+callable and the call is answered by that callable.
+
+A tier that raises is not blamed at once: the input may be one eager rejects too (a wrong
+dtype that passed dynamo's guards, an index out of range). Eager runs on the same arguments
+and decides. If it raises as well, the error is the user's: eager's exception propagates as
+eager raised it (not chained to the tier's, so its traceback is eager's and a few frames),
+and the tier keeps serving, counted as nothing but the eager call it took. If eager answers,
+the tier is faulty: it is dropped for the one before it, and eager's answer is returned.
 
 Tiers climb by rank (their place in the ladder); the benchmark gate decides before
 ``swap_in`` is called and may adopt a lower-ranked tier that measured faster
@@ -82,9 +89,15 @@ class GraphRunner:
         # process's load-path warm-up there).
         self.after_first_call: Callable[[], object] | None = None
         self._lock = threading.Lock()
+        # Bound once: ``self._run_eager`` makes a new bound method at each read, and the
+        # callable serving is told from eager by identity.
+        self._eager: Fn = self._run_eager
         self._fn: Fn = self._eager
-        # What serves if the current tier fails: (callable, tier name, rank).
-        self._fallback: tuple[Fn, str, int] = (self._eager, "eager", -1)
+        # The callables of the tier serving now, the one serving first (a probation wrapper,
+        # then what it graduates to): an error in another one drops nothing.
+        self._tier_fns: tuple[Fn, ...] = (self._eager,)
+        # What serves if the current tier fails: (its callables, tier name, rank).
+        self._fallback: tuple[tuple[Fn, ...], str, int] = ((self._eager,), "eager", -1)
         self.tier = "eager"
         self._rank = -1
         self.eager_calls = 0
@@ -107,12 +120,17 @@ class GraphRunner:
         except Exception as e:
             if fn is self._eager or isinstance(e, TierFailed):
                 raise
-            return self._demote(e, args)
+            reason = f"{type(e).__name__}: {e}"
+        # Outside the except block: an exception eager raises here is not chained to the
+        # tier's, and the tier's traceback (with its frames' tensors) is let go.
+        return self._ask_eager(fn, reason, args)
 
-    def _eager(self, *args: Any) -> Any:
+    def _run_eager(self, *args: Any) -> Any:
         self.eager_calls += 1
         bump("eager_calls")
-        out = self._gm(*args)
+        # ``forward``, as dynamo's own eager backend calls it: GraphModule.__call__ would
+        # print the graph's code to stderr on every error the user's inputs cause.
+        out = self._gm.forward(*args)
         if self.after_first_call is not None:
             hook, self.after_first_call = self.after_first_call, None
             hook()
@@ -125,7 +143,8 @@ class GraphRunner:
         waited for it."""
         with self._lock:
             self._fn = fn
-            self._fallback = (self._eager, "eager", -1)
+            self._tier_fns = (fn,)
+            self._fallback = ((self._eager,), "eager", -1)
             self.tier = tier
             self._rank = self._ranks.get(tier, 0)
 
@@ -137,8 +156,9 @@ class GraphRunner:
             if rank <= self._rank and not measured:
                 return False
             previous, previous_tier = self._fn, self.tier
-            self._fallback = (previous, self.tier, self._rank)
+            self._fallback = ((previous, *self._tier_fns), self.tier, self._rank)
             self._fn = self._probation(tier, fn, previous)
+            self._tier_fns = (self._fn, fn)
             self.tier, self._rank = tier, rank
         bump("swaps")
         if self.listener is not None:
@@ -151,7 +171,8 @@ class GraphRunner:
             if self.tier != tier:
                 return False
             self._fn = self._eager
-            self._fallback = (self._eager, "eager", -1)
+            self._tier_fns = (self._eager,)
+            self._fallback = ((self._eager,), "eager", -1)
             self.tier, self._rank = "eager", -1
         return True
 
@@ -178,24 +199,32 @@ class GraphRunner:
             if self._verify:
                 ref = previous(*args)
                 if not _close(out, ref):
-                    self._restore_fallback("verify: its output disagrees with the previous "
-                                           "tier's")
+                    self._drop(first_call,
+                               "verify: its output disagrees with the previous tier's")
                     return ref
-            self._fn = fn  # graduated: later calls go straight to the artifact
+            with self._lock:
+                if self._fn is first_call:  # a tier swapped in meanwhile stays in place
+                    self._fn = fn  # graduated: later calls go straight to the artifact
             return out
 
         return first_call
 
-    def _demote(self, error: Exception, args: tuple[Any, ...]) -> Any:
-        self._restore_fallback(f"raised in a call and was dropped: {type(error).__name__}: "
-                               f"{error}")
-        return self(*args)
+    def _ask_eager(self, fn: Fn, reason: str, args: tuple[Any, ...]) -> Any:
+        """``fn`` raised ``reason``: eager answers the call, or raises the user's error."""
+        out = self._eager(*args)
+        self._drop(fn, f"raised in a call and was dropped: {reason}")
+        return out
 
-    def _restore_fallback(self, reason: str) -> None:
+    def _drop(self, fn: Fn, reason: str) -> None:
+        """The tier ``fn`` serves goes back to the one before it; nothing changes if ``fn``
+        no longer serves (another call dropped it first, or a swap replaced it)."""
         with self._lock:
+            if not any(fn is f for f in self._tier_fns):
+                return
             dropped = self.tier
-            self._fn, self.tier, self._rank = self._fallback
-            self._fallback = (self._eager, "eager", -1)
+            self._tier_fns, self.tier, self._rank = self._fallback
+            self._fn = self._tier_fns[0]
+            self._fallback = ((self._eager,), "eager", -1)
             back = self.tier
         if self.listener is not None:
             self.listener.dropped(dropped, back, reason)

@@ -3,6 +3,7 @@ fake compiled callables: no inductor, no workers."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -86,8 +87,11 @@ def test_a_tier_that_raises_is_dropped_and_the_call_still_answered() -> None:
     journey.runner(X)  # graduates "fast"
     journey.swap_in("best", broken)
     assert journey.state("fast") is TierState.REPLACED
-    out = journey.runner(X)
-    assert out is GOOD  # answered by "fast", the tier before
+    with hotswap.counters_delta() as d:
+        out = journey.runner(X)  # eager answers, so the artifact is at fault
+    assert torch.equal(out[0], GOOD[0])  # eager's answer, computed to judge the tier
+    assert (d["eager_calls"], d["fallbacks"], d["internal_errors"]) == (1, 1, 0)
+    assert journey.runner(X) is GOOD  # "fast", the tier before, serves again
     status = journey.status()
     assert status.tier == "fast"
     assert status.failures[0][0] == "best" and "bad artifact" in status.failures[0][1]
@@ -98,6 +102,93 @@ def test_eager_errors_are_the_users_errors() -> None:
     runner = GraphRunner("g", torch.fx.symbolic_trace(lambda x: (x @ x,)), ["fast"])
     with pytest.raises(RuntimeError):
         runner(torch.ones(2, 3))
+
+
+def _gather_journey() -> tuple[GraphJourney, Any]:
+    """A graph that indexes, and a compiled tier that checks its bounds as inductor's C++
+    kernels do: another exception type and message than eager's ``IndexError``."""
+    gm = torch.fx.symbolic_trace(lambda x, i: (x[i],))
+
+    def compiled(x: torch.Tensor, i: torch.Tensor) -> Any:
+        if bool((i >= len(x)).any()):
+            raise RuntimeError(f"index out of bounds: 0 <= tmp0 < {len(x)}")
+        return GOOD
+
+    return _journey(gm, ("fast",)), compiled
+
+
+BAD_INDEX = torch.tensor([9])
+
+
+@pytest.mark.parametrize("graduated", [True, False], ids=["graduated", "on-probation"])
+def test_an_input_eager_rejects_is_the_users_error_and_the_tier_stays(graduated: bool) -> None:
+    journey, compiled = _gather_journey()
+    runner = journey.runner
+    runner.listener = seen = _Seen()
+    runner.swap_in("fast", compiled)
+    if graduated:
+        runner(X, torch.tensor([1]))
+    with pytest.raises(IndexError) as eager:
+        journey.gm(X, BAD_INDEX)
+    with hotswap.counters_delta() as d:
+        for _ in range(2):
+            with pytest.raises(IndexError) as info:
+                runner(X, BAD_INDEX)
+            assert str(info.value) == str(eager.value)
+            # Not chained to the tier's RuntimeError: the traceback is eager's.
+            assert info.value.__context__ is None and info.value.__cause__ is None
+        assert runner(X, torch.tensor([1])) is GOOD  # the compiled tier answers
+    assert (d["eager_calls"], d["fallbacks"], d["internal_errors"]) == (2, 0, 0)
+    assert runner.tier == "fast" and journey.status().failures == ()
+    assert seen.events == [("swap", "fast", "eager"), ("first_call", "fast", "fast")]
+    assert runner(X, torch.tensor([1])) is GOOD and len(seen.events) == 2  # graduated once
+
+
+def test_an_input_eager_rejects_while_eager_serves_drops_nothing() -> None:
+    journey, _ = _gather_journey()
+    journey.runner.listener = seen = _Seen()
+    with hotswap.counters_delta() as d, pytest.raises(IndexError) as info:
+        journey.runner(X, BAD_INDEX)
+    assert info.value.__context__ is None
+    assert (d["eager_calls"], d["fallbacks"], d["internal_errors"]) == (1, 0, 0)
+    assert journey.runner.tier == "eager" and seen.events == []
+
+
+def test_a_faulty_tier_failing_in_two_calls_at_once_is_dropped_once() -> None:
+    both_in = threading.Barrier(2, timeout=10)
+
+    def broken(x: torch.Tensor) -> Any:
+        both_in.wait()
+        raise RuntimeError("bad artifact")
+
+    journey = _journey()
+    journey.swap_in("fast", lambda x: GOOD)
+    journey.runner(X)
+    journey.swap_in("best", broken)
+    outs: list[Any] = []
+    with hotswap.counters_delta() as d:
+        threads = [threading.Thread(target=lambda: outs.append(journey.runner(X)))
+                   for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert len(outs) == 2 and all(torch.equal(out[0], GOOD[0]) for out in outs)
+    assert (d["fallbacks"], d["internal_errors"]) == (1, 0)
+    assert journey.status().states == (("fast", "serving"), ("best", "failed"))
+
+
+def test_a_tier_swapped_in_during_a_first_call_is_not_undone_by_it() -> None:
+    journey = _journey()
+    runner = journey.runner
+
+    def fast(x: torch.Tensor) -> Any:
+        runner.swap_in("best", lambda x: ("best",))  # the load thread, mid-call
+        return GOOD
+
+    runner.swap_in("fast", fast)
+    assert runner(X) is GOOD
+    assert runner.tier == "best" and runner(X) == ("best",)
 
 
 def test_on_failure_raise_raises_once_then_serves() -> None:
