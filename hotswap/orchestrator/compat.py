@@ -87,14 +87,122 @@ def artifact_to_bytes(artifact: Any) -> bytes:
 
 
 def artifact_from_bytes(data: Buffer) -> Callable[..., Any]:
+    """Load a saved artifact, writing nothing that is on disk already: a warm start on a full
+    disk must still load. ``CompiledArtifact.load`` reads a path, so the bytes go to an
+    in-memory file (Linux) rather than a temporary one; it then writes the inductor and
+    AOTAutograd cache entries the artifact carries, which ``_populate_missing`` leaves alone
+    where the very bytes are there already."""
     from torch._inductor.standalone_compile import CompiledArtifact
 
+    with _artifact_path(data) as path, _skipping_present_entries():
+        loaded: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
+        return loaded
+
+
+@contextlib.contextmanager
+def _artifact_path(data: Buffer) -> Iterator[str]:
+    """A path that reads as ``data``: an anonymous in-memory file where the OS has them (no
+    disk, and nothing left behind however the process ends), else a temporary file."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None and os.path.isdir("/proc/self/fd"):
+        try:
+            fd = memfd_create("hotswap-artifact", getattr(os, "MFD_CLOEXEC", 0))
+        except OSError:
+            pass
+        else:
+            with open(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                yield f"/proc/self/fd/{fd}"
+            return
     with tempfile.TemporaryDirectory(prefix="hotswap-art-", dir=scratch_dir()) as tmp:
         path = os.path.join(tmp, "artifact.bin")
         with open(path, "wb") as f:
             f.write(data)
-        loaded: Callable[..., Any] = CompiledArtifact.load(path=path, format="binary")
-        return loaded
+        yield path
+
+
+# The cache entries a saved artifact carries that ``CompiledArtifact.load`` writes to disk, by
+# artifact type: the class whose ``_get_tmp_dir_for_key(key)`` folder holds the entry, in a
+# file named by the SHA-256 of its content (2.11 and 2.13 alike). Other types are written.
+_ENTRY_CACHES = {
+    "inductor": ("torch._inductor.codecache", "FxGraphCache"),
+    "aot_autograd": ("torch._functorch._aot_autograd.autograd_cache", "AOTAutogradCache"),
+}
+_skipping = threading.local()
+_populate_lock = threading.Lock()
+_populate_hooked = False
+
+
+@contextlib.contextmanager
+def _skipping_present_entries() -> Iterator[None]:
+    """Inside the block, this thread's ``load_cache_artifacts`` writes only entries that are
+    missing (or differ): the load that follows reads them from disk either way, and rewriting
+    one that is there failed with ENOSPC on a full disk, leaving a 0-byte temporary file of
+    inductor's beside it on every start. Other threads' calls are not changed."""
+    global _populate_hooked
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:
+        yield
+        return
+    with _populate_lock:
+        if not _populate_hooked:
+            real = CacheArtifactManager.populate_caches
+
+            def populate_caches(artifacts: Any) -> Any:
+                if getattr(_skipping, "active", False):
+                    return _populate_missing(artifacts)
+                return real(artifacts)
+
+            CacheArtifactManager.populate_caches = staticmethod(populate_caches)  # type: ignore[method-assign]
+            _populate_hooked = True
+    _skipping.active = True
+    try:
+        yield
+    finally:
+        _skipping.active = False
+
+
+def _populate_missing(artifacts: dict[str, list[Any]]) -> Any:
+    """``CacheArtifactManager.populate_caches``, less the writes of entries already there."""
+    from torch.compiler._cache import CacheInfo
+
+    info = CacheInfo()
+    for artifact in (a for group in artifacts.values() for a in group):
+        info.add(artifact)
+        if not _entry_present(artifact):
+            artifact.populate_cache()
+        elif artifact.type() == "inductor":
+            # 2.13 also emits the entry's triton kernels here (writing only those missing);
+            # 2.11 does it at lookup and has no such method.
+            emit = getattr(_entry_cache(artifact), "_emit_triton_bundle", None)
+            if emit is not None:
+                emit(artifact.content)
+    return info
+
+
+def _entry_cache(artifact: Any) -> Any:
+    import importlib
+
+    module, name = _ENTRY_CACHES[artifact.type()]
+    return getattr(importlib.import_module(module), name)
+
+
+def _entry_present(artifact: Any) -> bool:
+    """Whether the entry ``artifact`` would write is on disk with these very bytes."""
+    if artifact.type() not in _ENTRY_CACHES:
+        return False
+    try:
+        from torch._inductor.codecache import sha256_hash
+
+        content = artifact.content
+        path = os.path.join(_entry_cache(artifact)._get_tmp_dir_for_key(artifact.key),
+                            sha256_hash(content))
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_size == len(content) and f.read() == content
+    except (OSError, ImportError, AttributeError):  # missing, or another torch's layout
+        return False
 
 
 def compiled_with(compiled: Any) -> tuple[str, dict[str, Any]] | None:

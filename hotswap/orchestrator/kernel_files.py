@@ -8,8 +8,11 @@ a process that lacks them restores them (``restore_files``) instead of running t
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 
 from hotswap.orchestrator.compat import Buffer
@@ -104,7 +107,9 @@ def compile_outputs(sources: Iterable[str], since_s: float) -> dict[str, bytes]:
 
 
 def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
-    """Write shipped cache files that ``root`` lacks (atomically); returns how many."""
+    """Write shipped cache files that ``root`` lacks; returns how many. A file that is there
+    is never written again (a warm load on a full disk writes nothing), and a write that
+    fails or is cut off leaves no partial or temporary file behind."""
     written = 0
     real_root = os.path.realpath(root)
     for rel, data in files.items():
@@ -112,10 +117,40 @@ def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
         if not path.startswith(real_root + os.sep) or os.path.exists(path):
             continue  # never outside the cache dir; never over an existing file
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hotswap-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o755 if path.endswith(".so") else 0o644)
-        os.replace(tmp, path)
+        _write_new(path, data, 0o755 if path.endswith(".so") else 0o644)
         written += 1
     return written
+
+
+# Temporary files being written now: the loader is a daemon thread, which interpreter exit
+# stops wherever it is, and a file it was writing then stayed for good. Removed at exit.
+_pending: set[str] = set()
+_pending_lock = threading.Lock()
+
+
+@atexit.register
+def _remove_pending() -> None:
+    with _pending_lock:
+        for tmp in list(_pending):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _write_new(path: str, data: Buffer, mode: int) -> None:
+    """Create ``path`` holding ``data`` whole (a temporary file renamed into place); a write
+    that fails (a full disk) or is cut off at exit leaves no temporary file behind."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hotswap-")
+    with _pending_lock:
+        _pending.add(tmp)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    finally:
+        with _pending_lock:
+            _pending.discard(tmp)
