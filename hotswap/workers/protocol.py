@@ -112,7 +112,11 @@ class StageEvent:
     @classmethod
     def from_wire(cls, job_id: int, payload: Payload) -> StageEvent:
         d = decode_control(payload)
-        return cls(d["name"], d["start_s"], d["end_s"], d["pid"], job_id, d.get("attrs") or {})
+        if not (isinstance(d, dict) and isinstance(d.get("name"), str)
+                and all(isinstance(d.get(k), int | float) for k in ("start_s", "end_s", "pid"))
+                and isinstance(d.get("attrs") or {}, dict)):
+            raise ProtocolError(f"not a stage event: {d!r:.200}")
+        return cls(d["name"], d["start_s"], d["end_s"], int(d["pid"]), job_id, d.get("attrs") or {})
 
 
 def encode_control(obj: Any) -> bytes:
@@ -120,7 +124,10 @@ def encode_control(obj: Any) -> bytes:
 
 
 def decode_control(payload: Payload) -> Any:
-    return msgpack.unpackb(payload, raw=False)
+    try:
+        return msgpack.unpackb(payload, raw=False)
+    except (ValueError, msgpack.UnpackException) as e:  # msgpack's errors for bytes it can't read
+        raise ProtocolError(f"unreadable control message: {e!r}") from None
 
 
 def encode_frame(kind: MessageKind, job_id: int, *parts: bytes | memoryview) -> list[bytes | memoryview]:
@@ -174,7 +181,11 @@ def decode_job_request(payload: Payload) -> tuple[str, memoryview]:
     end = _NAME_LEN.size + n
     if len(view) < end:
         raise ProtocolError("job request shorter than its name")
-    return bytes(view[_NAME_LEN.size:end]).decode(), view[end:]
+    try:
+        name = bytes(view[_NAME_LEN.size:end]).decode()
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"job name is not UTF-8: {e}") from None
+    return name, view[end:]
 
 
 def _receive_buffer(n: int) -> bytearray | mmap.mmap:
@@ -236,10 +247,18 @@ class FrameDecoder:
             if length > MAX_FRAME_BYTES:
                 raise ProtocolError(f"frame length {length} is not plausible")
             try:
-                self._frame = (MessageKind(kind), job_id)
+                message_kind = MessageKind(kind)
             except ValueError as e:
                 raise ProtocolError(f"unknown message kind {kind}") from e
-            self._body, self._body_got = _receive_buffer(length), 0
+            try:
+                body = _receive_buffer(length)
+            except OSError as e:
+                # A corrupted length can still be under MAX_FRAME_BYTES and past what can be
+                # mapped: that is the peer's garbage, not a dead pipe (whose OSError would make
+                # the pool wait for a live worker to exit).
+                raise ProtocolError(f"frame of {length} bytes cannot be received: {e}") from e
+            self._frame = (message_kind, job_id)
+            self._body, self._body_got = body, 0
             if length:
                 return None
         else:
