@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -67,8 +68,9 @@ def _fits(default: Any, value: Any) -> bool:
     if isinstance(default, int):
         return isinstance(value, int) and not isinstance(value, bool)
     if isinstance(default, float):
+        # math.isnan(int) converts, and overflows past 1e308: only a float can be NaN
         return (isinstance(value, int | float) and not isinstance(value, bool)
-                and not math.isnan(value))
+                and not (isinstance(value, float) and math.isnan(value)))
     if isinstance(default, str):
         return isinstance(value, str)
     return True  # None, lists, callables...: inductor checks those itself
@@ -223,7 +225,7 @@ class Options:
                                    "a number of seconds > 0")
         if timeout_s is not None and (isinstance(timeout_s, bool)
                                       or not isinstance(timeout_s, int | float)
-                                      or not math.isfinite(timeout_s) or timeout_s <= 0):
+                                      or not 0 < timeout_s <= sys.float_info.max):
             raise ValueError(f"timeout_s must be a finite number > 0 or None, got {timeout_s!r}")
         on_failure = kwargs.get("on_failure", "stay")
         if on_failure not in ON_FAILURE:
