@@ -17,9 +17,11 @@ the OS refuses, the starved worker is killed, its job goes back to the front of 
 and workers start at normal priority from then on: the job starts over, having lost the
 little it had done.
 
-A starved worker that is stopped (SIGSTOP, a suspended terminal job) would hold its job
-until the time limit: once stopped for ``STOPPED_GRACE_S`` it is killed and its job fails
-as after a crash (``WorkerStopped``; callers retry once).
+A worker that is stopped (SIGSTOP, a suspended terminal job) would hold its job until the
+time limit: each of these polls also looks for a stopped process in a worker's tree, and one
+seen stopped for ``STOPPED_GRACE_S`` is killed and its job fails as after a crash
+(``WorkerStopped``; callers retry once), whether or not the worker looks starved: a stopped
+worker's children (the C++ compiler) keep running and using CPU (watchdog.py).
 
 What the watch did shows in ``WorkerPool.cpu_note()`` (``hotswap.status`` puts it on the
 pending graphs) and, once, in the log.
@@ -39,8 +41,8 @@ log = logging.getLogger("hotswap")
 STARVED_SHARE = 0.25   # of one core
 STARVED_AFTER_S = 2.0
 POLL_S = 0.5
-# A starved worker found stopped (SIGSTOP, Ctrl-Z) this long is killed as if it had crashed;
-# a claim holder stopped this long is given up on (orchestrator/cache_access.py).
+# A worker seen stopped (SIGSTOP, Ctrl-Z) this long is killed as if it had crashed, one poll
+# at most later; a claim holder stopped this long is given up on (orchestrator/cache_access.py).
 STOPPED_GRACE_S = 2.0
 
 
@@ -69,9 +71,8 @@ class CpuWatch:
         return (0, False) if self.normal_start else (self.nice, self.idle)
 
     def starved(self, now: float, needed: set[int]) -> list[tuple[int, float]]:
-        """Poll: the needed workers starved for ``STARVED_AFTER_S`` (raised ones too: one may
-        be stopped), with their share of a core over that time. Workers no longer needed are
-        forgotten."""
+        """Poll: the needed workers starved for ``STARVED_AFTER_S`` (raised ones too), with
+        their share of a core over that time. Workers no longer needed are forgotten."""
         self.next_poll_s = now + POLL_S
         for pid in set(self._samples) - needed:
             self._samples.pop(pid, None)

@@ -5,7 +5,8 @@
         ("start", None)      not ready after ``ready_timeout_s``
         ("timeout", limit)   its job ran past its time limit
         ("memory", rss)      its process tree passed ``rss_limit_bytes`` (polled)
-        ("stopped", pid)     stopped (SIGSTOP, a suspended job) for ``STOPPED_GRACE_S``
+        ("stopped", pid)     a process of its tree stopped (SIGSTOP, a suspended job) for
+                             ``STOPPED_GRACE_S``, looked for on every CPU poll
         ("starved", share)   starved at a lowered priority the OS will not raise; its job
                              starts over at normal priority (starvation.py)
 
@@ -76,33 +77,42 @@ class Watchdog:
         return kills
 
     def _watch_cpu(self, workers: list[WorkerProcess], queued: bool, now: float) -> list[Kill]:
-        """Compiles never starve (starvation.py): raise a starved worker, or where the OS
-        will not, restart its job on a worker started at normal priority."""
+        """Stopped workers are killed; compiles never starve (starvation.py): raise a starved
+        worker, or where the OS will not, restart its job on a worker at normal priority."""
         needed = _cpu_needed(workers, queued)
         if not needed:
             self.cpu.next_poll_s = now + POLL_S
             return []
         by_pid = {w.pid: w for w in workers}
-        kills: list[Kill] = []
+        kills = self._watch_stopped([by_pid[pid] for pid in needed], now)
         for pid, share in self.cpu.starved(now, needed):
             worker = by_pid.get(pid)
-            if worker is None:
-                continue
-            stopped = proctree.stopped(pid)
-            if stopped is not None:
-                # SIGSTOP, a suspended terminal job: it would hold its job until the time
-                # limit. A crash instead, once it stays stopped: the job is retried once.
-                since = self._stopped_since.setdefault(pid, now)
-                if now - since >= STOPPED_GRACE_S:
-                    log.warning("hotswap: worker %d is stopped (process %d, for %.1f s); "
-                                "killing it and replacing it", pid, stopped, now - since)
-                    kills.append((worker, ("stopped", stopped)))
-                continue
-            self._stopped_since.pop(pid, None)
+            if worker is None or pid in self._stopped_since:
+                continue  # a stopped worker is not starved: raising it would not help
             if not self.cpu.lowered or self.cpu.is_raised(pid):
                 continue  # already at the caller's priority: the note says why it waits
             if not self.cpu.raise_worker(pid, share, self.cpu.starved_for(pid, now)):
                 kills.append((worker, ("starved", share)))
+        return kills
+
+    def _watch_stopped(self, workers: list[WorkerProcess], now: float) -> list[Kill]:
+        """SIGSTOP, a suspended terminal job: a stopped worker would hold its job until the
+        time limit. Killed like a crash once seen stopped for ``STOPPED_GRACE_S`` (its job is
+        retried once), so ``STOPPED_GRACE_S`` to one poll more after the stop. Looked for on
+        every poll, not only once the worker looks starved: its children (the C++ compiler,
+        inductor's compile workers) keep running while it is stopped, and their CPU time keeps
+        its tree from looking starved for as long as they run."""
+        kills: list[Kill] = []
+        for worker in workers:
+            stopped = proctree.stopped(worker.pid)
+            if stopped is None:
+                self._stopped_since.pop(worker.pid, None)
+                continue
+            since = self._stopped_since.setdefault(worker.pid, now)
+            if now - since >= STOPPED_GRACE_S:
+                log.warning("hotswap: worker %d is stopped (process %d, for %.1f s); "
+                            "killing it and replacing it", worker.pid, stopped, now - since)
+                kills.append((worker, ("stopped", stopped)))
         return kills
 
 

@@ -91,3 +91,12 @@ def leave_compiler_temp(marker: str) -> None:
     with open(marker, "w") as f:
         f.write(path)
     time.sleep(600)
+
+
+def run_compiler(cpu_s: float) -> int:
+    """As inductor building a kernel: a child process (the C++ compiler) that keeps a core busy
+    for ``cpu_s`` seconds, waited for. Stopping the worker does not stop its children."""
+    import subprocess
+
+    spin = f"import time\nend = time.monotonic() + {cpu_s}\nwhile time.monotonic() < end: pass"
+    return subprocess.run([sys.executable, "-c", spin], check=False).returncode
