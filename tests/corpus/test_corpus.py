@@ -21,13 +21,17 @@ pytestmark = pytest.mark.slow
 SUBSET = ("resnet", "vit", "llama", "t5")
 
 
-def _serve_until_final(workload: Any, compiled: Any) -> list[hotswap.GraphStatus]:
+def _serve_until_final(workload: Any, compiled: Any
+                       ) -> tuple[list[hotswap.GraphStatus], dict[str, int]]:
+    """The first step, the statuses once final, then three steps more: (those statuses, the
+    counter deltas of the later steps)."""
     workload.step(compiled, 0)
     statuses = hotswap.wait(compiled, timeout_s=600)
-    for step in range(1, 4):
-        error = workload.error(workload.step(compiled, step), step)
-        assert error <= workload.tolerance, (workload.name, step, error)
-    return statuses
+    with hotswap.counters_delta() as later:
+        for step in range(1, 4):
+            error = workload.error(workload.step(compiled, step), step)
+            assert error <= workload.tolerance, (workload.name, step, error)
+    return statuses, later
 
 
 @pytest.mark.parametrize("name", SUBSET)
@@ -35,12 +39,19 @@ def test_async_compiles_every_graph_in_a_worker(name: str) -> None:
     workload = corpus.make(name)
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(workload.target, mode="async", workers=2)
-        statuses = _serve_until_final(workload, compiled)
+        statuses, later = _serve_until_final(workload, compiled)
     assert statuses and all(s.tier == "default" and s.path == "worker" for s in statuses), statuses
     n = len(statuses)
     assert (d["graphs"], d["worker_compiles"], d["swaps"]) == (n, n, n), d
     assert d["fallbacks"] == d["cache_hits"] == d["inprocess_compiles"] == 0, d
-    assert d["eager_calls"] == n  # the first call, once per graph
+    # Eager serves a graph until its tier swaps in: its first call, or none where the tier was
+    # in first. The compile starts while dynamo is still in its backend call and races what
+    # dynamo does before the first call (guards, code); when inductor's caches already hold the
+    # graph (an earlier run or test on this machine) it takes a few tenths of a second and can
+    # win. Never a call after the swap.
+    assert all(s.eager_calls <= 1 for s in statuses), statuses
+    assert d["eager_calls"] == sum(s.eager_calls for s in statuses), (d, statuses)
+    assert later["eager_calls"] == 0, later
 
 
 @pytest.mark.parametrize("name", ("resnet", "t5"))
@@ -51,7 +62,7 @@ def test_progressive_climbs_the_ladder_on_real_models(name: str) -> None:
     workload = corpus.make(name)
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(workload.target, mode="progressive", workers=2)
-        statuses = _serve_until_final(workload, compiled)
+        statuses, _ = _serve_until_final(workload, compiled)
     n = len(statuses)
     assert all(s.final and not s.failures and s.tier in ("eager", "default", "max-autotune")
                for s in statuses), statuses
