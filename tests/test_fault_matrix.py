@@ -221,7 +221,7 @@ def test_foreign_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     before = _tree(home)
     for action in ("ls", "stats", "verify", "clear"):
         assert cli(["cache", action, "--cache-dir", str(home)]) == 2, action
-        assert "refusing to use" in capsys.readouterr().err
+        assert "is not a hotswap artifact cache" in capsys.readouterr().err
     status, delta, _ = _serve(home)
     assert delta["cache_hits"] == 0 and delta["worker_compiles"] == 1
     assert status.tier == "default" and "refusing to use" in status.cache

@@ -3,6 +3,9 @@
 A directory becomes a cache only if hotswap creates it, it is empty, or it is one already (its
 ``HOTSWAP_CACHE`` marker file; or, from before markers, nothing but a cache's own files): any
 other is refused before it is touched. Only a directory hotswap creates is made private (0700).
+Before anything in it is read or written, the directory must be this user's and writable by
+no one else, and the key readable by no one else (trust.py): a cache another user could write
+is not used at all.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["MARKER", "claim_root", "default_cache_dir", "load_secret"]
+from hotswap.cache.trust import check_root, read_private
+
+__all__ = ["MARKER", "NotACache", "claim_root", "default_cache_dir", "load_secret", "open_root",
+           "read_secret"]
 
 # A directory is a hotswap cache when it holds this file (claim_root).
 MARKER = "HOTSWAP_CACHE"
@@ -29,16 +35,38 @@ def default_cache_dir() -> Path:
     return Path(base) / "hotswap"
 
 
+class NotACache(ValueError):
+    """A directory that is not a hotswap cache (no marker) where only an existing one will do."""
+
+
+def _not_a_directory(root: Path) -> NotADirectoryError:
+    return NotADirectoryError(f"the artifact cache {str(root)!r} is not a directory; point "
+                              "cache_dir (--cache-dir, HOTSWAP_CACHE_DIR) at one")
+
+
+def open_root(root: Path) -> None:
+    """Check that ``root`` is an existing hotswap cache this user may trust, writing nothing:
+    ``FileNotFoundError``, ``NotADirectoryError``, ``trust.UntrustedPath`` or ``NotACache``."""
+    if not root.is_dir():
+        raise _not_a_directory(root) if root.exists() else FileNotFoundError(
+            f"no artifact cache at {str(root)!r}")
+    check_root(root)
+    if not (root / MARKER).is_file():
+        raise NotACache(f"{str(root)!r} is not a hotswap artifact cache (it has no {MARKER} "
+                        "marker); hotswap reads and removes files only in its own caches")
+
+
 def claim_root(root: Path, format_version: int) -> None:
     """Make ``root`` a hotswap cache, or refuse before touching it. A directory becomes one
     only when hotswap creates it, when it is empty, or when it is one already (its marker
     file; or, from before markers, nothing but a cache's own files). Only a directory
-    hotswap creates is made private (0700): one you made keeps the mode you gave it."""
+    hotswap creates is made private (0700): one you made keeps the mode you gave it, and is
+    refused (``trust.UntrustedPath``) if it is another user's or others may write it."""
     if root.exists() and not root.is_dir():
-        raise NotADirectoryError(f"the artifact cache {str(root)!r} is not a directory; "
-                                 "point cache_dir (--cache-dir, HOTSWAP_CACHE_DIR) at one")
+        raise _not_a_directory(root)
     with contextlib.suppress(FileExistsError):
         root.mkdir(mode=0o700, parents=True)
+    check_root(root)
     marker = root / MARKER
     if marker.exists():
         return
@@ -50,14 +78,20 @@ def claim_root(root: Path, format_version: int) -> None:
                          f"files of its own ({shown}) and no {MARKER} marker; choose a new or "
                          "empty directory (cache_dir, --cache-dir, HOTSWAP_CACHE_DIR)")
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(f"hotswap artifact cache, format {format_version}\n")
-    os.replace(tmp, marker)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"hotswap artifact cache, format {format_version}\n")
+        os.replace(tmp, marker)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def load_secret(root: Path) -> bytes:
+    """The cache's signing key, made on first use (32 random bytes, mode 0600)."""
     path = root / "secret.key"
-    if not path.exists():
+    if not os.path.lexists(path):
         # Write a complete key under a temporary name, then link it into place: a process
         # racing us sees either no key or a whole one, never an empty file.
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".key-")
@@ -69,7 +103,19 @@ def load_secret(root: Path) -> bytes:
                 os.link(tmp, path)
         finally:
             os.unlink(tmp)
-    secret = path.read_bytes()
+    secret = read_secret(root)
+    assert secret is not None
+    return secret
+
+
+def read_secret(root: Path) -> bytes | None:
+    """The cache's signing key as it is (None if it has none): ours, mode 0600, not a link,
+    32 bytes; else ``trust.UntrustedPath`` or ``ValueError``."""
+    path = root / "secret.key"
+    try:
+        secret = read_private(path, secret=True)
+    except FileNotFoundError:
+        return None
     if len(secret) != 32:
         raise ValueError(f"{path} is not a hotswap cache key (32 bytes); remove it or choose "
                          "another cache_dir")

@@ -7,17 +7,20 @@
       index.lock                 filelock guarding the index
       entries/<k[:2]>/<k>.hsa    MAGIC | u32 header length | msgpack header | payload | HMAC-SHA256
       locks/<k>.lock             cross-process compile claims
+      locks/<k>.owner            the pid holding that claim
 
 Artifacts contain pickles: loading a foreign or tampered file runs its code. So an entry is
 returned only if its magic, lengths, SHA-256, HMAC (this cache's secret) and stamp (torch build,
 triton, device, format) all check out; otherwise it is reported, removed, and the caller
-compiles again. Writes go to a temporary file renamed into place: a reader never sees half.
+compiles again. The secret is only as good as the folder it sits in: the root, its folders and
+its key are used only if this user owns them and no one else may write them (or read the key),
+and no link inside the cache is followed (trust.py). Writes go to a temporary file renamed
+into place: a reader never sees half. A cache opened ``read_only`` writes nothing at all.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import hmac
 import logging
@@ -35,10 +38,17 @@ import filelock
 import msgpack
 
 from hotswap._env import env_number
-from hotswap.cache.root import claim_root, default_cache_dir, load_secret
+from hotswap.cache.root import claim_root, default_cache_dir, load_secret, open_root, read_secret
+from hotswap.cache.trust import (
+    UntrustedPath,
+    check_private_dir,
+    ensure_private_dir,
+    open_private,
+    read_private,
+)
 
-__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo", "EntryRejected", "is_key",
-           "seal", "split_entry", "unseal"]
+__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo", "EntryRejected",
+           "index_record", "is_key", "seal", "split_entry", "unseal"]
 
 # The tier label of the benchmark gate's verdicts (a decision, not an artifact).
 VERDICT_TIER = "gate-verdict"
@@ -46,8 +56,9 @@ VERDICT_TIER = "gate-verdict"
 log = logging.getLogger("hotswap")
 
 # Part of every entry's stamp and key. 2: payloads are hotswap.orchestrator.artifacts entries
-# laid out for reading in place (1 was a msgpack map); entries of 1 are simply not looked up.
-FORMAT_VERSION = 2
+# laid out for reading in place (1 was a msgpack map); 3: what a worker's probes found is plain
+# msgpack (2 pickled the vector ISAs). Entries of another format are simply not looked up.
+FORMAT_VERSION = 3
 MAGIC = b"HSWPA\x00\x01\x00"
 # Longest wait for another process's hold on the index (a stopped one holds it for ever):
 # then filelock.Timeout, an OSError, which every caller treats as "index unavailable".
@@ -86,10 +97,13 @@ class ArtifactCache:
     ``stamp`` is what an entry must have been written under to be loaded here (torch build,
     triton version, device...): an entry with another stamp is never loaded. Without a stamp
     (the CLI) entries are checked for integrity only, and nothing may be written.
+    ``create=False``: only an existing cache (its marker) is opened, never a new one made;
+    ``read_only``: that, and nothing is written (no index, lock, key or removal).
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *,
-                 max_bytes: int | None = None, stamp: dict[str, Any] | None = None) -> None:
+                 max_bytes: int | None = None, stamp: dict[str, Any] | None = None,
+                 create: bool = True, read_only: bool = False) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
         if max_bytes is None:
             max_bytes = env_max_bytes()
@@ -97,12 +111,25 @@ class ArtifactCache:
             raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.stamp = dict(stamp) if stamp is not None else None
-        claim_root(self.root, FORMAT_VERSION)
-        (self.root / "entries").mkdir(mode=0o700, exist_ok=True)
-        self._lock = filelock.FileLock(str(self.root / "index.lock"), timeout=INDEX_LOCK_WAIT_S)
-        self._secret = load_secret(self.root)
+        self.read_only = read_only
+        if read_only or not create:
+            open_root(self.root)
+        else:
+            claim_root(self.root, FORMAT_VERSION)
+        self._lock: filelock.FileLock | contextlib.nullcontext[None]
+        if read_only:
+            # Without a key nothing can be verified (verify() says so); nothing is made.
+            self._secret = read_secret(self.root)
+            self._lock = contextlib.nullcontext()  # the index is replaced whole: reads see one
+        else:
+            ensure_private_dir(self.root / "entries")
+            _no_link(self.root / "index.lock")
+            self._lock = filelock.FileLock(str(self.root / "index.lock"),
+                                           timeout=INDEX_LOCK_WAIT_S)
+            self._secret = load_secret(self.root)
         self._warned: set[str] = set()
         self.rejected = 0  # entries refused (and removed) by get() so far
+        self.index_rebuilds = 0  # indexes found malformed (or missing) and rebuilt
         self._count_lock = threading.Lock()
 
     # ------------------------------------------------------------------ entries
@@ -151,14 +178,15 @@ class ArtifactCache:
             origin: str = "") -> None:
         """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes.
         ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``."""
-        if self.stamp is None:
-            raise ValueError("this ArtifactCache was opened without a stamp; it cannot write")
+        if self.stamp is None or self.read_only:
+            raise ValueError("this ArtifactCache was opened read-only or without a stamp; it "
+                             "cannot write")
         # Written and signed piece by piece, never joined: joining copies the payload (tens of
         # MB for a GPU tier) while holding the GIL, which stalls the user's calls; hashing and
         # writing a large buffer release it.
+        assert self._secret is not None  # made by load_secret() when not read_only
         head, mac = seal(self._secret, key, payload, tier=tier, origin=origin, stamp=self.stamp)
-        path = self._path(key)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path = self._path(key, make=True)
         _write_atomic(path, head, payload, mac)
         size = len(head) + len(payload) + _MAC_BYTES
         with self._lock:
@@ -172,13 +200,16 @@ class ArtifactCache:
     def entries(self) -> list[EntryInfo]:
         with self._lock:
             index = self._read_index()
-        return sorted((EntryInfo(k, v.get("tier", ""), v["size"], v.get("created_s", 0.0),
-                                 v.get("used_s", 0.0), v.get("origin", ""))
+        return sorted((EntryInfo(k, v["tier"], v["size"], v["created_s"], v["used_s"],
+                                 v["origin"])
                        for k, v in index.items()),
                       key=lambda e: e.used_s, reverse=True)
 
-    def verify(self) -> list[tuple[str, str]]:
-        """Check every entry; remove the bad ones. Returns (key, reason) for each removed."""
+    def verify(self, *, remove: bool = False) -> list[tuple[str, str]]:
+        """Check every entry; (key, reason) for each bad one. ``remove``: remove those too
+        (a cache opened ``read_only`` cannot)."""
+        if remove and self.read_only:
+            raise ValueError("this ArtifactCache was opened read-only; it cannot remove")
         bad = []
         for path in self._entry_paths():
             key = path.stem
@@ -186,14 +217,18 @@ class ArtifactCache:
                 self._verify(_read_entry(path), key)
             except EntryRejected as e:
                 bad.append((key, e.reason))
-                self._reject(key, e.reason, warn=False)
+                if remove:
+                    self._reject(key, e.reason, warn=False)
             except OSError as e:
                 bad.append((key, f"unreadable: {e}"))
         return bad
 
     def clear(self, tier: str | None = None) -> int:
         """Remove every entry (``tier``: those with that tier label alone, e.g.
-        ``VERDICT_TIER``); returns how many."""
+        ``VERDICT_TIER``); returns how many. Only entry files (named by their key, in their
+        shard) go: anything else in the folder is left as it is."""
+        if self.read_only:
+            raise ValueError("this ArtifactCache was opened read-only; it cannot clear")
         with self._lock:
             if tier is None:
                 paths = list(self._entry_paths())
@@ -221,17 +256,35 @@ class ArtifactCache:
         Not thread-local: the call that takes it and the loader thread that releases it (after
         storing the artifact) differ. The OS drops it if the holding process dies.
         """
-        self._path(key)  # validates the key
-        locks = self.root / "locks"
-        locks.mkdir(mode=0o700, exist_ok=True)
-        return filelock.FileLock(str(locks / f"{key}.lock"), thread_local=False)
+        path = self._lock_path(key, ".lock")
+        _no_link(path)
+        return filelock.FileLock(str(path), thread_local=False)
 
-    def claim_owner_path(self, key: str) -> Path:
-        """Where the process holding ``key``'s compile lock writes its pid (the lock file
-        itself is truncated by every acquire attempt), so that waiters can tell a stopped
-        holder from a busy one."""
-        self._path(key)
-        return self.root / "locks" / f"{key}.owner"
+    def write_claim_owner(self, key: str, pid: int) -> None:
+        """Note ``pid`` as the holder of ``key``'s compile lock (the lock file itself is
+        truncated by every acquire attempt), so that waiters can tell a stopped holder from
+        a busy one."""
+        fd = open_private(self._lock_path(key, ".owner"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(pid))
+
+    def claim_owner(self, key: str) -> int | None:
+        """The pid ``write_claim_owner`` noted for ``key`` (None: none, or unreadable)."""
+        try:
+            return int(read_private(self._lock_path(key, ".owner")))
+        except (OSError, ValueError):
+            return None
+
+    def remove_claim_owner(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._lock_path(key, ".owner"))  # unlink never follows a link
+
+    def _lock_path(self, key: str, suffix: str) -> Path:
+        if not _is_key(key):
+            raise ValueError(f"cache keys are lowercase hex digests, got {key!r}")
+        locks = self.root / "locks"
+        ensure_private_dir(locks)
+        return locks / f"{key}{suffix}"
 
     # ------------------------------------------------------------------ helpers
 
@@ -239,23 +292,28 @@ class ArtifactCache:
         """Where ``key``'s entry lives (whether or not it exists)."""
         return self._path(key)
 
-    def _path(self, key: str) -> Path:
-        """``key``'s entry path. Never through a symlink: a linked ``entries`` folder, shard or
-        entry would send reads, rewrites and removals outside the cache (OSError ELOOP)."""
+    def _path(self, key: str, *, make: bool = False) -> Path:
+        """``key``'s entry path (``make``: its shard folder made if missing). Never through a
+        symlink: a linked ``entries`` folder, shard or entry would send reads, rewrites and
+        removals outside the cache (``trust.UntrustedPath``, an OSError)."""
         if not _is_key(key):
             raise ValueError(f"cache keys are lowercase hex digests, got {key!r}")
         path = self.root / "entries" / key[:2] / f"{key}.hsa"
-        for part in (path.parent.parent, path.parent, path):
-            if part.is_symlink():
-                raise OSError(errno.ELOOP, f"{part} is a symlink; hotswap does not follow "
-                                           "links inside its cache (remove it)")
+        check_private_dir(path.parent.parent)
+        try:
+            (ensure_private_dir if make else check_private_dir)(path.parent)
+        except FileNotFoundError:
+            pass  # no shard, no entry: the read finds nothing
+        _no_link(path)
         return path
 
     def _entry_paths(self) -> Iterator[Path]:
         """Every entry file: named by its key, in its key's shard, not a link. Anything else
         under ``entries`` is not hotswap's, and listing, verifying and clearing leave it."""
         entries = self.root / "entries"
-        if entries.is_symlink():
+        try:
+            check_private_dir(entries)
+        except FileNotFoundError:
             return
         yield from (p for p in entries.glob("*/*.hsa")
                     if _is_key(p.stem) and p.parent.name == p.stem[:2]
@@ -263,9 +321,13 @@ class ArtifactCache:
 
     def _verify(self, parts: tuple[bytes, bytes, bytes], key: str
                 ) -> tuple[dict[str, Any], bytes]:
+        if self._secret is None:
+            raise EntryRejected("the cache has no key (secret.key): no entry can be verified")
         return unseal(self._secret, parts, key, self.stamp)
 
     def _reject(self, key: str, reason: str, *, warn: bool = True) -> None:
+        if self.read_only:
+            return
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
         try:  # the next rebuild or put drops a record left behind
@@ -281,28 +343,39 @@ class ArtifactCache:
                         key[:12], reason)
 
     def _read_index(self) -> dict[str, dict[str, Any]]:
+        """The index, if it is one; else one rebuilt from the entries. One of the wrong shape
+        (records of the wrong types, say) counts in ``index_rebuilds`` and is rebuilt, never a
+        TypeError later."""
         try:
-            index = msgpack.unpackb((self.root / "index.msgpack").read_bytes(), raw=False)
-            if isinstance(index, dict):
-                return index
+            index = _valid_index(msgpack.unpackb(read_private(self.root / "index.msgpack"),
+                                                 raw=False))
         except FileNotFoundError:
-            pass
-        except Exception:
-            log.warning("hotswap cache: index unreadable; rebuilding it from the entries")
-        return self._rebuild_index()
+            return self._rebuild_index()
+        except UntrustedPath:
+            raise
+        except Exception:  # whatever msgpack makes of bytes that are not an index
+            index = None
+        if index is None:
+            log.warning("hotswap cache: index malformed; rebuilding it from the entries")
+            with self._count_lock:
+                self.index_rebuilds += 1
+            return self._rebuild_index()
+        return index
 
     def _rebuild_index(self) -> dict[str, dict[str, Any]]:
         index: dict[str, dict[str, Any]] = {}
         for path in self._entry_paths():
             with contextlib.suppress(OSError):
-                st = path.stat()
-                index[path.stem] = {"size": st.st_size, "tier": "", "created_s": st.st_mtime,
-                                    "used_s": st.st_atime}
+                st = path.lstat()
+                index[path.stem] = {"size": st.st_size, "tier": "", "origin": "",
+                                    "created_s": st.st_mtime, "used_s": st.st_atime}
         return index
 
     def _write_index(self, index: dict[str, dict[str, Any]]) -> None:
         # Atomic but not fsynced: the index is rebuilt from the entries if a crash loses it, and
         # get() rewrites it on every hit, inside the caller's first call.
+        if self.read_only:
+            return
         _write_atomic(self.root / "index.msgpack", msgpack.packb(index, use_bin_type=True),
                       durable=False)
 
@@ -353,6 +426,8 @@ def unseal(secret: bytes, parts: tuple[bytes, bytes, bytes], key: str,
         header = msgpack.unpackb(head[len(MAGIC) + _LEN.size:], raw=False)
     except Exception as e:
         raise EntryRejected(f"unreadable header: {e}") from e
+    if not isinstance(header, dict):
+        raise EntryRejected("unreadable header: not a map")
     if header.get("format") != FORMAT_VERSION:
         raise EntryRejected(f"format {header.get('format')} is not {FORMAT_VERSION}")
     if header.get("key") != key:
@@ -386,11 +461,50 @@ def _is_key(name: str) -> bool:
     return len(name) >= 2 and all(c in "0123456789abcdef" for c in name)
 
 
+def _valid_index(index: Any) -> dict[str, dict[str, Any]] | None:
+    """``index`` if every record under a key is one (``index_record``); else None."""
+    if not isinstance(index, dict):
+        return None
+    valid = {k: index_record(r) for k, r in index.items() if isinstance(k, str) and _is_key(k)}
+    if len(valid) != len(index) or any(r is None for r in valid.values()):
+        return None
+    return valid  # type: ignore[return-value]
+
+
+def index_record(record: Any) -> dict[str, Any] | None:
+    """An index record as {size: int, tier: str, origin: str, created_s and used_s: numbers}
+    (missing labels and times filled in), or None if ``record`` is not one: whatever another
+    program left in an index reads as a malformed index, never a TypeError later."""
+    if not isinstance(record, dict):
+        return None
+    out = {"tier": "", "origin": "", "created_s": 0.0, **record}
+    out.setdefault("used_s", out["created_s"])
+    size, times = out.get("size"), (out["created_s"], out["used_s"])
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0
+            and all(isinstance(t, int | float) and not isinstance(t, bool)
+                    and -_TIME_LIMIT_S <= t <= _TIME_LIMIT_S for t in times)
+            and isinstance(out["tier"], str) and isinstance(out["origin"], str)):
+        return None
+    return out
+
+
+# Times an index may hold: any a clock shows (about 3,000 years either side of 1970); NaN,
+# infinities and times past that are no time, and would break printing them.
+_TIME_LIMIT_S = 1e11
+
+
+def _no_link(path: Path) -> None:
+    """Refuse a file of the cache that is a symbolic link (before a library opens it)."""
+    if path.is_symlink():
+        raise UntrustedPath(path, "is a symlink inside the cache",
+                            f"remove it (rm {path}); hotswap makes its own")
+
+
 def _read_entry(path: Path) -> tuple[bytes, bytes, bytes]:
     """An entry's file as (MAGIC + header length + header, payload, signature), each read into
     a bytes object of its own: slicing one whole-file read would copy the payload holding the
     GIL. A file too short for its own header length reads as a truncated entry."""
-    with open(path, "rb") as f:
+    with os.fdopen(open_private(path, os.O_RDONLY), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(len(MAGIC) + _LEN.size)
         complete = len(prefix) == len(MAGIC) + _LEN.size

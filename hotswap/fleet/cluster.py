@@ -366,7 +366,7 @@ def _with_bytes(payload: dict[str, Any]) -> dict[str, Any]:
     entries = {}
     for tier, entry in payload["entries"].items():
         if isinstance(entry, dict):
-            data = ArtifactCache(entry["cache_dir"]).get(entry["key"], touch=False)
+            data = ArtifactCache(entry["cache_dir"], read_only=True).get(entry["key"], touch=False)
             if data is None:
                 raise LookupError(f"the artifact cache no longer holds entry {entry['key'][:12]}")
             entry = data

@@ -92,7 +92,8 @@ def _read(entry: bytes | CachedEntry) -> bytes:
         return entry
     from hotswap.cache import ArtifactCache
 
-    data = ArtifactCache(entry.cache_dir).get(entry.key)  # verified; no stamp: read only
+    # verified; no stamp, read-only: a benchmark writes nothing to the cache
+    data = ArtifactCache(entry.cache_dir, read_only=True).get(entry.key, touch=False)
     if data is None:
         raise LookupError(f"the artifact cache no longer holds entry {entry.key[:12]}")
     return data

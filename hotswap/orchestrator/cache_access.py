@@ -254,8 +254,8 @@ class CacheAccess:
             return
         try:
             for todo_key, (todo_tier, todo_origin, root) in todo.items():
-                data = payload if todo_key == key else ArtifactCache(root).get(todo_key,
-                                                                               touch=False)
+                data = payload if todo_key == key else ArtifactCache(
+                    root, read_only=True).get(todo_key, touch=False)
                 if data is not None:
                     remote.put(todo_key, data, tier=todo_tier, origin=todo_origin)
                 with _unsent_lock:
@@ -283,7 +283,7 @@ class CacheAccess:
         with self._lock:
             self._claims[key] = lock
         try:
-            self._cache.claim_owner_path(key).write_text(str(os.getpid()))
+            self._cache.write_claim_owner(key, os.getpid())
         except OSError:
             pass  # waiters then cannot tell if we stop; the time limit still bounds them
         remote = self._fleet()
@@ -313,7 +313,7 @@ class CacheAccess:
                 self._remote.release(key)
             if self._cache is not None and key is not None:
                 with contextlib.suppress(OSError):
-                    self._cache.claim_owner_path(key).unlink()
+                    self._cache.remove_claim_owner(key)
             lock.release()
 
     def wait_for_holder(self, key: str) -> bool:
@@ -370,7 +370,4 @@ class CacheAccess:
 
     def _holder(self, key: str) -> int | None:
         assert self._cache is not None
-        try:
-            return int(self._cache.claim_owner_path(key).read_text())
-        except (OSError, ValueError):
-            return None
+        return self._cache.claim_owner(key)

@@ -24,9 +24,9 @@ in this process, a compiler's version query aside: 0 when everything arrived bui
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
-import pickle
 import platform
 import sys
 import threading
@@ -87,27 +87,64 @@ def load_config() -> dict[str, Any]:
 # ------------------------------------------------------------- what a worker's probes found
 
 _adopt_lock = threading.Lock()
-_adopted_isa: bytes | None = None
+_adopted_isa: list[Any] | None = None
 # (header, the kernel's hashable command line) -> the precompiled header inductor built for it
 _headers: dict[tuple[str, str], str] = {}
 _headers_hooked = False
 
 
+# What a probe may find beside an ISA's name: features checked by a build of their own (the
+# ISA's compiler flags then carry one more -m option).
+_ISA_FEATURES = ("_is_avx512_bf16_supported", "_is_amx_fp16_supported")
+
+
 def probes() -> dict[str, Any]:
     """What this process's probes found, for an entry: the vector ISAs (each as the probe
-    left it, extra compiler flags included; pickled) and the precompiled headers built. Empty
-    where nothing was probed (a GPU-only compile)."""
+    left it: name, width, extra features and the compiler flags they make; plain values, no
+    pickle) and the precompiled headers built. Empty where nothing was probed (a GPU-only
+    compile)."""
     from torch._inductor import cpu_vec_isa
 
     found: dict[str, Any] = {}
     isas = cpu_vec_isa.valid_vec_isa_list
     cache_info = getattr(isas, "cache_info", None)
     if cache_info is not None and cache_info().currsize:
-        found["vec_isa"] = pickle.dumps(list(isas()))
+        found["vec_isa"] = [_isa_record(isa) for isa in isas()]
     with _adopt_lock:
         if _headers:
             found["headers"] = [[h, c, p] for (h, c), p in _headers.items()]
     return found
+
+
+def _isa_record(isa: Any) -> dict[str, Any]:
+    return {"name": str(isa), "bits": int(isa.bit_width()), "flags": isa.build_arch_flags(),
+            "features": {f: bool(getattr(isa, f)) for f in _ISA_FEATURES if hasattr(isa, f)}}
+
+
+def _isa_from(record: Any, cpu_vec_isa: Any) -> Any:
+    """The ISA object of this torch that ``record`` (``_isa_record``) names, set up as the
+    probe left it; ValueError if this torch has none that builds with the same flags."""
+    if not (isinstance(record, dict) and isinstance(record.get("name"), str)
+            and isinstance(record.get("bits"), int) and isinstance(record.get("flags"), str)
+            and isinstance(record.get("features"), dict)
+            and all(f in _ISA_FEATURES and isinstance(v, bool)
+                    for f, v in record["features"].items())):
+        raise ValueError(f"probes: {record!r} is not a vector ISA record")
+    for known in cpu_vec_isa.supported_vec_isa_list:
+        if str(known) != record["name"]:
+            continue
+        isa = known
+        if known.bit_width() != record["bits"]:  # SVE comes in widths: one object per width
+            try:
+                isa = dataclasses.replace(known, _bit_width=record["bits"])
+            except (TypeError, ValueError, AssertionError):
+                continue
+        for feature, value in record["features"].items():
+            setattr(isa, feature, value)
+        if isa.build_arch_flags() == record["flags"]:
+            return isa
+    raise ValueError(f"probes: this torch has no vector ISA {record['name']!r} of "
+                     f"{record['bits']} bits building with {record['flags']!r}")
 
 
 def adopt(found: dict[str, Any]) -> None:
@@ -115,8 +152,8 @@ def adopt(found: dict[str, Any]) -> None:
     of running them here (or of answers an earlier kill cut short). Malformed: ValueError."""
     global _adopted_isa
     vec_isa, headers = found.get("vec_isa"), found.get("headers", [])
-    if vec_isa is not None and not isinstance(vec_isa, bytes):
-        raise ValueError(f"probes: vec_isa is a {type(vec_isa).__name__}, not bytes")
+    if vec_isa is not None and not isinstance(vec_isa, list):
+        raise ValueError(f"probes: vec_isa is a {type(vec_isa).__name__}, not a list")
     if not (isinstance(headers, list) and all(
             isinstance(h, list) and len(h) == 3 and all(isinstance(x, str) for x in h)
             for h in headers)):
@@ -125,7 +162,7 @@ def adopt(found: dict[str, Any]) -> None:
 
     with _adopt_lock:
         if vec_isa is not None and vec_isa != _adopted_isa:
-            isas = pickle.loads(vec_isa)
+            isas = [_isa_from(record, cpu_vec_isa) for record in vec_isa]
             cpu_vec_isa.valid_vec_isa_list = functools.cache(lambda: list(isas))
             _adopted_isa = vec_isa
         _headers.update({(h, c): p for h, c, p in headers})

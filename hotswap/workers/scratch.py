@@ -51,13 +51,16 @@ def remove(path: str | None) -> None:
 
 
 def sweep() -> int:
-    """The pool: remove scratch directories of pools whose process is gone; how many."""
+    """The pool: remove this user's scratch directories of pools whose process is gone;
+    how many."""
     removed = 0
     with contextlib.suppress(OSError):
         for entry in os.scandir(tempfile.gettempdir()):
             match = _NAME.match(entry.name)
             if match is None or not entry.is_dir(follow_symlinks=False):
                 continue
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue  # another user's, in a shared /tmp: not ours to remove
             if psutil.pid_exists(int(match.group(1))):
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)

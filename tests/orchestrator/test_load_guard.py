@@ -12,8 +12,9 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import msgpack
 import pytest
 
 from hotswap.orchestrator import load_guard
@@ -116,7 +117,7 @@ def test_a_kill_storm_during_warmup_leaves_later_graphs_compiling(tmp_path: Path
 
 
 def test_an_entry_carries_the_probes_and_malformed_ones_are_refused() -> None:
-    probes = {"vec_isa": pickle.dumps([]), "headers": [["h.h", "g++ -O3", "/nowhere/x.h"]]}
+    probes = {"vec_isa": [], "headers": [["h.h", "g++ -O3", "/nowhere/x.h"]]}
     _, _, found = _unpack(pack_entry(b"artifact", {"a.so": b"1"}, probes))
     assert found == probes
     assert _unpack(pack_entry(b"artifact", {}))[2] == {}
@@ -124,6 +125,34 @@ def test_an_entry_carries_the_probes_and_malformed_ones_are_refused() -> None:
         load_guard.adopt({"vec_isa": "avx512"})
     with pytest.raises(ValueError, match="headers"):
         load_guard.adopt({"headers": [["only", "two"]]})
+    with pytest.raises(ValueError, match="not a vector ISA record"):
+        load_guard.adopt({"vec_isa": [{"name": "avx2"}]})
+    with pytest.raises(ValueError, match="no vector ISA"):
+        load_guard.adopt({"vec_isa": [{"name": "avx9000", "bits": 1024, "flags": "-mavx9000",
+                                       "features": {}}]})
+
+
+class _RunsWhenUnpickled:
+    ran: ClassVar[list[str]] = []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_RunsWhenUnpickled.ran.append, ("unpickled",))
+
+
+def test_probes_travel_as_plain_values_and_a_pickle_among_them_is_never_loaded() -> None:
+    from torch._inductor import cpu_vec_isa
+
+    load_guard.probe_vec_isa()
+    found = load_guard.probes()
+    assert msgpack.unpackb(msgpack.packb(found), raw=False) == found  # no bytes, no pickle
+    mine = [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()]
+    assert [(r["name"], r["flags"]) for r in found.get("vec_isa", [])] == mine
+    load_guard.adopt(found)
+    assert [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()] == mine
+    # An entry of the old format carried the ISAs pickled: refused, never unpickled.
+    with pytest.raises(ValueError, match="vec_isa"):
+        load_guard.adopt({"vec_isa": pickle.dumps(_RunsWhenUnpickled())})
+    assert _RunsWhenUnpickled.ran == []
 
 
 def test_an_adopted_header_that_is_not_built_is_built_as_usual(monkeypatch: pytest.MonkeyPatch,
