@@ -77,7 +77,9 @@ def _size(n: float | None) -> str:
 
 def _cache(args: argparse.Namespace) -> int:
     """ls, verify, clear or stats on the artifact cache (no torch import needed). A cache
-    that does not exist is reported empty, not created."""
+    that does not exist is reported empty, not created; ls, stats and verify write nothing;
+    clear and ``verify --remove`` touch only a folder with hotswap's marker, and only its
+    entries. A folder that is not a cache, or that another user could write, is refused."""
     from hotswap.cache import ArtifactCache
     from hotswap.cache.root import default_cache_dir
 
@@ -86,13 +88,14 @@ def _cache(args: argparse.Namespace) -> int:
 
         return _cache_commands(args, FleetStore(args.url, load_fleet_key(), None))
     root = args.cache_dir or str(default_cache_dir())
-    if not os.path.exists(root):
-        out: dict[str, object] = {"root": root, "exists": False, "entries": 0}
+    if not os.path.exists(root) or (os.path.isdir(root) and not os.listdir(root)):
+        out: dict[str, object] = {"root": root, "exists": os.path.exists(root), "entries": 0}
         print(json.dumps(out) if args.json else f"no artifact cache at {root} (nothing to "
                                                   f"{args.action})")
         return 0
     # The stamp only matters for loading; listing and checking signatures ignore it.
-    return _cache_commands(args, ArtifactCache(root))
+    writes = args.action == "clear" or args.remove
+    return _cache_commands(args, ArtifactCache(root, create=False, read_only=not writes))
 
 
 def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
@@ -102,6 +105,9 @@ def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
     if args.verdicts and args.action not in ("ls", "clear"):
         print(f"hotswap cache: --verdicts goes with ls or clear, not {args.action}",
               file=sys.stderr)
+        return 2
+    if args.remove and args.action != "verify":
+        print(f"hotswap cache: --remove goes with verify, not {args.action}", file=sys.stderr)
         return 2
     if args.action == "ls":
         entries = [e for e in cache.entries() if not args.verdicts or e.tier == VERDICT_TIER]
@@ -114,14 +120,18 @@ def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
                   f"{e.origin}".rstrip())
         print(f"{len(entries)} entries in {cache.root}")
     elif args.action == "verify":
-        bad = cache.verify()
+        bad = cache.verify(remove=args.remove)
         if args.json:
-            print(json.dumps({"removed": [{"key": k, "reason": r} for k, r in bad],
+            print(json.dumps({"bad": [{"key": k, "reason": r} for k, r in bad],
+                              "removed": len(bad) if args.remove else 0,
                               "entries": len(cache.entries())}))
             return 1 if bad else 0
         for key, reason in bad:
-            print(f"removed {key[:16]}: {reason}")
-        print(f"{len(cache.entries())} entries verified, {len(bad)} removed")
+            print(f"{'removed' if args.remove else 'bad'} {key[:16]}: {reason}")
+        what = (f"{len(bad)} removed" if args.remove else
+                f"{len(bad)} bad" + (" (hotswap removes each when it next reads it; "
+                                     "--remove: now)" if bad else ""))
+        print(f"{len(cache.entries())} entries verified, {what}")
         return 1 if bad else 0
     elif args.action == "clear":
         removed = cache.clear(VERDICT_TIER if args.verdicts else None)
@@ -169,8 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="inspect or clean the artifact cache")
     cache.add_argument("action", choices=["ls", "verify", "clear", "stats"],
                        help="ls: entries, most recently used first; verify: check every "
-                            "signature and checksum, remove bad entries (exit 1 if any); "
-                            "clear: remove all; stats: totals")
+                            "signature and checksum (exit 1 if any is bad; --remove: remove "
+                            "those); clear: remove all entries; stats: totals. ls, stats and "
+                            "verify write nothing; clear works only on a folder hotswap "
+                            "made a cache (its HOTSWAP_CACHE marker)")
     cache.add_argument("--cache-dir", default=None,
                        help="default: HOTSWAP_CACHE_DIR, else ~/.cache/hotswap")
     cache.add_argument("--url", default=None,
@@ -181,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ls/clear the benchmark gate's stored verdicts alone (each: the "
                             "tier kept out, its measured gain and confidence); clearing them "
                             "makes the next process measure those tiers again")
+    cache.add_argument("--remove", action="store_true",
+                       help="with verify: remove the entries that fail")
     cache.set_defaults(func=_cache)
     from hotswap.tools import bench, corpus_cmd, fleet_bench, gate_audit, profile_cmd, stress
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from hotswap.cli import main
@@ -54,6 +55,8 @@ def test_cache_commands_on_a_populated_cache(tmp_path: Path,
     path = cache._path("bb" + "0" * 62)
     path.write_bytes(path.read_bytes()[:-1] + b"!")
     assert main(["cache", "verify", "--cache-dir", str(tmp_path)]) == 1
+    assert "2 entries verified, 1 bad" in capsys.readouterr().out
+    assert main(["cache", "verify", "--remove", "--cache-dir", str(tmp_path)]) == 1
     assert "1 entries verified, 1 removed" in capsys.readouterr().out
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
@@ -133,3 +136,82 @@ def test_bench_check_fails_on_a_missed_target_and_progress_goes_to_stderr(
     assert "1 target(s) missed" in capsys.readouterr().err
     slow["hotswap:async"] = 2.1
     assert bench.main([*argv, "--check"]) == 0
+
+
+def _files(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_folder_that_only_looks_like_a_cache_is_never_written_or_cleared(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A secret.key and an entries/ folder of the user's own (no marker): every command
+    refuses it with a message, and nothing in it changes."""
+    looks = tmp_path / "looks"
+    (looks / "entries" / "ab").mkdir(parents=True)
+    (looks / "secret.key").write_bytes(b"k" * 32)
+    (looks / "entries" / "ab" / f"{'ab' * 32}.hsa").write_bytes(b"the user's own file")
+    looks.chmod(0o700)
+    before = _files(looks)
+    for argv in (["ls"], ["stats"], ["verify"], ["verify", "--remove"], ["clear"],
+                 ["clear", "--verdicts"]):
+        assert main(["cache", *argv, "--cache-dir", str(looks)]) == 2
+        err = capsys.readouterr().err
+        assert "is not a hotswap artifact cache" in err and "Traceback" not in err
+    assert _files(looks) == before
+
+
+def test_read_only_commands_write_nothing(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from hotswap.cache import ArtifactCache
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for action in ("ls", "stats", "verify"):
+        assert main(["cache", action, "--cache-dir", str(empty)]) == 0
+        assert "no artifact cache at" in capsys.readouterr().out
+    assert list(empty.iterdir()) == []
+    cache = ArtifactCache(tmp_path / "c", stamp={"test": 1})
+    cache.put("ab" * 32, b"x", tier="default")
+    (tmp_path / "c" / "index.msgpack").unlink()  # ls rebuilds it in memory, not on disk
+    before = _files(tmp_path / "c")
+    for action in ("ls", "stats", "verify"):
+        assert main(["cache", action, "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "1 entries" in capsys.readouterr().out
+    assert _files(tmp_path / "c") == before
+
+
+@pytest.mark.parametrize("index", [
+    msgpack.packb({"ab" * 32: "not a record"}),
+    msgpack.packb({"ab" * 32: {"size": "big", "tier": 3}}),
+    msgpack.packb([1, 2, 3]),
+    b"\xc1 not msgpack at all",
+])
+def test_a_malformed_index_is_rebuilt_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], index: bytes) -> None:
+    from hotswap.cache import ArtifactCache
+
+    cache = ArtifactCache(tmp_path, stamp={"test": 1})
+    cache.put("ab" * 32, b"x", tier="default")
+    (tmp_path / "index.msgpack").write_bytes(index)
+    for action in ("ls", "stats", "verify"):
+        assert main(["cache", action, "--cache-dir", str(tmp_path)]) == 0, action
+    out = capsys.readouterr()
+    assert "1 entries" in out.out and "Traceback" not in out.err
+    assert (tmp_path / "index.msgpack").read_bytes() == index  # read-only: left for the library
+    reopened = ArtifactCache(tmp_path, stamp={"test": 1})
+    reopened.put("cd" * 32, b"y", tier="default")  # the library rebuilds it, and counts that
+    assert reopened.index_rebuilds == 1
+    assert sorted(e.key for e in reopened.entries()) == ["ab" * 32, "cd" * 32]
+
+
+def test_a_bad_key_file_is_a_message_not_a_traceback(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from hotswap.cache import ArtifactCache
+
+    ArtifactCache(tmp_path, stamp={"test": 1}).put("ab" * 32, b"x")
+    (tmp_path / "secret.key").write_bytes(b"short")
+    for action in ("ls", "verify", "clear"):
+        assert main(["cache", action, "--cache-dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "not a hotswap cache key" in err and "Traceback" not in err

@@ -28,7 +28,15 @@ from typing import Any
 import msgpack
 
 from hotswap._env import env_number
-from hotswap.cache.store import EntryInfo, EntryRejected, is_key, seal, split_entry, unseal
+from hotswap.cache.store import (
+    EntryInfo,
+    EntryRejected,
+    index_record,
+    is_key,
+    seal,
+    split_entry,
+    unseal,
+)
 
 __all__ = ["KEY_FILE_ENV", "URL_ENV", "FleetStore", "StoreUnavailable", "claim_ttl_s",
            "load_fleet_key"]
@@ -65,10 +73,15 @@ def load_fleet_key(path: str | os.PathLike[str] | None = None) -> bytes:
                          f"{KEY_FILE_ENV} to its path")
     file = Path(path)
     try:
-        mode = file.stat().st_mode
+        st = file.stat()  # a link is followed (mounted secrets are links); its target checked
         data = file.read_bytes()
     except OSError as e:
         raise ValueError(f"cannot read the fleet key {str(file)!r} ({KEY_FILE_ENV}): {e}") from e
+    mode = st.st_mode
+    if st.st_uid not in (0, os.geteuid()):
+        raise ValueError(f"the fleet key {str(file)!r} belongs to uid {st.st_uid}, not to you "
+                         f"(uid {os.geteuid()}) or root: whoever owns it can change it and sign "
+                         "code the fleet loads; use a key of your own")
     if mode & 0o077:
         raise ValueError(f"the fleet key {str(file)!r} is open to other users (mode "
                          f"{mode & 0o777:o}); anyone who reads it can sign code the fleet "
@@ -156,18 +169,31 @@ class FleetStore:
         pipe.hset(self._prefix + "index", key, record)
         self._call(pipe.execute)
 
-    def entries(self) -> list[EntryInfo]:
+    def _index(self) -> dict[str, dict[str, Any]]:
+        """The fleet's index, its records checked as the local index's are (``index_record``):
+        a record of another shape, or bytes that are not msgpack, are left out (logged)."""
         index = self._call(self._redis.hgetall, self._prefix + "index")
-        out = []
+        out = {}
         for raw_key, raw in index.items():
-            record = msgpack.unpackb(raw, raw=False)
-            out.append(EntryInfo(raw_key.decode(), record.get("tier", ""), record.get("size", 0),
-                                 record.get("created_s", 0.0), record.get("created_s", 0.0),
-                                 record.get("origin", "")))
+            try:
+                key = raw_key.decode()
+                record = index_record(msgpack.unpackb(raw, raw=False))
+            except Exception:  # whatever msgpack makes of bytes that are not a record
+                record = None
+            if record is None or not is_key(key):
+                log.warning("hotswap fleet store: index record %r malformed; left out",
+                            raw_key[:32])
+                continue
+            out[key] = record
+        return out
+
+    def entries(self) -> list[EntryInfo]:
+        out = [EntryInfo(key, r["tier"], r["size"], r["created_s"], r["created_s"], r["origin"])
+               for key, r in self._index().items()]
         return sorted(out, key=lambda e: e.created_s, reverse=True)
 
-    def verify(self) -> list[tuple[str, str]]:
-        """Check every entry; remove the bad ones. Returns (key, reason) for each removed."""
+    def verify(self, *, remove: bool = False) -> list[tuple[str, str]]:
+        """Check every entry; (key, reason) for each bad one. ``remove``: remove those too."""
         bad = []
         for name in self._call(lambda: list(self._redis.scan_iter(self._prefix + "e:*"))):
             key = name.decode()[len(self._prefix) + 2:]
@@ -178,13 +204,12 @@ class FleetStore:
                 unseal(self._secret, split_entry(blob), key, self.stamp)
             except EntryRejected as e:
                 bad.append((key, e.reason))
-                self._drop(key)
+                if remove:
+                    self._drop(key)
         return bad
 
     def clear(self, tier: str | None = None) -> int:
-        index = self._call(self._redis.hgetall, self._prefix + "index")
-        doomed = [k.decode() for k, raw in index.items()
-                  if tier is None or msgpack.unpackb(raw, raw=False).get("tier") == tier]
+        doomed = [k for k, r in self._index().items() if tier is None or r["tier"] == tier]
         if tier is None:  # entries the index lost too
             doomed += [n.decode()[len(self._prefix) + 2:] for n in
                        self._call(lambda: list(self._redis.scan_iter(self._prefix + "e:*")))]

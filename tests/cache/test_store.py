@@ -90,6 +90,9 @@ def test_verify_and_clear(tmp_path: Path) -> None:
     cache.put(KEY_B, b"y")
     _corrupt_flip(cache._path(KEY_B), tmp_path)
     assert [k for k, _ in cache.verify()] == [KEY_B]
+    assert [k for k, _ in cache.verify()] == [KEY_B]  # reported, not removed
+    assert [k for k, _ in cache.verify(remove=True)] == [KEY_B]
+    assert cache.verify() == []
     assert cache.clear() == 1
     assert cache.entries() == []
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from hotswap.fleet.store import FleetStore, load_fleet_key
@@ -61,6 +62,8 @@ def test_verify_and_clear(redis_server: RedisServer) -> None:
     store.put("cd" * 32, b"good too", tier="gate-verdict")
     redis_server.client().set("hotswap:e:" + "ef" * 32, b"garbage")
     assert store.verify() == [("ef" * 32, "truncated or not a hotswap artifact")]
+    assert store.verify(remove=True) == [("ef" * 32, "truncated or not a hotswap artifact")]
+    assert store.verify() == []
     assert store.clear("gate-verdict") == 1
     assert [e.key for e in store.entries()] == [KEY]
     assert store.clear() == 1 and store.get(KEY) is None
@@ -80,6 +83,23 @@ def test_the_key_file_must_exist_be_private_and_long_enough(
     good = write_key(tmp_path / "good.key")
     monkeypatch.setenv("HOTSWAP_CACHE_KEY_FILE", str(good))
     assert load_fleet_key() == good.read_bytes()
+    if os.geteuid() == 0:  # another user's key, however private, is theirs to change
+        foreign = write_key(tmp_path / "foreign.key")
+        os.chown(foreign, 4242, 4242)
+        with pytest.raises(ValueError, match="belongs to uid 4242"):
+            load_fleet_key(foreign)
+
+
+def test_malformed_index_records_in_redis_are_left_out_not_a_traceback(
+        redis_server: RedisServer) -> None:
+    store = FleetStore(redis_server.url, b"k" * 32, {"t": 1})
+    store.put(KEY, b"good", tier="default")
+    client = redis_server.client()
+    client.hset("hotswap:index", "cd" * 32, b"\xc1 not msgpack")
+    client.hset("hotswap:index", "ef" * 32, msgpack.packb({"size": "big"}))
+    client.hset("hotswap:index", "not-a-key", msgpack.packb({"size": 1}))
+    assert [e.key for e in store.entries()] == [KEY]
+    assert store.clear("default") == 1 and store.entries() == []
 
 
 def test_a_claim_is_exclusive_renewed_and_released(redis_server: RedisServer) -> None:

@@ -121,7 +121,7 @@ header_values = st.recursive(
     max_leaves=12,
 )
 # Maps, some with the fields seal() writes (format, key, size, sha256, stamp) set as a real
-# header has them, others not. A header that is not a map at all: see the xfail test below.
+# header has them, others not. A header that is not a map at all: the test below.
 header_maps = st.one_of(
     st.dictionaries(st.text(max_size=8), header_values, max_size=6),
     st.fixed_dictionaries({}, optional={
@@ -180,8 +180,6 @@ def test_codec_on_signed_headers_raises_only_entry_rejected(
         unseal(b"k" * 32, parts, KEY, stamp)
 
 
-@pytest.mark.xfail(raises=AttributeError, strict=True,
-                   reason="unseal() calls .get on a signed header that is not a msgpack map")
 def test_signed_header_that_is_not_a_map_is_refused(box: Sandbox) -> None:
     head = MAGIC + struct.pack("!I", 1) + msgpack.packb(None)
     box.write_entry(KEY, _signed(_secret(box), head, b""))
