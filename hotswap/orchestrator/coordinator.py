@@ -1,7 +1,8 @@
 """The coordinator: a torch.compile backend that answers each graph at once and compiles elsewhere.
 
-    user thread (dynamo)            pool manager thread            loader thread (one per coordinator)
-    --------------------            -------------------            -----------------------------------
+    user thread (dynamo)            pool manager thread            loader thread (one per coordinator,
+    --------------------            -------------------            while it has work: loader.py)
+                                                                   -----------------------------------
     Coordinator(gm, inputs)
       a GraphJourney, the ladder's
       start points (cache first)
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from hotswap.errors import CompileFailed, PoolClosed
-from hotswap.orchestrator import compat
+from hotswap.orchestrator import compat, threads
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compilers import (
     CompileFuture,
@@ -122,7 +123,7 @@ class Coordinator:
             else:  # connect now; the local pool starts only if the cluster is refused
                 runtime.cluster(options.executor)
             # The cache stamp's version lookups, off the user's first call.
-            threading.Thread(target=prepare_stamp, daemon=True, name="hotswap-stamp").start()
+            threads.start(prepare_stamp, name="hotswap-stamp")
 
     @property
     def compiler(self) -> Compiler:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+from hotswap.orchestrator import threads
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import (
@@ -199,10 +200,8 @@ class Ladder:
                 bump("gate_undecided")
                 _log.debug("graph %s: %s; measuring again in %.0f s", journey.graph_id,
                            verdict.reason, delay)
-                timer = threading.Timer(delay, self._on_loader,
-                                        (self._measure_next, (journey, again)))
-                timer.daemon = True
-                timer.start()
+                threads.start_timer(delay, self._on_loader, (self._measure_next, (journey, again)),
+                                    name="hotswap-gate-retry")
                 return
             verdict = self.gate.decide(journey.graph_id, serving, candidate.tier, reply,
                                        attempt=candidate.attempt, last_attempt=True)
@@ -236,10 +235,8 @@ class Ladder:
         if self._take_fleet_verdict(journey, candidate, serving, ids):
             return True
         if not self._cache.claim_decision(ids.decision):
-            timer = threading.Timer(_FLEET_POLL_S, self._on_loader,
-                                    (self._measure_next, (journey, candidate)))
-            timer.daemon = True
-            timer.start()
+            threads.start_timer(_FLEET_POLL_S, self._on_loader,
+                                (self._measure_next, (journey, candidate)), name="hotswap-fleet-poll")
             return True
         if self._take_fleet_verdict(journey, candidate, serving, ids):  # decided meanwhile
             self._cache.release_decision(ids.decision)

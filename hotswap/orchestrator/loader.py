@@ -23,18 +23,25 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hotswap._env import env_number
+from hotswap.orchestrator import threads
 
 __all__ = ["Loader", "at_lowest_priority", "gil_handoff_s", "quick_gil_handoff"]
 
 log = logging.getLogger("hotswap")
 
 _DEFAULT_SWITCH_INTERVAL_S = 2e-4
+# A loader with no work for this long lets its thread end (the next task starts another).
+_IDLE_EXIT_S = 5.0
 _Task = tuple[Callable[..., Any], tuple[Any, ...]]
 T = TypeVar("T")
+
+_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
+_loaders_lock = threading.Lock()
 
 
 def gil_handoff_s() -> float:
@@ -95,48 +102,78 @@ def at_lowest_priority(fn: Callable[[], T]) -> T:
         except BaseException as e:
             errors.append(e)
 
-    thread = threading.Thread(target=run, name="hotswap-low-priority", daemon=True)
-    thread.start()
-    thread.join()
+    threads.start(run, name="hotswap-low-priority").join()
     if errors:
         raise errors[0]
     return results[0]
 
 
 class Loader:
-    """One daemon thread that runs loads and swaps in order, with the quick GIL handoff on
-    while it has work.
+    """One daemon thread at a time that runs loads and swaps in order, with the quick GIL
+    handoff on while it has work. The thread ends once it has had no work for
+    ``idle_exit_s`` (or when ``stop_all`` finds it idle); the next ``submit`` starts another,
+    so a process with many coordinators keeps no thread for each (threads.py counts them for
+    ``hotswap.shutdown()``).
 
     Not a ThreadPoolExecutor: those threads are joined at interpreter exit, so exiting would
     wait for a load nobody will use. A daemon thread is simply dropped.
     """
 
-    def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+    def __init__(self, name: str = "hotswap-load", idle_exit_s: float = _IDLE_EXIT_S) -> None:
+        self._name, self._idle_exit_s = name, idle_exit_s
+        # None in the queue: "stop once idle" (stop_all)
+        self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        with _loaders_lock:
+            _loaders.add(self)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        # Under the lock that an idle thread takes to end: a task is either seen by the
+        # thread running now or starts a new one.
         with self._lock:
+            self._tasks.put((fn, args))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hotswap-load",
-                                                daemon=True)
-                self._thread.start()
-        self._tasks.put((fn, args))
+                self._thread = threads.start(self._run, name=self._name)
+
+    def stop(self) -> None:
+        """End the thread once the tasks queued now are done (a later submit starts one)."""
+        with self._lock:
+            if self._thread is not None:
+                self._tasks.put(None)
+
+    @staticmethod
+    def stop_all() -> None:
+        """``stop()`` every loader of this process (``hotswap.shutdown()``)."""
+        with _loaders_lock:
+            loaders = list(_loaders)
+        for loader in loaders:
+            loader.stop()
 
     def _run(self) -> None:
         while True:
-            task: _Task | None = self._tasks.get()  # idle: the user's switch interval is on
-            with quick_gil_handoff:
-                while task is not None:
-                    fn, args = task
-                    try:
-                        fn(*args)
-                    except Exception:  # tasks record their own failures; this is a last resort
-                        log.exception("hotswap loader task %r failed", fn)
-                    # Idle, this thread must not keep the last task's graph and artifact alive.
-                    task = fn = args = None  # type: ignore[assignment]
-                    try:
-                        task = self._tasks.get_nowait()
-                    except queue.Empty:
-                        task = None
+            try:  # idle: the user's switch interval is on
+                task = self._tasks.get(timeout=self._idle_exit_s)
+            except queue.Empty:
+                task = None
+            stopped = task is None  # idle for idle_exit_s, or told to stop
+            if task is not None:
+                with quick_gil_handoff:
+                    while task is not None:
+                        fn, args = task
+                        try:
+                            fn(*args)
+                        except Exception:  # tasks record their own failures; a last resort
+                            log.exception("hotswap loader task %r failed", fn)
+                        # Idle, this thread must not keep the last task's graph and artifact.
+                        task = fn = args = None  # type: ignore[assignment]
+                        try:
+                            task = self._tasks.get_nowait()
+                        except queue.Empty:
+                            break
+                        stopped = task is None
+            if stopped:
+                with self._lock:
+                    if self._tasks.empty():
+                        self._thread = None
+                        return

@@ -9,6 +9,7 @@ tools read it (worker pids, restarts) instead of reaching into pools; ``hotswap.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -18,12 +19,21 @@ from typing import Any
 from hotswap._env import env_number
 from hotswap.cache import ArtifactCache
 from hotswap.fleet.cluster import Cluster, ClusterCompiler
+from hotswap.orchestrator import threads
 from hotswap.orchestrator.compilers import Compiler, PoolCompiler
 from hotswap.orchestrator.kernel_files import inductor_cache_dir
+from hotswap.orchestrator.loader import Loader
 from hotswap.workers import JobFuture, WorkerPool
 from hotswap.workers.pool import default_workers
 
-__all__ = ["Runtime", "idle_exit_s", "rss_limit", "runtime", "worker_priority"]
+__all__ = ["SHUTDOWN_JOIN_S", "Runtime", "idle_exit_s", "rss_limit", "runtime",
+           "worker_priority"]
+
+log = logging.getLogger("hotswap")
+
+# How long shutdown() waits for hotswap's threads: a load under way (seconds for a big graph),
+# a gate measurement due on a timer (up to half a minute for a busy machine's retries).
+SHUTDOWN_JOIN_S = 10.0
 
 
 class Runtime:
@@ -39,6 +49,7 @@ class Runtime:
         self._inflight: dict[PoolKey, int] = {}
         self._idle_since: dict[PoolKey, float] = {}
         self._reaper: threading.Thread | None = None
+        self._reaper_stop = threading.Event()  # shutdown(): the reaper ends
         self._compiler_wrappers: list[Callable[[Compiler], Compiler]] = []
         self._read_hooks: list[Callable[[ArtifactCache, str], None]] = []
 
@@ -93,9 +104,8 @@ class Runtime:
             self._inflight[size] = self._inflight.get(size, 0) + 1
             self._idle_since.pop(size, None)
             if self._reaper is None:
-                self._reaper = threading.Thread(target=self._stop_idle_pools, daemon=True,
-                                                name="hotswap-idle-pools")
-                self._reaper.start()
+                self._reaper = threads.start(self._stop_idle_pools, name="hotswap-idle-pools",
+                                             args=(self._reaper_stop,))
         try:
             future = pool.submit(job, payload, timeout_s=timeout_s)
         except BaseException:
@@ -112,20 +122,25 @@ class Runtime:
             if self._inflight[size] == 0:
                 self._idle_since[size] = time.monotonic()
 
-    def _stop_idle_pools(self) -> None:
+    def _stop_idle_pools(self, stop: threading.Event) -> None:
         """Stop a pool whose jobs are all done and that has had none for idle_exit_s(): its
         workers hold torch and inductor (hundreds of MiB each) for nothing once every ladder
-        is final. A pool that never ran a job (prepare(), a warm pool) is kept."""
+        is final. A pool that never ran a job (prepare(), a warm pool) is kept. Ends when
+        no pool is left to watch (the next job starts it again) or at shutdown()."""
         while True:
             try:
                 limit = idle_exit_s()
             except ValueError:  # malformed: compile() reports it; keep every pool
                 limit = None
-            time.sleep(1.0 if limit is None else min(1.0, max(0.1, limit / 4)))
-            if limit is None:
-                continue
+            if stop.wait(1.0 if limit is None else min(1.0, max(0.1, limit / 4))):
+                return
             now = time.monotonic()
             with self._lock:
+                if not self._pools:
+                    self._reaper = None
+                    return
+                if limit is None:
+                    continue
                 # (a job given to a pool directly, not through compiler(), keeps it too)
                 idle = [size for size, since in self._idle_since.items()
                         if now - since >= limit and self._inflight.get(size, 0) == 0
@@ -186,9 +201,12 @@ class Runtime:
         timeline.close()
         return timeline.path or ""
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: bool = True, timeout_s: float = SHUTDOWN_JOIN_S) -> list[str]:
         """Stop every worker now; jobs still running or queued fail with ``PoolClosed`` (their
-        graphs keep the tier they serve). Safe to call twice; later compiles start again."""
+        graphs keep the tier they serve). With ``wait``, then wait up to ``timeout_s`` for
+        every thread hotswap started (threads.py) to end, once the loads and swaps queued
+        by then are done; returns the names of those still running (logged). Safe to call
+        twice; later compiles start again."""
         with self._lock:
             pools = list(self._pools.values())
             clusters = list(self._clusters.values())
@@ -196,10 +214,26 @@ class Runtime:
             self._clusters.clear()
             self._inflight.clear()
             self._idle_since.clear()
+            self._reaper_stop.set()
+            self._reaper_stop, self._reaper = threading.Event(), None
         for pool in pools:
             pool.terminate()
         for cluster in clusters:
             cluster.close()
+        if not wait:
+            return []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            # Again each round: the pools' failed jobs queue their last steps on loaders
+            # (which then start a thread of their own again).
+            Loader.stop_all()
+            running = threads.join_all(min(0.2, max(0.0, deadline - time.monotonic())))
+            if not running or time.monotonic() >= deadline:
+                break
+        if running:
+            log.warning("hotswap: shutdown() left %d thread(s) running after %.0f s: %s",
+                        len(running), timeout_s, ", ".join(running))
+        return running
 
 
 def idle_exit_s() -> float | None:
@@ -273,7 +307,8 @@ def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
 
 
 runtime = Runtime()
-atexit.register(runtime.shutdown)
+# At exit, daemon threads are simply dropped: waiting for a load nobody will use is no use.
+atexit.register(runtime.shutdown, wait=False)
 
 
 def worker_priority() -> tuple[int, bool]:

@@ -23,13 +23,13 @@ walks ``pending -> compiled`` here; the caller moves it on.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hotswap.orchestrator import threads
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.compilers import CompileFuture
 from hotswap.orchestrator.counters import bump
@@ -93,16 +93,15 @@ class TierLifecycle:
             cached = self._cache.get(key)
             if cached is None and self._cache.shared:
                 if not off_caller:  # the fleet store is a network away: not in the call
-                    threading.Thread(target=self._begin, daemon=True, name="hotswap-fleet",
-                                     args=(out, journey, tier, key, None),
-                                     kwargs={"off_caller": True}).start()
+                    threads.start(self._begin, name="hotswap-fleet",
+                                  args=(out, journey, tier, key, None),
+                                  kwargs={"off_caller": True})
                     return
                 cached = self._cache.fetch(key)
             if cached is None:
                 if not self._cache.claim(key):
-                    threading.Thread(target=self._await_holder, daemon=True,
-                                     name="hotswap-wait",
-                                     args=(out, journey, tier, key)).start()
+                    threads.start(self._await_holder, name="hotswap-wait",
+                                  args=(out, journey, tier, key))
                     return
                 cached = self._cache.claimed_hit(key)
         if cached is None:

@@ -21,13 +21,12 @@ then), and loads wait for the step of their device so nothing runs twice.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 from hotswap.orchestrator.load_guard import count_compiler_runs
-from hotswap.orchestrator.loader import at_lowest_priority, quick_gil_handoff
+from hotswap.orchestrator.loader import Loader, at_lowest_priority
 
 __all__ = ["start_warmup", "wait_warmup"]
 
@@ -79,8 +78,9 @@ class _Warmup:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._done: dict[str, threading.Event] = {}
-        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        # Steps in order, on a thread that ends once they are done (a later device's step
+        # starts another).
+        self._loader = Loader(name="hotswap-warmup")
 
     def start(self, devices: Iterable[str]) -> list[threading.Event]:
         events = []
@@ -88,30 +88,24 @@ class _Warmup:
             for step in _steps_for(devices):
                 if step not in self._done:
                     self._done[step] = threading.Event()
-                    self._queue.put(step)
+                    self._loader.submit(self._run, step)
                 events.append(self._done[step])
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hotswap-warmup",
-                                                daemon=True)
-                self._thread.start()
         return events
 
-    def _run(self) -> None:
-        while True:
-            step = self._queue.get()
-            t = time.monotonic()
-            try:
-                with quick_gil_handoff, count_compiler_runs():
-                    _STEPS[step]()
-            except Exception as e:  # a load pays for it later, that is all
-                # Once the interpreter is exiting, steps fail for that reason alone.
-                exiting = not threading.main_thread().is_alive()
-                log.log(logging.DEBUG if exiting else logging.INFO,
-                        "hotswap: warming the load path (%s) failed: %s: %s", step,
-                        type(e).__name__, e)
-            finally:
-                log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
-                self._done[step].set()
+    def _run(self, step: str) -> None:
+        t = time.monotonic()
+        try:
+            with count_compiler_runs():  # the loader hands the GIL over quickly meanwhile
+                _STEPS[step]()
+        except Exception as e:  # a load pays for it later, that is all
+            # Once the interpreter is exiting, steps fail for that reason alone.
+            exiting = not threading.main_thread().is_alive()
+            log.log(logging.DEBUG if exiting else logging.INFO,
+                    "hotswap: warming the load path (%s) failed: %s: %s", step,
+                    type(e).__name__, e)
+        finally:
+            log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
+            self._done[step].set()
 
 
 _warmup = _Warmup()
