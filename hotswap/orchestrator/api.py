@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 import time
@@ -15,6 +16,7 @@ import torch
 from hotswap.errors import WaitTimeout
 from hotswap.orchestrator import compat
 from hotswap.orchestrator.coordinator import Coordinator
+from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.journey import Statuses
 from hotswap.orchestrator.options import MODES, Options
 from hotswap.orchestrator.runtime import Runtime
@@ -27,6 +29,13 @@ __all__ = ["backend", "compile", "hotswap_backend", "prepare", "runtime", "shutd
 _by_compiled: weakref.WeakKeyDictionary[Any, Coordinator] = weakref.WeakKeyDictionary()
 _all: weakref.WeakSet[Coordinator] = weakref.WeakSet()
 _entry_point: dict[str, Coordinator] = {}
+# hotswap.compile's backends, one per (options, the model's code): dynamo keeps what it
+# compiled per code object, guarded by the backend, so a new backend per compile meant a new
+# trace of the same code each time, and past torch._dynamo.config.recompile_limit (8) the
+# calls of every further model ran plain eager. Held for good, as dynamo holds every backend.
+_shared: dict[tuple[Any, ...], Coordinator] = {}
+# Recompile limits hit where no hotswap backend could be told apart: every status shows them.
+_unattributed: dict[tuple[str, str], tuple[int, compat.RecompileLimitHit]] = {}
 _lock = threading.Lock()
 
 
@@ -35,8 +44,50 @@ def backend(**options: Any) -> Coordinator:
 
     Takes the options of :func:`compile` except ``dynamic`` and ``fullgraph`` (torch.compile's).
     """
+    _watch_limits()
     coordinator = Coordinator(Options.create(**options))
     _all.add(coordinator)
+    return coordinator
+
+
+def _options_key(options: Options) -> tuple[Any, ...]:
+    """Options as a key: equal for options that compile alike. A tier's config is a dict
+    (its items, sorted, stand for it); a ``distributed.Client`` executor is not hashable and
+    stands for itself (the registry holds it, so its id is not reused)."""
+    key: list[Any] = []
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if f.name == "tiers":
+            value = tuple((t.name, repr(sorted(t.config.items())), t.cudagraphs) for t in value)
+        elif f.name == "executor" and value is not None and not isinstance(value, str):
+            value = ("object", id(value))
+        key.append((f.name, value))
+    return tuple(key)
+
+
+def _code_of(model: Any) -> Any:
+    """What dynamo's cache of ``model``'s frames depends on: a module's class (its forward),
+    a function's code (every closure made by one ``def`` shares it)."""
+    if isinstance(model, torch.nn.Module):
+        return type(model)
+    return getattr(model, "__code__", None) or type(model)
+
+
+def _shared_backend(options: Options, model: Any) -> Coordinator:
+    """The backend ``hotswap.compile`` gives ``model``: the one every earlier model of the
+    same code got with equal options (a new one after ``torch._dynamo.reset()``)."""
+    key = (_options_key(options), _code_of(model))
+    with _lock:
+        coordinator = _shared.get(key)
+        if coordinator is not None and not coordinator.reset_by_dynamo:
+            return coordinator
+    coordinator = Coordinator(options)  # starts a pool: outside the lock
+    with _lock:
+        current = _shared.get(key)
+        if current is not None and not current.reset_by_dynamo:
+            return current  # another thread made one meanwhile: the first one stands
+        _shared[key] = coordinator
+        _all.add(coordinator)
     return coordinator
 
 
@@ -90,12 +141,12 @@ def compile(
                              gate_threshold=gate_threshold, force_tier=force_tier,
                              profile_dir=profile_dir, executor=executor, cache_url=cache_url,
                              worker_devices=worker_devices)
-    coordinator = Coordinator(options)
+    _watch_limits()
+    coordinator = _shared_backend(options, model)
     compiled = torch.compile(model, backend=coordinator, dynamic=options.dynamic,
                              fullgraph=options.fullgraph)
     with _lock:
         _by_compiled[compiled] = coordinator
-        _all.add(coordinator)
     return compiled
 
 
@@ -177,6 +228,7 @@ def hotswap_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
     """``torch.compile(m, backend="hotswap", mode=..., options={...})``, registered as an
     entry point. ``mode`` is torch.compile's: it picks the top of the ladder; hotswap's own
     options (its scheduling ``mode`` among them) go in ``options``."""
+    _watch_limits()
     key, opts = _entry_key(options, mode)
     with _lock:
         coordinator = _entry_point.get(key)
@@ -216,12 +268,51 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
                      "hotswap.backend(...) object, or nothing for every graph")
 
 
+def _watch_limits() -> None:
+    compat.watch_recompile_limits(_recompile_limit_hit)
+
+
+def _recompile_limit_hit(hit: compat.RecompileLimitHit) -> None:
+    """Dynamo hit a recompile limit: tell the entry point's backend of the call, or every
+    status where the call's backend is unknown (a Coordinator's own are its own: coordinator.py)."""
+    target = getattr(hit.backend, "compiler_fn", hit.backend)  # torch.compile's wrapper
+    if isinstance(target, Coordinator):
+        return
+    if target is hotswap_backend:
+        kwargs = getattr(hit.backend, "kwargs", {})
+        try:
+            key, _ = _entry_key(kwargs.get("options"), kwargs.get("mode"))
+        except ValueError:
+            return
+        with _lock:
+            mine = _entry_point.get(key)
+        if mine is not None:
+            mine.recompile_limit_hit(hit)
+            return
+    elif target is not None:
+        return  # another backend's: none of hotswap's business
+    bump("recompile_limits")
+    with _lock:
+        seen = (hit.limit_name, hit.function)
+        _unattributed[seen] = (_unattributed.get(seen, (0, hit))[0] + 1, hit)
+
+
 def status(compiled: Any = None) -> Statuses:
     """Each graph's tier, pending tiers and failures, now (never blocks). ``compiled``: what
-    ``hotswap.compile`` returned, a ``hotswap.backend(...)`` object, what
+    ``hotswap.compile`` returned (the graphs of every model of its code compiled with the same
+    options: they share one backend), a ``hotswap.backend(...)`` object, what
     ``torch.compile(..., backend="hotswap")`` returned (every graph compiled that way), or
-    None (every graph). ``print(...)`` shows one line per graph."""
-    return Statuses(s for c in _coordinators(compiled) for s in c.status())
+    None (every graph). ``print(...)`` shows one line per graph, then ``notes``: where dynamo
+    hit its recompile limit, so that calls ran plain eager, outside hotswap."""
+    coordinators = _coordinators(compiled)
+    return Statuses((s for c in coordinators for s in c.status()), notes=_notes(coordinators))
+
+
+def _notes(coordinators: list[Coordinator]) -> list[str]:
+    with _lock:
+        unattributed = list(_unattributed.values())
+    return ([n for c in coordinators for n in c.notes()]
+            + [hit.note(times) for times, hit in unattributed])
 
 
 def wait(compiled: Any = None, timeout_s: float | None = None, *,
@@ -229,10 +320,12 @@ def wait(compiled: Any = None, timeout_s: float | None = None, *,
     """Block until no tier is pending for any graph of ``compiled`` (or ``timeout_s`` passes;
     then, with ``raise_on_timeout``, raise ``hotswap.WaitTimeout``)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    coordinators = _coordinators(compiled)
     statuses = Statuses()
-    for c in _coordinators(compiled):
+    for c in coordinators:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         statuses += c.wait(remaining)
+    statuses.notes = _notes(coordinators)
     if raise_on_timeout and not all(s.final for s in statuses):
         raise WaitTimeout(timeout_s, statuses)
     return statuses
@@ -243,7 +336,9 @@ def runtime() -> Runtime:
     return _runtime
 
 
-def shutdown() -> None:
+def shutdown(wait: bool = True) -> None:
     """Stop hotswap's workers now (interpreter exit does it too). Tiers still compiling fail
-    quietly and their graphs keep the tier they serve; a later compile starts new workers."""
-    _runtime.shutdown()
+    quietly and their graphs keep the tier they serve; a later compile starts new workers.
+    With ``wait``, then wait (up to 10 s) for every thread hotswap started to end; those
+    still running then are named in a warning."""
+    _runtime.shutdown(wait=wait)

@@ -1,6 +1,6 @@
 """hotswap's use of torch internals, where the versions it supports (2.11 and 2.13) differ
 or may: inductor's standalone compile and its saved artifacts, inductor's timed events,
-dynamo's compile callbacks, intra-op threads. Keep version checks here.
+dynamo's compile callbacks and recompile limits, intra-op threads. Keep version checks here.
 
 Both versions expose ``torch._inductor.standalone_compile(gm, inputs, dynamic_shapes=...,
 options=...)`` and ``CompiledArtifact.save/load(path=..., format="binary")``.
@@ -9,18 +9,23 @@ options=...)`` and ``CompiledArtifact.save/load(path=..., format="binary")``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
 
 __all__ = [
-    "TORCH_VERSION", "Buffer", "UnsaveableArtifact", "artifact_from_bytes", "artifact_to_bytes",
-    "dynamo_trace_start", "inductor_events", "intra_op_threads", "standalone_compile", "watch_dynamo_traces",
+    "TORCH_VERSION", "Buffer", "RecompileLimitHit", "UnsaveableArtifact", "artifact_from_bytes",
+    "artifact_to_bytes", "dynamo_trace_start", "inductor_events", "intra_op_threads",
+    "standalone_compile", "watch_dynamo_traces", "watch_recompile_limits",
 ]
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -330,3 +335,76 @@ def watch_dynamo_traces() -> None:
 def dynamo_trace_start() -> float | None:
     """When dynamo started the compile now calling the backend in this thread (or None)."""
     return getattr(_trace_starts, "start_s", None)
+
+
+@dataclass(frozen=True)
+class RecompileLimitHit:
+    """Dynamo hit one of its recompile limits: a frame it would have compiled once more runs
+    plain eager from now on (2.11 and 2.13: ``recompile_limit``, 8 by default, per code object,
+    or ``accumulated_recompile_limit``; ``cache_size_limit`` in older torch)."""
+
+    limit_name: str   # the config name: torch._dynamo.config.<limit_name>
+    limit: Any
+    function: str     # "'forward' (model.py:12)"
+    reason: str       # the last guard that failed, as dynamo words it
+    backend: Any      # the torch.compile backend of the call (innermost), or None if unknown
+
+    def note(self, times: int) -> str:
+        """What ``hotswap.status`` says of it: what happened, and the fix."""
+        reason = self.reason if len(self.reason) <= 300 else self.reason[:297] + "..."
+        return (f"dynamo hit torch._dynamo.config.{self.limit_name} ({self.limit}) for "
+                f"{self.function} {times} time(s): those calls run plain eager, outside "
+                f"hotswap (last reason: {reason}). Raise "
+                f"torch._dynamo.config.{self.limit_name}, or mark the dimension that changes "
+                "dynamic")
+
+
+_limit_watchers: list[Callable[[RecompileLimitHit], None]] = []
+_HIT_PREFIX = "torch._dynamo hit config."
+
+
+class _RecompileLimitFilter(logging.Filter):
+    """Dynamo says so in one WARNING on ``torch._dynamo.convert_frame`` (the same words and
+    arguments from 2.1 to 2.13): its arguments are the limit's config name, its value, the
+    function and the last failed guard. The filter lets the record through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_HIT_PREFIX):
+            args = record.args if isinstance(record.args, tuple) else ()
+            if len(args) >= 4:
+                hit = RecompileLimitHit(str(args[0]), args[1], str(args[2]), str(args[3]),
+                                        _compiling_backend())
+                for watcher in list(_limit_watchers):
+                    with contextlib.suppress(Exception):  # never in the way of dynamo's call
+                        watcher(hit)
+        return True
+
+
+def watch_recompile_limits(watcher: Callable[[RecompileLimitHit], None]) -> None:
+    """Call ``watcher(hit)`` whenever dynamo hits a recompile limit in this process (in the
+    thread that hit it). Idempotent per watcher. Where dynamo's logger is turned below
+    WARNING (``TORCH_LOGS="-dynamo"``) nothing is seen."""
+    with _watch_lock:
+        if watcher in _limit_watchers:
+            return
+        if not _limit_watchers:
+            logging.getLogger("torch._dynamo.convert_frame").addFilter(_RecompileLimitFilter())
+        _limit_watchers.append(watcher)
+
+
+def _compiling_backend() -> Any:
+    """The backend of the frame dynamo is compiling in this thread: ``compiler_fn`` of
+    convert_frame's ``_compile`` (its name in every torch 2.x), unwrapped as
+    ``eval_frame.innermost_backend`` does; None where it is not found."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_compile" and "compiler_fn" in frame.f_code.co_varnames:
+            backend = frame.f_locals.get("compiler_fn")
+            for _ in range(8):
+                inner = getattr(backend, "_torchdynamo_orig_backend", None)
+                if inner is None:
+                    return backend
+                backend = inner
+            return backend
+        frame = frame.f_back
+    return None

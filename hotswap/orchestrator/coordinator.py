@@ -91,6 +91,7 @@ class Coordinator:
     def __init__(self, options: Options, *, compiler: Compiler | None = None,
                  measure: Measure | None = None, retain_artifacts: bool = False) -> None:
         setup_logging()
+        compat.watch_recompile_limits(_recompile_limit_hit)
         # Keep each graph's shipped form and artifacts once its ladder is final (to measure
         # its decisions again: hotswap.testing.audit); they are let go otherwise.
         self._retain = retain_artifacts
@@ -115,6 +116,12 @@ class Coordinator:
         self.source: TierSource = self.inprocess if plan.here else TierLifecycle(
             self.cache, self._job, self._load_tier, self._on_loader, self.recorder)
         self._waits = plan.waits
+        # Dynamo's recompile limits hit in calls of this backend's models: (limit, function)
+        # -> how often, the last hit.
+        self._limit_hits: dict[tuple[str, str], tuple[int, compat.RecompileLimitHit]] = {}
+        # torch._dynamo.reset() dropped every graph this backend returned (hotswap.compile
+        # then gives later models a new backend).
+        self.reset_by_dynamo = False
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
         if not plan.here and compiler is None:
@@ -329,6 +336,24 @@ class Coordinator:
         return [dataclasses.replace(s, waiting=note if s.pending else "", cache=cache)
                 for s in statuses]
 
+    def recompile_limit_hit(self, hit: compat.RecompileLimitHit) -> None:
+        """Dynamo hit a recompile limit in a call with this backend: that frame runs plain
+        eager from now on, outside hotswap, and ``notes()`` says so."""
+        bump("recompile_limits")
+        with self._cond:
+            key = (hit.limit_name, hit.function)
+            self._limit_hits[key] = (self._limit_hits.get(key, (0, hit))[0] + 1, hit)
+
+    def notes(self) -> list[str]:
+        """What ``hotswap.status`` says of this backend beside its graphs."""
+        with self._cond:
+            hits = list(self._limit_hits.values())
+        return [hit.note(times) for times, hit in hits]
+
+    def reset(self) -> None:
+        """``torch._dynamo.reset()`` calls it: dynamo let go of every graph of this backend."""
+        self.reset_by_dynamo = True
+
     def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
@@ -338,6 +363,14 @@ class Coordinator:
                     break
                 self._cond.wait(remaining)
         return self.status()
+
+
+def _recompile_limit_hit(hit: compat.RecompileLimitHit) -> None:
+    """Dynamo hit a recompile limit in a call with a Coordinator (torch.compile wraps it):
+    its status notes it. (api.py sees to the other hotswap backends.)"""
+    backend = getattr(hit.backend, "compiler_fn", hit.backend)
+    if isinstance(backend, Coordinator):
+        backend.recompile_limit_hit(hit)
 
 
 def _reason(error: BaseException) -> str:

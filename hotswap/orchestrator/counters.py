@@ -39,6 +39,9 @@ COUNTER_NAMES = (
     # A tier's state changed in a way its state machine does not allow (journey.py): a bug in
     # hotswap; the tier fails and the ERROR log says which move it was.
     "internal_errors",
+    # Dynamo hit a recompile limit in a call with a hotswap backend: that frame runs plain
+    # eager, outside hotswap (hotswap.status notes it).
+    "recompile_limits",
 )
 
 _lock = threading.Lock()

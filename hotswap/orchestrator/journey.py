@@ -26,6 +26,7 @@ import enum
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -120,10 +121,17 @@ class GraphStatus:
 
 class Statuses(list[GraphStatus]):
     """What ``hotswap.status``/``wait`` return: a list of ``GraphStatus`` that prints as one
-    line per graph (each status keeps every field)."""
+    line per graph (each status keeps every field), then its ``notes``: what happened beside
+    the graphs (dynamo's recompile limit hit, so that calls ran outside hotswap)."""
+
+    def __init__(self, statuses: Iterable[GraphStatus] = (), *,
+                 notes: Iterable[str] = ()) -> None:
+        super().__init__(statuses)
+        self.notes = list(notes)
 
     def __str__(self) -> str:
-        return "\n".join(s.summary() for s in self) if self else "(no graphs)"
+        lines = [s.summary() for s in self] or ["(no graphs)"]
+        return "\n".join([*lines, *(f"note: {n}" for n in self.notes)])
 
     __repr__ = __str__
 
