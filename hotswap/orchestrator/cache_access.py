@@ -19,6 +19,7 @@ sent once it answers again.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -31,6 +32,7 @@ import torch
 
 from hotswap.cache import VERDICT_TIER, ArtifactCache
 from hotswap.fleet.store import FleetStore, load_fleet_key
+from hotswap.orchestrator import threads
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.keys import environment_stamp, tier_key, verdict_key
 from hotswap.orchestrator.options import Tier
@@ -49,6 +51,13 @@ _unsent: dict[str, dict[str, tuple[str, str, str]]] = {}
 _unsent_lock = threading.Lock()
 
 log = logging.getLogger("hotswap")
+
+# Notes of use under way are waited for at exit, briefly: the interpreter stops a daemon thread
+# wherever it is, and one stopped between its temporary file and the rename left a .tmp- file
+# in the cache.
+_TOUCH_THREAD = "hotswap-cache-touch"
+_TOUCH_EXIT_WAIT_S = 2.0
+atexit.register(threads.join_all, _TOUCH_EXIT_WAIT_S, name=_TOUCH_THREAD)
 
 
 class CacheAccess:
@@ -115,8 +124,7 @@ class CacheAccess:
         if self._cache.rejected != rejected:
             bump("cache_rejects")
         if entry is not None:  # the index notes the use off the user's path (best effort)
-            threading.Thread(target=self._cache.touch, args=(key,), daemon=True,
-                             name="hotswap-cache-touch").start()
+            threads.start(self._cache.touch, name=_TOUCH_THREAD, args=(key,))
         return entry
 
     def _open_remote(self, stamp: dict[str, Any] | None) -> None:

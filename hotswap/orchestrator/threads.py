@@ -75,13 +75,14 @@ def live() -> list[threading.Thread]:
         return list(_live)
 
 
-def join_all(timeout_s: float) -> list[str]:
-    """Wait up to ``timeout_s`` for every hotswap thread to end (the caller's own aside);
-    the names of those still running then."""
+def join_all(timeout_s: float, *, name: str | None = None) -> list[str]:
+    """Wait up to ``timeout_s`` for every hotswap thread (``name``: of that name) to end, the
+    caller's own aside; the names of those still running then."""
     deadline = time.monotonic() + timeout_s
     me = threading.current_thread()
     while True:
-        running = [t for t in live() if t is not me and t.is_alive()]
+        running = [t for t in live() if t is not me and t.is_alive()
+                   and (name is None or t.name == name)]
         if not running:
             return []
         remaining = deadline - time.monotonic()
