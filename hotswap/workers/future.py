@@ -29,6 +29,15 @@ class JobFuture(Future[Any]):
     def running(self) -> bool:
         return self._is_running and not self.done()
 
+    def set_running(self) -> None:
+        """The pool: a worker took the job. Not ``set_running_or_notify_cancel``: that would
+        forbid ``cancel()`` of a running job, which here kills its worker."""
+        self._is_running = True
+
+    def set_queued(self) -> None:
+        """The pool: the job went back to the queue (its worker was starved and replaced)."""
+        self._is_running = False
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:

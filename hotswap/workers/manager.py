@@ -260,7 +260,7 @@ class Manager:
                 continue
             worker.job = job
             job.future.worker_pid = worker.pid
-            job.future._is_running = True
+            job.future.set_running()
             if job.timeout_s is not None:
                 worker.deadline_s = time.monotonic() + job.timeout_s
             parts = encode_job_request(job.name, job.data)  # job.data: kept for a restart
@@ -307,7 +307,7 @@ class Manager:
         if job is not None and worker.kill_reason is not None and worker.kill_reason[0] == "starved":
             with self.inbox.lock:  # starts over on a worker at normal priority (starvation.py)
                 self.inbox.jobs.appendleft(job)
-            job.future._is_running = False
+            job.future.set_queued()
             job = None
         if not worker.ready and (worker.kill_reason or ("",))[0] != "starved":
             self._start_failures += 1
