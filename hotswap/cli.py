@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import hotswap
+from hotswap import settings
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -165,10 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hotswap {hotswap.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="check the environment and time a worker start")
-    doctor.add_argument("--executor", default=os.environ.get("HOTSWAP_EXECUTOR"),
+    doctor.add_argument("--executor", default=settings.executor(),
                         help="also check this Dask cluster (dask://host:port; default "
                              "HOTSWAP_EXECUTOR): reachable, its workers' builds match this one")
-    doctor.add_argument("--cache-url", default=os.environ.get("HOTSWAP_CACHE_URL"),
+    doctor.add_argument("--cache-url", default=settings.cache_url(),
                         help="also check this fleet store (redis://host:port/db; default "
                              "HOTSWAP_CACHE_URL): the key file, a round trip, a claim")
     doctor.add_argument("--workers", type=_positive_int, default=1,

@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from hotswap import settings
 from hotswap.cache.trust import check_root, read_private
 
 __all__ = ["MARKER", "NotACache", "claim_root", "default_cache_dir", "load_secret", "open_root",
@@ -28,7 +29,7 @@ _CACHE_FILES = frozenset({"entries", "locks", "secret.key", "index.msgpack", "in
 
 def default_cache_dir() -> Path:
     """``HOTSWAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/hotswap``, else ``~/.cache/hotswap``."""
-    env = os.environ.get("HOTSWAP_CACHE_DIR")
+    env = settings.cache_dir()
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

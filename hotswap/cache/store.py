@@ -37,7 +37,7 @@ from typing import Any
 import filelock
 import msgpack
 
-from hotswap._env import env_number
+from hotswap import settings
 from hotswap.cache.root import claim_root, default_cache_dir, load_secret, open_root, read_secret
 from hotswap.cache.trust import (
     UntrustedPath,
@@ -87,8 +87,7 @@ class EntryRejected(Exception):
 
 def env_max_bytes() -> int | None:
     """HOTSWAP_CACHE_MAX_BYTES (None: no limit); ValueError naming it when malformed."""
-    return env_number("HOTSWAP_CACHE_MAX_BYTES", int, lambda v: v > 0,
-                      "a whole number of bytes > 0")
+    return settings.cache_max_bytes()
 
 
 class ArtifactCache:

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from hotswap._env import env_number
+from hotswap import settings
 from hotswap.cache.store import (
     EntryInfo,
     EntryRejected,
@@ -55,17 +55,14 @@ class StoreUnavailable(OSError):
 def claim_ttl_s() -> float:
     """HOTSWAP_CLAIM_TTL_S: how long a fleet compile claim outlives its holder's last renewal
     (default 30 s; renewed every third of it)."""
-    value = env_number("HOTSWAP_CLAIM_TTL_S", float, lambda v: v >= 1.0,
-                       "a number of seconds >= 1", default=30.0)
-    assert value is not None
-    return value
+    return settings.claim_ttl_s()
 
 
 def load_fleet_key(path: str | os.PathLike[str] | None = None) -> bytes:
     """The key the fleet signs entries with: ``path`` or HOTSWAP_CACHE_KEY_FILE, a file of at
     least 32 bytes that only its owner can read or write (mode 0600). ValueError saying what
     to do otherwise."""
-    path = path or os.environ.get(KEY_FILE_ENV) or None
+    path = path or settings.cache_key_file()
     if path is None:
         raise ValueError(f"the fleet store signs entries with a key every replica shares, and "
                          f"{KEY_FILE_ENV} is not set: make one (head -c 32 /dev/urandom > "

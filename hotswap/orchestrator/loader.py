@@ -27,14 +27,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hotswap._env import env_number
+from hotswap import settings
 from hotswap.orchestrator import threads
 
 __all__ = ["Loader", "at_lowest_priority", "gil_handoff_s", "quick_gil_handoff"]
 
 log = logging.getLogger("hotswap")
 
-_DEFAULT_SWITCH_INTERVAL_S = 2e-4
 # A loader with no work for this long lets its thread end (the next task starts another).
 _IDLE_EXIT_S = 5.0
 _Task = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -46,10 +45,7 @@ _loaders_lock = threading.Lock()
 
 def gil_handoff_s() -> float:
     """The switch interval hotswap sets while it loads (``HOTSWAP_SWITCH_INTERVAL_S``)."""
-    value = env_number("HOTSWAP_SWITCH_INTERVAL_S", float, lambda v: 0 < v <= 1,
-                       "a number of seconds in (0, 1]", default=_DEFAULT_SWITCH_INTERVAL_S)
-    assert value is not None
-    return value
+    return settings.switch_interval_s()
 
 
 class _QuickHandoff:

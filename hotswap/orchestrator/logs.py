@@ -16,9 +16,10 @@ import os
 import sys
 import threading
 
+from hotswap import settings
+
 __all__ = ["log_setting", "setup_logging"]
 
-_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "off": None}
 _done = threading.Lock()
 _set_up = False
 
@@ -39,10 +40,7 @@ class _Prefixed(logging.Formatter):
 
 def log_setting() -> int | None:
     """HOTSWAP_LOG as a level (None: off); ValueError naming it when malformed."""
-    setting = os.environ.get("HOTSWAP_LOG", "info").strip().lower()
-    if setting not in _LEVELS:
-        raise ValueError(f"HOTSWAP_LOG must be one of {list(_LEVELS)}, got {setting!r}")
-    return _LEVELS[setting]
+    return settings.log_level()
 
 
 def setup_logging() -> None:

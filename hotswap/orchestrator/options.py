@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from hotswap._env import env_number
+from hotswap import settings
 
 __all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "TIER_PRESETS", "Options",
            "Plan", "Tier", "parse_tiers"]
@@ -129,31 +129,11 @@ def parse_tiers(tiers: Any) -> tuple[Tier, ...]:
     return tuple(parsed)
 
 
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else None
-
-
-def _path_option(kwargs: dict[str, Any], name: str, env: str) -> str | None:
-    value = kwargs.get(name) or _env(env)
+def _path_option(kwargs: dict[str, Any], name: str, env: str | None) -> str | None:
+    value = kwargs.get(name) or env
     if value is not None and not isinstance(value, str | os.PathLike):
         raise ValueError(f"{name} must be a path or None, got {value!r}")
     return os.fspath(value) if value is not None else None
-
-
-def _check_environment() -> None:
-    """Every other HOTSWAP_* variable, read now so that a malformed one fails at compile()
-    (ValueError naming it), not in the first call or a background thread."""
-    from hotswap.cache.store import env_max_bytes
-    from hotswap.fleet.store import claim_ttl_s
-    from hotswap.orchestrator.loader import gil_handoff_s
-    from hotswap.orchestrator.logs import log_setting
-    from hotswap.orchestrator.runtime import idle_exit_s, rss_limit, worker_priority
-    from hotswap.workers.pool import default_workers
-
-    for read in (default_workers, worker_priority, rss_limit, env_max_bytes, gil_handoff_s,
-                 log_setting, idle_exit_s, claim_ttl_s):
-        read()
 
 
 def _parse_executor(value: Any) -> Any:
@@ -166,7 +146,7 @@ def _worker_devices(value: Any) -> tuple[str, ...]:
     """``worker_devices`` (or HOTSWAP_WORKER_DEVICES, "cuda:1,cuda:1"): the GPU each local
     worker compiles and benchmarks on, cycled over the workers."""
     if value is None:
-        value = _env("HOTSWAP_WORKER_DEVICES") or ()
+        value = settings.worker_devices() or ()
     if isinstance(value, str):
         value = [d.strip() for d in value.split(",") if d.strip()]
     if not isinstance(value, list | tuple) or not all(isinstance(d, str) for d in value):
@@ -209,10 +189,10 @@ class Options:
             raise ValueError(f"unknown option(s) {unknown}; valid options are {sorted(valid)}")
         # An argument given is checked as given (mode="" and tiers=[] are errors, not defaults).
         mode = kwargs["mode"] if kwargs.get("mode") is not None else (
-            _env("HOTSWAP_MODE") or "progressive")
+            settings.mode() or "progressive")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid modes are {list(MODES)}")
-        tiers = kwargs["tiers"] if kwargs.get("tiers") is not None else _env("HOTSWAP_TIERS")
+        tiers = kwargs["tiers"] if kwargs.get("tiers") is not None else settings.tiers()
         if tiers is None:
             tiers = DEFAULT_LADDER if mode == "progressive" else ("default",)
         workers = kwargs.get("workers")
@@ -221,8 +201,7 @@ class Options:
             raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
         timeout_s = kwargs.get("timeout_s")
         if timeout_s is None:
-            timeout_s = env_number("HOTSWAP_TIMEOUT_S", float, lambda v: 0 < v < float("inf"),
-                                   "a number of seconds > 0")
+            timeout_s = settings.timeout_s()
         if timeout_s is not None and (isinstance(timeout_s, bool)
                                       or not isinstance(timeout_s, int | float)
                                       or not 0 < timeout_s <= sys.float_info.max):
@@ -236,16 +215,13 @@ class Options:
         dynamic = kwargs.get("dynamic")
         if dynamic not in (None, True, False):
             raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
-        cache_dir = _path_option(kwargs, "cache_dir", "HOTSWAP_CACHE_DIR")
-        profile_dir = _path_option(kwargs, "profile_dir", "HOTSWAP_PROFILE_DIR")
+        cache_dir = _path_option(kwargs, "cache_dir", settings.cache_dir())
+        profile_dir = _path_option(kwargs, "profile_dir", settings.profile_dir())
         threshold = kwargs.get("gate_threshold")
         if threshold is None:
-            threshold = _env("HOTSWAP_GATE_THRESHOLD") or 0.02
-            try:
-                threshold = float(threshold)
-            except ValueError as e:
-                raise ValueError(f"HOTSWAP_GATE_THRESHOLD must be a fraction such as 0.02, got "
-                                 f"{threshold!r}") from e
+            threshold = settings.gate_threshold()
+            if threshold is None:
+                threshold = 0.02
         if (isinstance(threshold, bool) or not isinstance(threshold, int | float)
                 or not -1.0 < threshold < 1.0):
             raise ValueError(f"gate_threshold must be a fraction between -1 and 1 (0.02: a tier "
@@ -255,16 +231,16 @@ class Options:
         if force_tier is not None and force_tier not in names:
             raise ValueError(f"force_tier must name a tier of the ladder {names}, got "
                              f"{force_tier!r}")
-        executor = kwargs["executor"] if kwargs.get("executor") is not None else _env(
-            "HOTSWAP_EXECUTOR")
+        executor = (kwargs["executor"] if kwargs.get("executor") is not None
+                    else settings.executor())
         executor = _parse_executor(executor)
-        cache_url = kwargs.get("cache_url") or _env("HOTSWAP_CACHE_URL")
+        cache_url = kwargs.get("cache_url") or settings.cache_url()
         if cache_url is not None and (not isinstance(cache_url, str) or not cache_url.startswith(
                 ("redis://", "rediss://", "unix://"))):
             raise ValueError(f"cache_url must be a Redis URL (redis://host:port/db), got "
                              f"{cache_url!r}")
         worker_devices = _worker_devices(kwargs.get("worker_devices"))
-        _check_environment()
+        settings.check_all()
         return cls(
             mode=mode,
             tiers=parse_tiers(tiers),

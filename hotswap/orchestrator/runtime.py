@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hotswap._env import env_number
+from hotswap import settings
 from hotswap.cache import ArtifactCache
 from hotswap.fleet.cluster import Cluster, ClusterCompiler
 from hotswap.orchestrator import threads
@@ -239,9 +239,7 @@ class Runtime:
 def idle_exit_s() -> float | None:
     """HOTSWAP_WORKER_IDLE_EXIT_S: stop a pool's workers once its jobs are done and none came
     for this long (default 300; 0: never). The next compile starts workers again."""
-    value = env_number("HOTSWAP_WORKER_IDLE_EXIT_S", float, lambda v: v >= 0,
-                       "a number of seconds >= 0 (0: never)", default=300.0)
-    return value or None
+    return settings.worker_idle_exit_s()
 
 
 def _add(lock: threading.Lock, hooks: list[Any], hook: Any) -> Callable[[], None]:
@@ -312,29 +310,17 @@ atexit.register(runtime.shutdown, wait=False)
 
 
 def worker_priority() -> tuple[int, bool]:
-    """The compile workers' (niceness, SCHED_IDLE), from the environment or the defaults."""
-    return _worker_nice(), _worker_idle()
+    """The compile workers' (niceness, SCHED_IDLE), from the environment or the defaults.
 
-
-def _worker_nice() -> int:
-    """Compile workers yield the CPU to the user's process: niceness 19 (the lowest priority:
-    a worker gets what the user's threads leave) unless HOTSWAP_WORKER_NICE says otherwise
-    (0 keeps the caller's priority)."""
-    nice = env_number("HOTSWAP_WORKER_NICE", int, lambda v: 0 <= v <= 19,
-                      "a whole number from 0 to 19", default=19)
-    assert nice is not None
-    return nice
-
-
-def _worker_idle() -> bool:
-    """Compile workers run under ``SCHED_IDLE`` (Linux): a core they use is the user's again
-    the moment one of the user's threads wakes on it. HOTSWAP_WORKER_IDLE=0 turns it off."""
-    return env_number("HOTSWAP_WORKER_IDLE", int, lambda v: v in (0, 1), "0 or 1",
-                      default=1) == 1
+    Compile workers yield the CPU to the user's process: niceness 19 (the lowest priority: a
+    worker gets what the user's threads leave) unless HOTSWAP_WORKER_NICE says otherwise (0
+    keeps the caller's priority). They run under ``SCHED_IDLE`` (Linux): a core they use is
+    the user's again the moment one of the user's threads wakes on it. HOTSWAP_WORKER_IDLE=0
+    turns it off."""
+    return settings.worker_nice(), settings.worker_idle()
 
 
 def rss_limit() -> int | None:
     """A worker whose memory passes HOTSWAP_WORKER_RSS_LIMIT_BYTES is killed and its job fails
     with MemoryLimitExceeded (default: no limit)."""
-    return env_number("HOTSWAP_WORKER_RSS_LIMIT_BYTES", int, lambda v: v > 0,
-                      "a number of bytes > 0")
+    return settings.worker_rss_limit_bytes()

@@ -6,8 +6,9 @@ place of the compile job when the plan draws a fault for it.
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from hotswap import settings
 
 __all__ = ["FAULTY_COMPILE_JOB", "faulty_compile"]
 
@@ -42,8 +43,8 @@ def _grow_past_the_limit() -> None:
     take the machine's memory, so refuse."""
     from hotswap.workers import faults
 
-    limit = int(os.environ.get("HOTSWAP_WORKER_RSS_LIMIT_BYTES") or 0)
-    if limit <= 0:
+    limit = settings.worker_rss_limit_bytes()
+    if limit is None:
         raise RuntimeError("the oom fault needs HOTSWAP_WORKER_RSS_LIMIT_BYTES set when the "
                            "pool starts")
     blocks: list[bytearray] = []

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from hotswap._env import env_number
+from hotswap import settings
 from hotswap.errors import PoolClosed, SerializationFailed
 from hotswap.workers.child import resolve_job
 from hotswap.workers.future import JobFuture, WorkerInfo
@@ -39,8 +39,7 @@ def default_workers() -> int:
     (orchestrator/runtime.py), so a worker per core left each compile one thread. On 2 cores,
     GPT-2 (one graph) served compiled code at 23.6 s from process start with two workers and
     17.7 s with one."""
-    value = env_number("HOTSWAP_WORKERS", int, lambda v: v >= 1,
-                       "a whole number >= 1 (unset it for one per two cores, 1 to 4)")
+    value = settings.workers()
     return value if value is not None else max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
