@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from hotswap.errors import ClusterWorkerLost, CompileFailed, JobTimeout, PoolClosed
+from hotswap.executors.registry import check as parse_executor
 from hotswap.orchestrator.compilers import Compiler, InductorLoads
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, CompileRequest
@@ -55,7 +56,6 @@ log = logging.getLogger("hotswap")
 
 EXECUTOR_ENV = "HOTSWAP_EXECUTOR"
 CONNECT_TIMEOUT_S = 10.0
-_SCHEMES = ("dask://", "tcp://", "tls://", "inproc://")
 
 # One job at a time per worker process: dynamo and inductor keep process-wide state, and a
 # Dask worker runs tasks on a thread pool.
@@ -64,22 +64,6 @@ _job_lock = threading.Lock()
 
 class StampMismatch(RuntimeError):
     """A cluster worker runs another build than the process that sent it a job."""
-
-
-def parse_executor(value: Any) -> Any:
-    """``executor=`` as given: None or "local" (the local pool), a Dask address
-    ("dask://host:8786", "tcp://host:8786"), or a ``distributed.Client``. ValueError else."""
-    if value is None or value == "local":
-        return None
-    if isinstance(value, str):
-        if not value.startswith(_SCHEMES):
-            raise ValueError(f"executor must be 'local', a Dask scheduler address "
-                             f"(dask://host:port) or a distributed.Client, got {value!r}")
-        return value
-    if type(value).__name__ == "Client" and type(value).__module__.startswith("distributed"):
-        return value
-    raise ValueError(f"executor must be 'local', a Dask scheduler address (dask://host:port) "
-                     f"or a distributed.Client, got {value!r}")
 
 
 def cluster_stamp() -> dict[str, Any]:

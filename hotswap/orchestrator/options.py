@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from hotswap import settings
+from hotswap.executors import registry
 
 __all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "TIER_PRESETS", "Options",
            "Plan", "Tier", "parse_tiers"]
@@ -136,12 +137,6 @@ def _path_option(kwargs: dict[str, Any], name: str, env: str | None) -> str | No
     return os.fspath(value) if value is not None else None
 
 
-def _parse_executor(value: Any) -> Any:
-    from hotswap.fleet.cluster import parse_executor
-
-    return parse_executor(value)
-
-
 def _worker_devices(value: Any) -> tuple[str, ...]:
     """``worker_devices`` (or HOTSWAP_WORKER_DEVICES, "cuda:1,cuda:1"): the GPU each local
     worker compiles and benchmarks on, cycled over the workers."""
@@ -233,7 +228,7 @@ class Options:
                              f"{force_tier!r}")
         executor = (kwargs["executor"] if kwargs.get("executor") is not None
                     else settings.executor())
-        executor = _parse_executor(executor)
+        executor = registry.check(executor)
         cache_url = kwargs.get("cache_url") or settings.cache_url()
         if cache_url is not None and (not isinstance(cache_url, str) or not cache_url.startswith(
                 ("redis://", "rediss://", "unix://"))):
