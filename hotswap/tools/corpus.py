@@ -3,7 +3,7 @@
 The zoo (``hotswap.tools.zoo``) is our own code; the corpus is what users bring: vision, text, speech
 and multimodal models whose graphs use what real models use (max-pooling, stochastic depth,
 rotary embeddings, grouped-query attention, relative position buckets, convolutional feature
-extractors). Each entry builds a ``zoo.Workload`` — the same record stress runs, benchmarks and
+extractors). Each entry builds a ``Workload`` — the same record stress runs, benchmarks and
 profiles take — with a CPU size and a CUDA size, and an eager twin with identical weights as the
 reference. ``train=True`` (vision and decoder models) serves forward and backward with every
 dropout, stochastic-depth and layer-drop probability at 0, and checks the gradients too.
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hotswap.tools.zoo import Workload, tolerance
+from hotswap.tools.common import Workload, tolerance
 
 __all__ = ["MODELS", "TRAINABLE", "Spec", "make"]
 

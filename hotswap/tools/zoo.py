@@ -13,46 +13,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from hotswap.tools.common import Workload, tolerance
+
 __all__ = ["MODELS", "Workload", "known", "make", "tolerance"]
-
-
-@dataclass
-class Workload:
-    name: str
-    target: Any                                   # what to compile
-    inputs: Callable[[int], tuple[Any, ...]]      # step -> arguments
-    reference: Callable[[int], Any]               # step -> eager output for the same step
-    tolerance: float
-    call: Callable[[Any, int], Any] | None = None  # how to drive one step (default target(*in))
-
-    def step(self, compiled: Any, step: int) -> Any:
-        if self.call is not None:
-            return self.call(compiled, step)
-        return compiled(*self.inputs(step))
-
-    def error(self, out: Any, step: int) -> float:
-        """Max absolute difference from eager for ``step`` (outputs as pytrees of tensors)."""
-        return _max_error(out, self.reference(step))
-
-
-def _max_error(out: Any, ref: Any) -> float:
-    if isinstance(out, torch.Tensor):
-        if out.shape != ref.shape:
-            return float("inf")
-        return float((out.detach().float() - ref.detach().float()).abs().max()) if out.numel() else 0.0
-    if isinstance(out, list | tuple):
-        return max((_max_error(a, b) for a, b in zip(out, ref, strict=True)), default=0.0)
-    return 0.0 if out == ref else float("inf")
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    return 5e-2 if dtype in (torch.float16, torch.bfloat16) else 2e-3
 
 
 class MLP(nn.Sequential):
