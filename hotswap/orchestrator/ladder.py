@@ -4,9 +4,10 @@
                                     those above it); tiers below it, and tiers an earlier
                                     run's gate kept out, are kept
     offer(journey, tier, fn)     -> no gate, or eager serving: swap it in by rank
-         (load thread)              gated: measure serving vs tier (a worker) --> Gate.decide
-                                    --> swap in, or keep out (and store the verdict);
-                                    one measurement at a time per graph, the rest queue
+         (load thread)              gated: measure serving vs tier (a worker) --> gate.decide,
+                                    once per reply --> swap in, keep out (and store the
+                                    verdict), or measure again on a timer; one measurement
+                                    at a time per graph, the rest queue
     compare(journey)             -> profiling runs, once the graph is final: every tier vs
                                     eager, and each tier's kernels, onto the timeline
 
@@ -30,10 +31,14 @@ from hotswap.orchestrator import threads
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.gate import (
+    EAGER,
+    HELD_SUFFIX,
     Action,
+    Decision,
     Gate,
+    Measurement,
     StoredVerdict,
-    Verdict,
+    decide,
     pack_verdict,
     verdict_label,
 )
@@ -41,7 +46,6 @@ from hotswap.orchestrator.journey import Candidate, GraphJourney, TierState
 from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
 from hotswap.orchestrator.wire import BenchReply, BenchRequest
-from hotswap.profiles.bench import MIN_CLEAN
 from hotswap.profiles.records import GateDecision
 
 __all__ = ["Ladder", "Measure", "OnLoader"]
@@ -53,17 +57,6 @@ Measure = Callable[[BenchRequest], "Future[BenchReply]"]
 # Runs ``fn(*args)`` on the load thread; ``args[0]`` is the graph's journey.
 OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
 
-
-EAGER = "eager"
-# An undecided gate measures again, longer (Gate.request doubles the budget), after a pause
-# that lets a burst of load pass; after the last attempt the serving tier stays. A machine
-# too busy to measure on (a compile of another tier, a caller using every core) is waited
-# out: up to MAX_CONTENDED times more, each pause twice the last (about a minute in all).
-MAX_ATTEMPTS = 3
-MAX_CONTENDED = 6
-RETRY_AFTER_S = 1.0
-# Suffix of a tier's key under which a confident "not slower than eager" is stored.
-_HELD = "/vs-eager"
 # How often a replica waiting for another's decision on a tier looks for it.
 _FLEET_POLL_S = 0.5
 
@@ -167,7 +160,7 @@ class Ladder:
         tiers = (serving,) if candidate.tier == EAGER else (serving, candidate.tier)
         entries = journey.entries(tiers)
         if len(entries) < len(tiers) or request is None:  # nothing to measure against
-            self._settle(journey, candidate, serving, Verdict(Action.BY_ORDER))
+            self._settle(journey, candidate, serving, Decision(Action.BY_ORDER))
             return
         if candidate.tier == EAGER:
             bump("eager_checks")
@@ -182,6 +175,8 @@ class Ladder:
 
     def _measured(self, journey: GraphJourney, candidate: Candidate, serving: str,
                   future: Future[BenchReply], started: float) -> None:
+        """Load thread: one gate decision per measurement reply, then apply it (or measure
+        the pair again later)."""
         assert self.gate is not None
         track_tier = serving if candidate.tier == EAGER else candidate.tier
         self._recorder.span(journey, track_tier, "gate_bench", started, time.monotonic(),
@@ -191,38 +186,31 @@ class Ladder:
         if isinstance(reply, BenchReply):
             for record in (*reply.benches, *reply.pairs):
                 self._recorder.timeline.add(record)
-        verdict = self.gate.decide(journey.graph_id, serving, candidate.tier, reply,
-                                   attempt=candidate.attempt, last_attempt=False)
-        if verdict.action is Action.UNDECIDED and verdict.decision is not None:
-            self._recorder.timeline.add(verdict.decision)
-            again, delay = self._again(candidate, verdict.decision)
-            if again is not None:
-                bump("gate_undecided")
-                _log.debug("graph %s: %s; measuring again in %.0f s", journey.graph_id,
-                           verdict.reason, delay)
-                threads.start_timer(delay, self._on_loader, (self._measure_next, (journey, again)),
-                                    name="hotswap-gate-retry")
-                return
-            verdict = self.gate.decide(journey.graph_id, serving, candidate.tier, reply,
-                                       attempt=candidate.attempt, last_attempt=True)
-        if verdict.decision is not None:
-            self._recorder.timeline.add(verdict.decision)
-        self._settle(journey, candidate, serving, verdict)
-
-    @staticmethod
-    def _again(candidate: Candidate, decision: GateDecision) -> tuple[Candidate | None, float]:
-        """The next measurement of an undecided candidate, and when; None: decide now. Too
-        few clean rounds (the machine was busy) is measured again with the same budget after
-        a pause that doubles; an interval across the threshold, longer, up to MAX_ATTEMPTS."""
-        if decision.rounds - decision.contended < MIN_CLEAN:
-            if candidate.contended < MAX_CONTENDED:
-                return (dataclasses.replace(candidate, contended=candidate.contended + 1),
-                        RETRY_AFTER_S * 2 ** candidate.contended)
-            return None, 0.0
-        if candidate.attempt < MAX_ATTEMPTS:
-            return (dataclasses.replace(candidate, attempt=candidate.attempt + 1),
-                    RETRY_AFTER_S * candidate.attempt)
-        return None, 0.0
+        else:
+            then = (f"{serving!r} keeps serving" if candidate.tier == EAGER
+                    else "adopting it by ladder order")
+            _log.warning("graph %s: benchmarking %r against %r failed (%s: %s); %s",
+                         journey.graph_id, candidate.tier, serving, type(reply).__name__, reply,
+                         then)
+        decision = decide(Measurement(journey.graph_id, serving, candidate.tier, reply),
+                          attempt=candidate.attempt, contended=candidate.contended,
+                          threshold=self.gate.threshold, now_s=time.monotonic())
+        if decision.record is not None:
+            self._recorder.timeline.add(decision.record)
+        retry = decision.retry
+        if retry is not None:
+            bump("gate_undecided")
+            _log.debug("graph %s: %s; measuring again in %.0f s", journey.graph_id,
+                       decision.reason, retry.after_s)
+            again = dataclasses.replace(candidate, attempt=retry.attempt,
+                                        contended=retry.contended)
+            threads.start_timer(retry.after_s, self._on_loader, (self._measure_next, (journey, again)),
+                                name="hotswap-gate-retry")
+            return
+        if decision.action is Action.ADOPT:
+            _log.info("graph %s: gate adopts %r: %s", journey.graph_id, candidate.tier,
+                      decision.reason)
+        self._settle(journey, candidate, serving, decision)
 
     def _fleet_decides(self, journey: GraphJourney, candidate: Candidate, serving: str) -> bool:
         """With a fleet store, each decision is measured by one replica and taken by the
@@ -266,12 +254,12 @@ class Ladder:
         return True
 
     def _settle(self, journey: GraphJourney, candidate: Candidate, serving: str,
-                verdict: Verdict | None) -> None:
-        """Apply one verdict (None: nothing to apply), then measure the graph's next waiting
+                decision: Decision | None) -> None:
+        """Apply one decision (None: nothing to apply), then measure the graph's next waiting
         candidate."""
         try:
-            if verdict is not None:
-                self._apply(journey, candidate, serving, verdict)
+            if decision is not None:
+                self._apply(journey, candidate, serving, decision)
         finally:
             ids = _fleet_ids(journey, candidate, serving) if self._deciding else None
             if ids is not None and ids.decision in self._deciding:  # stored above: the
@@ -283,42 +271,42 @@ class Ladder:
             self._notify()
 
     def _apply(self, journey: GraphJourney, candidate: Candidate, serving: str,
-               verdict: Verdict) -> None:
+               decision: Decision) -> None:
+        record = decision.record
         if candidate.tier == EAGER:  # the serving tier against eager
-            decision = verdict.decision
-            if verdict.action is Action.ADOPT and decision is not None:
-                if journey.back_to_eager(serving, f"slower than eager: {decision.reason}"):
+            if decision.action is Action.ADOPT and record is not None:
+                if journey.back_to_eager(serving, f"slower than eager: {record.reason}"):
                     bump("gate_kept")
-                    self._store_verdict(journey, candidate.verdict_key, decision)
-            elif (decision is not None and decision.confidence == "confident"
+                    self._store_verdict(journey, candidate.verdict_key, record)
+            elif (record is not None and record.confidence == "confident"
                   and candidate.verdict_key is not None):  # a warm process need not check it
-                self._store_verdict(journey, candidate.verdict_key + _HELD, decision)
+                self._store_verdict(journey, candidate.verdict_key + HELD_SUFFIX, record)
             return
         ids = _fleet_ids(journey, candidate, serving) if self._cache.shared else None
-        if verdict.action is Action.KEEP:
-            if verdict.decision is not None:
+        if decision.action is Action.KEEP:
+            if record is not None:
                 bump("gate_kept")
-                self._store_verdict(journey, candidate.verdict_key, verdict.decision)
+                self._store_verdict(journey, candidate.verdict_key, record)
                 if ids is not None:
-                    self._store_verdict(journey, ids.lost, verdict.decision)
-            journey.keep(candidate.tier, verdict.reason, on_timeline=True)
-        elif verdict.action is Action.ADOPT and journey.runner.tier == serving:
+                    self._store_verdict(journey, ids.lost, record)
+            journey.keep(candidate.tier, decision.reason, on_timeline=True)
+        elif decision.action is Action.ADOPT and journey.runner.tier == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
-            if ids is not None and verdict.decision is not None:
-                self._store_verdict(journey, ids.won, verdict.decision)
+            if ids is not None and record is not None:
+                self._store_verdict(journey, ids.won, record)
         else:  # not measured, or the serving tier changed meanwhile (it failed): by rank
             journey.swap_in(candidate.tier, candidate.fn)
 
     def _held_before(self, key: str | None) -> bool:
         """An earlier run measured this tier confidently not slower than eager."""
-        return key is not None and self._cache.verdict(key + _HELD) is not None
+        return key is not None and self._cache.verdict(key + HELD_SUFFIX) is not None
 
     def _store_verdict(self, journey: GraphJourney, key: str | None,
                        decision: GateDecision) -> None:
         if key is None:
             return
         device = next((m.device for m in journey.inputs or () if m.is_tensor), "cpu")
-        self._cache.store_verdict(key, pack_verdict(decision, device),
+        self._cache.store_verdict(key, pack_verdict(decision, device, time.time()),
                                   verdict_label(decision))
 
     # ------------------------------------------------------------------ profiling comparison
@@ -387,7 +375,7 @@ def _fleet_ids(journey: GraphJourney, candidate: Candidate, serving: str) -> _Fl
     if key is None:
         return None
     if candidate.tier == EAGER:  # eager "wins": the tier is slower than eager
-        return _FleetIds(key + "/vs-eager-check", key, key + _HELD)
+        return _FleetIds(key + "/vs-eager-check", key, key + HELD_SUFFIX)
     other = journey.keys.get(serving)
     if other is None:
         return None

@@ -15,8 +15,8 @@ import torch
 
 import hotswap
 from hotswap.cache import VERDICT_TIER, ArtifactCache
-from hotswap.orchestrator import ladder
 from hotswap.orchestrator.coordinator import Coordinator
+from hotswap.orchestrator.gate import MAX_CONTENDED
 from hotswap.orchestrator.options import Options, Plan
 from hotswap.orchestrator.wire import BenchReply, BenchRequest, CachedEntry
 from hotswap.profiles import TierBench
@@ -314,7 +314,7 @@ HOLDS = _pair(2.0, 1.9, 2.1)            # eager against the tier: twice as slow
 
 @pytest.fixture
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ladder, "RETRY_AFTER_S", 0.01)
+    monkeypatch.setattr("hotswap.orchestrator.gate.RETRY_AFTER_S", 0.01)
 
 
 def test_an_undecided_gate_keeps_the_serving_tier_and_measures_again(quick_retries: None,
@@ -336,10 +336,10 @@ def test_an_undecided_gate_keeps_the_serving_tier_and_measures_again(quick_retri
 def test_a_gate_that_never_measures_free_of_contention_keeps_the_serving_tier(
         quick_retries: None) -> None:
     fake = _fake(delay_s={"max-autotune": 0.1},
-                 pairs=[HOLDS] + [CONTENDED] * (ladder.MAX_CONTENDED + 1))
+                 pairs=[HOLDS] + [CONTENDED] * (MAX_CONTENDED + 1))
     _, status, d = _run(fake)
     assert status.tier == "default" and status.final
-    assert d["gate_undecided"] == ladder.MAX_CONTENDED
+    assert d["gate_undecided"] == MAX_CONTENDED
     [(tier, why)] = status.kept
     assert tier == "max-autotune" and "keep (low: contended: 8 of 12 rounds" in why
 
