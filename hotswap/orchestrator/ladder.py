@@ -7,7 +7,8 @@
          (load thread)              gated: measure serving vs tier (a worker) --> gate.decide,
                                     once per reply --> swap in, keep out (and store the
                                     verdict), or measure again on a timer; one measurement
-                                    at a time per graph, the rest queue
+                                    at a time per graph, the rest queue. With a fleet store,
+                                    one replica measures each decision (fleet_vote.py)
     compare(journey)             -> profiling runs, once the graph is final: every tier vs
                                     eager, and each tier's kernels, onto the timeline
 
@@ -25,11 +26,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import Any
 
 from hotswap.orchestrator import threads
 from hotswap.orchestrator.cache_access import CacheAccess
 from hotswap.orchestrator.counters import bump
+from hotswap.orchestrator.fleet_vote import FleetVote, Taken, Turn
 from hotswap.orchestrator.gate import (
     EAGER,
     HELD_SUFFIX,
@@ -57,8 +59,6 @@ Measure = Callable[[BenchRequest], "Future[BenchReply]"]
 # Runs ``fn(*args)`` on the load thread; ``args[0]`` is the graph's journey.
 OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
 
-# How often a replica waiting for another's decision on a tier looks for it.
-_FLEET_POLL_S = 0.5
 
 
 class Ladder:
@@ -75,8 +75,7 @@ class Ladder:
         self._cache, self._notify = cache, notify
         self._lock = threading.Lock()
         self._comparisons = 0  # profile comparisons in flight
-        # Fleet decisions this replica has claimed and is measuring (load thread only).
-        self._deciding: set[str] = set()
+        self._vote = FleetVote(cache)
 
     @property
     def idle(self) -> bool:
@@ -154,7 +153,7 @@ class Ladder:
                 return
             serving = candidate.tier
             candidate = Candidate(EAGER, None, candidate.verdict_key)
-        if self._cache.shared and self._fleet_decides(journey, candidate, serving):
+        if self._cache.shared and self._fleet_settles(journey, candidate, serving):
             return
         request = journey.request
         tiers = (serving,) if candidate.tier == EAGER else (serving, candidate.tier)
@@ -212,46 +211,33 @@ class Ladder:
                       decision.reason)
         self._settle(journey, candidate, serving, decision)
 
-    def _fleet_decides(self, journey: GraphJourney, candidate: Candidate, serving: str) -> bool:
-        """With a fleet store, each decision is measured by one replica and taken by the
-        others, as each tier is compiled by one: True when another replica's verdict settled
-        ``candidate``, or when one is measuring it now (then looked for again shortly, on a
-        timer: the load thread never waits). False: this replica measures it."""
-        ids = _fleet_ids(journey, candidate, serving)
-        if ids is None or ids.decision in self._deciding:
+    def _fleet_settles(self, journey: GraphJourney, candidate: Candidate, serving: str) -> bool:
+        """True when another replica's verdict settled ``candidate``, or when one is measuring
+        it now (then looked for again shortly, on a timer: the load thread never waits).
+        False: this replica measures it."""
+        turn = self._vote.turn(journey, candidate, serving)
+        if turn is Turn.MEASURE:
             return False
-        if self._take_fleet_verdict(journey, candidate, serving, ids):
-            return True
-        if not self._cache.claim_decision(ids.decision):
-            threads.start_timer(_FLEET_POLL_S, self._on_loader,
+        if turn is Turn.WAIT:
+            threads.start_timer(FleetVote.POLL_S, self._on_loader,
                                 (self._measure_next, (journey, candidate)), name="hotswap-fleet-poll")
             return True
-        if self._take_fleet_verdict(journey, candidate, serving, ids):  # decided meanwhile
-            self._cache.release_decision(ids.decision)
-            return True
-        self._deciding.add(ids.decision)
-        return False
+        self._take(journey, candidate, serving, turn)
+        return True
 
-    def _take_fleet_verdict(self, journey: GraphJourney, candidate: Candidate, serving: str,
-                            ids: _FleetIds) -> bool:
-        """Apply another replica's verdict on this decision, if the fleet has one."""
-        won = self._cache.fleet_verdict(ids.won)
-        lost = self._cache.fleet_verdict(ids.lost) if won is None else None
-        if won is None and lost is None:
-            return False
-        stored = StoredVerdict.unpack(won or lost or b"")
-        reason = stored.reason.replace("earlier run", "another replica")
+    def _take(self, journey: GraphJourney, candidate: Candidate, serving: str,
+              taken: Taken) -> None:
+        """Apply another replica's verdict on this decision."""
         if candidate.tier == EAGER:
-            if won is not None and journey.back_to_eager(serving, reason):
+            if taken.won and journey.back_to_eager(serving, taken.reason):
                 bump("gate_kept")  # slower than eager, as another replica measured
-        elif won is None:
-            journey.keep(candidate.tier, reason, on_timeline=True)
+        elif not taken.won:
+            journey.keep(candidate.tier, taken.reason, on_timeline=True)
         elif journey.runner.tier == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
         else:
             journey.swap_in(candidate.tier, candidate.fn)
         self._settle(journey, candidate, serving, None)
-        return True
 
     def _settle(self, journey: GraphJourney, candidate: Candidate, serving: str,
                 decision: Decision | None) -> None:
@@ -261,10 +247,7 @@ class Ladder:
             if decision is not None:
                 self._apply(journey, candidate, serving, decision)
         finally:
-            ids = _fleet_ids(journey, candidate, serving) if self._deciding else None
-            if ids is not None and ids.decision in self._deciding:  # stored above: the
-                self._deciding.discard(ids.decision)                # others may take it
-                self._cache.release_decision(ids.decision)
+            self._vote.done(journey, candidate, serving)
             following = journey.next_for_gate()
             if following is not None:
                 self._measure_next(journey, following)
@@ -282,18 +265,18 @@ class Ladder:
                   and candidate.verdict_key is not None):  # a warm process need not check it
                 self._store_verdict(journey, candidate.verdict_key + HELD_SUFFIX, record)
             return
-        ids = _fleet_ids(journey, candidate, serving) if self._cache.shared else None
         if decision.action is Action.KEEP:
             if record is not None:
                 bump("gate_kept")
                 self._store_verdict(journey, candidate.verdict_key, record)
-                if ids is not None:
-                    self._store_verdict(journey, ids.lost, record)
+                self._store_verdict(journey, self._vote.verdict_key(journey, candidate, serving,
+                                                                    won=False), record)
             journey.keep(candidate.tier, decision.reason, on_timeline=True)
         elif decision.action is Action.ADOPT and journey.runner.tier == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
-            if ids is not None and record is not None:
-                self._store_verdict(journey, ids.won, record)
+            if record is not None:
+                self._store_verdict(journey, self._vote.verdict_key(journey, candidate, serving,
+                                                                    won=True), record)
         else:  # not measured, or the serving tier changed meanwhile (it failed): by rank
             journey.swap_in(candidate.tier, candidate.fn)
 
@@ -356,28 +339,3 @@ class Ladder:
             future = Future()
             future.set_exception(e)
         future.add_done_callback(lambda f: self._on_loader(then, (*args, f, started)))
-
-
-class _FleetIds(NamedTuple):
-    """One fleet decision: what replicas claim to measure it, and where its verdict is
-    stored when the candidate won or lost."""
-
-    decision: str
-    won: str
-    lost: str
-
-
-def _fleet_ids(journey: GraphJourney, candidate: Candidate, serving: str) -> _FleetIds | None:
-    """A tier against eager: its own keys (as a warm process reads them). Two tiers: one
-    decision whichever of them serves when it is measured, so that replicas that loaded them
-    in other orders still decide once and alike."""
-    key = candidate.verdict_key
-    if key is None:
-        return None
-    if candidate.tier == EAGER:  # eager "wins": the tier is slower than eager
-        return _FleetIds(key + "/vs-eager-check", key, key + HELD_SUFFIX)
-    other = journey.keys.get(serving)
-    if other is None:
-        return None
-    pair = "|".join(sorted((key, other)))
-    return _FleetIds(pair, f"{pair}/won-by/{key}", f"{pair}/won-by/{other}")
