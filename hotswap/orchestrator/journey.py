@@ -77,6 +77,19 @@ _UNDER_WAY = frozenset({S.PENDING, S.COMPILED, S.LOADED, S.MEASURING})
 
 @dataclass(frozen=True)
 class GraphStatus:
+    """One graph at one moment, as ``hotswap.status`` and ``hotswap.wait`` return it: a frozen
+    snapshot, safe to keep; ``print`` shows ``summary()``.
+
+    ``final`` is True once nothing is pending: every tier of the ladder served, was kept out by
+    the gate, or failed. ``wait`` returns when every graph is final (or at its timeout), and a
+    final graph's ``tier`` is the one that serves from then on. ``tier`` is "eager" until a tier
+    swaps in, and again where eager was measured faster. ``pending`` names the tiers still
+    compiling, loading or being measured; ``failures`` and ``kept`` hold (tier, reason) for the
+    tiers that failed or were kept out, the gate's numbers among the reasons. ``path``,
+    ``waiting``, ``cache``, ``states``, ``served_after_s`` and ``timings_s`` are described
+    where they are declared; docs/compile.md has them in a table.
+    """
+
     graph_id: str
     tier: str                                  # serving now; "eager" until a tier swaps in
     final: bool                                # nothing pending, whether the ladder succeeded or not
