@@ -268,10 +268,15 @@ class FleetStore:
     def _renew(self) -> None:
         """Every third of the time-to-live: push each held claim's expiry out again. A claim
         that expired meanwhile (this process stalled longer than the ttl) is lost: another
-        replica may compile the same key; both store the same entry."""
+        replica may compile the same key; both store the same entry. Ends once no claim is
+        held (the next claim starts it again): a store per coordinator must not leave a thread
+        per store behind."""
         while True:
             time.sleep(self.ttl_s / 3)
             with self._lock:
+                if not self._claims:
+                    self._renewer = None
+                    return
                 held = [(k, c) for k, c in self._claims.items() if not c.lost]
             for key, claim in held:
                 try:

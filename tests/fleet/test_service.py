@@ -87,6 +87,8 @@ def test_cache_commands_work_on_the_fleet_store(
     out = capsys.readouterr().out
     assert "abababababababab  default" in out and "forward (m.py:3)" in out
     assert main(["cache", "verify", "--url", redis_server.url]) == 1
+    assert f"bad {'cd' * 8}" in capsys.readouterr().out
+    assert main(["cache", "verify", "--remove", "--url", redis_server.url]) == 1
     assert f"removed {'cd' * 8}" in capsys.readouterr().out
     assert main(["cache", "clear", "--url", redis_server.url]) == 0
     assert redis_server.client().dbsize() == 0

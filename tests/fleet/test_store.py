@@ -111,6 +111,13 @@ def test_a_claim_is_exclusive_renewed_and_released(redis_server: RedisServer) ->
     a.release(KEY)
     assert not b.held(KEY) and b.claim(KEY)
     b.release(KEY)
+    # With no claim left, a's renewal thread ends (it starts again with the next claim).
+    deadline = time.monotonic() + 5.0
+    while a._renewer is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a._renewer is None
+    assert a.claim(KEY) and a._renewer is not None and a._renewer.is_alive()
+    a.release(KEY)
 
 
 # Take the fleet claim on KEY (ttl 2 s), say so, then hang until killed.
