@@ -4,6 +4,7 @@ compiled, with threads and memory that stay bounded, and dynamo's recompile limi
 
 from __future__ import annotations
 
+import collections
 import gc
 import threading
 import time
@@ -41,6 +42,8 @@ def test_a_thousand_models_of_one_class_are_all_compiled_with_bounded_threads_an
     kept a loader thread for good."""
     x = torch.randn(4, 16)
     baseline = threading.active_count()
+    # Threads of earlier tests in this process (a fleet store's claim renewal) are theirs.
+    earlier = collections.Counter(_hotswap_threads())
     measured: dict[int, tuple[int, float]] = {}
     with hotswap.counters_delta() as d:
         for i in range(COMPILES):
@@ -65,7 +68,7 @@ def test_a_thousand_models_of_one_class_are_all_compiled_with_bounded_threads_an
     assert threads_all <= baseline + 1 + THREADS_BESIDES_THE_POOL  # 1: workers=1's manager
     assert rss_all <= rss_50 * 1.05
     hotswap.shutdown()
-    assert threads.live() == [] and _hotswap_threads() == []
+    assert threads.live() == [] and collections.Counter(_hotswap_threads()) - earlier == {}
 
 
 def test_fresh_instances_serve_their_own_weights_from_the_shared_compiled_tier() -> None:
