@@ -18,7 +18,7 @@ from hotswap.orchestrator import compat
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.journey import Statuses
-from hotswap.orchestrator.options import MODES, Options
+from hotswap.orchestrator.options import MODES, Options, split_torch_options
 from hotswap.orchestrator.runtime import Runtime
 from hotswap.orchestrator.runtime import runtime as _runtime
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
@@ -110,6 +110,7 @@ def compile(
     executor: Any = None,
     cache_url: str | None = None,
     worker_devices: Any = None,
+    options: dict[str, Any] | None = None,
 ) -> Any:
     """Compile ``model`` (a module or function) like ``torch.compile``, without blocking.
 
@@ -132,19 +133,24 @@ def compile(
           signed with the key in HOTSWAP_CACHE_KEY_FILE; the local cache stays in front.
     worker_devices: the GPU each local worker compiles and benchmarks on (["cuda:1"]: off the
           serving GPU; HOTSWAP_WORKER_DEVICES).
+    options: inductor config patches, as ``torch.compile(options=...)`` takes them
+          ({"max_autotune": True, "epilogue_fusion": False}): applied to every tier, over the
+          tier's own config where both set a key, as torch applies them over its mode's;
+          "triton.cudagraphs" makes every tier serve through CUDA graphs. One tier's own
+          config goes in ``tiers``.
     """
     if not callable(model):
         raise ValueError(f"hotswap.compile takes a torch.nn.Module or a function, got {model!r}")
-    options = Options.create(mode=mode, tiers=tiers, workers=workers, cache_dir=cache_dir,
-                             timeout_s=timeout_s, verify=verify, on_failure=on_failure,
-                             dynamic=dynamic, fullgraph=fullgraph, gate=gate,
-                             gate_threshold=gate_threshold, force_tier=force_tier,
-                             profile_dir=profile_dir, executor=executor, cache_url=cache_url,
-                             worker_devices=worker_devices)
+    made = Options.create(mode=mode, tiers=tiers, workers=workers, cache_dir=cache_dir,
+                          timeout_s=timeout_s, verify=verify, on_failure=on_failure,
+                          dynamic=dynamic, fullgraph=fullgraph, gate=gate,
+                          gate_threshold=gate_threshold, force_tier=force_tier,
+                          profile_dir=profile_dir, executor=executor, cache_url=cache_url,
+                          worker_devices=worker_devices, options=options)
     _watch_limits()
-    coordinator = _shared_backend(options, model)
-    compiled = torch.compile(model, backend=coordinator, dynamic=options.dynamic,
-                             fullgraph=options.fullgraph)
+    coordinator = _shared_backend(made, model)
+    compiled = torch.compile(model, backend=coordinator, dynamic=made.dynamic,
+                             fullgraph=made.fullgraph)
     with _lock:
         _by_compiled[compiled] = coordinator
     return compiled
@@ -217,17 +223,20 @@ def _torch_mode_options(mode: str) -> dict[str, Any]:
 
 def _entry_key(options: dict[str, Any] | None, mode: str | None
                ) -> tuple[str, dict[str, Any]]:
+    """The entry point's coordinator key and ``Options.create``'s keywords: hotswap's own
+    options by name, every other key an inductor config patch (options.py)."""
     opts = dict(options or {})
     if mode is not None:
         opts.update(_torch_mode_options(mode))
-    return repr(sorted(opts.items())), opts
+    return repr(sorted(opts.items())), split_torch_options(opts)
 
 
 def hotswap_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
                     options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
     """``torch.compile(m, backend="hotswap", mode=..., options={...})``, registered as an
     entry point. ``mode`` is torch.compile's: it picks the top of the ladder; hotswap's own
-    options (its scheduling ``mode`` among them) go in ``options``."""
+    options (its scheduling ``mode`` among them) go in ``options``, beside inductor config
+    keys (``hotswap.compile``'s ``options``), which every tier compiles under."""
     _watch_limits()
     key, opts = _entry_key(options, mode)
     with _lock:

@@ -1,10 +1,18 @@
 """Options of ``hotswap.compile`` / ``hotswap.backend``: validation, tiers and environment defaults.
 
 Every invalid option raises ``ValueError`` here, at ``hotswap.compile``, naming the valid choices.
+
+``options=`` takes inductor config patches, as ``torch.compile(options=...)`` does: torch
+applies them to the whole compile, after its ``mode``'s presets
+(``_TorchCompileInductorWrapper``: ``apply_mode``, then ``apply_options``). hotswap's tiers
+are its modes' presets, so the patches go on top of every tier's config: where both set a
+key, ``options`` wins, as it would over ``mode="max-autotune"``'s presets in torch. A tier
+of its own config goes in ``tiers=[{"name": ..., "config": {...}}]``.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import sys
@@ -15,7 +23,7 @@ from hotswap import settings
 from hotswap.executors import registry
 
 __all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "TIER_PRESETS", "Options",
-           "Plan", "Tier", "parse_tiers"]
+           "Plan", "Tier", "apply_options", "parse_tiers", "split_torch_options"]
 
 MODES = ("inprocess", "subprocess", "async", "progressive")
 ON_FAILURE = ("stay", "raise")
@@ -31,6 +39,11 @@ TIER_PRESETS: dict[str, dict[str, Any]] = {
 CUDAGRAPH_PRESETS = ("reduce-overhead",)
 # The load config key that marks a tier to serve through CUDA graphs (never given to inductor).
 CUDAGRAPHS_KEY = "hotswap.cudagraphs"
+# torch's CUDA graphs switch (reduce-overhead's preset): inductor loads artifacts with CUDA
+# graphs off, so in options it marks every tier to serve through graphs captured after the
+# swap, as the reduce-overhead preset does, and is not given to inductor.
+TORCH_CUDAGRAPHS_KEY = "triton.cudagraphs"
+_TIERS_FORM = "tiers=[{'name': ..., 'config': {inductor config patches}}]"
 DEFAULT_LADDER = ("default", "max-autotune")
 
 
@@ -77,23 +90,83 @@ def _fits(default: Any, value: Any) -> bool:
     return True  # None, lists, callables...: inductor checks those itself
 
 
-def _check_config_keys(name: str, config: dict[str, Any]) -> None:
+def _check_config_keys(where: str, config: dict[str, Any]) -> None:
     """Keys inductor knows, each with a value of its default's type (where the default is a
-    bool, int, float or str: a mistyped value fails here, not in a worker's compile)."""
+    bool, int, float or str: a mistyped value fails here, not in a worker's compile).
+    ``where``: what the message names ("tier 'x'", "options")."""
     from torch._inductor import config as inductor_config
 
     known = inductor_config.get_config_copy()
     unknown = sorted(k for k in config if k not in known)
     if unknown:
-        raise ValueError(f"tier {name!r}: unknown inductor config key(s) {unknown}; see "
+        raise ValueError(f"{where}: unknown inductor config key(s) {unknown}; see "
                          "torch._inductor.config for the valid names")
     for key, value in config.items():
         default = known[key]
         if value is not None and not _fits(default, value):
             kind = type(default).__name__
-            raise ValueError(f"tier {name!r}: inductor config {key!r} takes "
+            raise ValueError(f"{where}: inductor config {key!r} takes "
                              f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} (default "
                              f"{default!r}), got {value!r}")
+
+
+def _hotswap_names() -> list[str]:
+    return sorted([*Options.__dataclass_fields__, "options"])
+
+
+def _closest(key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_options(options: Any) -> dict[str, Any]:
+    """``options=``: inductor config patches (``{"max_autotune": True, "triton.cudagraphs":
+    True}``), checked as tier configs are, with a dash read as an underscore (as torch
+    does). Returns them under inductor's names."""
+    from torch._inductor import config as inductor_config
+
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ValueError(f"options must be a dict of inductor config patches "
+                         f"({{'max_autotune': True}}), got {options!r}")
+    known = inductor_config.get_config_copy()
+    patches: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in Options.__dataclass_fields__:
+            raise ValueError(f"options={{{key!r}: ...}}: {key!r} is hotswap's own option, not an "
+                             f"inductor config key; pass it as {key}=... (torch.compile's "
+                             "backend='hotswap' takes both in options)")
+        name = key.replace("-", "_")
+        if name not in known:
+            hint = _closest(name, [*known, *_hotswap_names()])
+            raise ValueError(f"unknown option {key!r}{hint}: neither one of hotswap's options nor "
+                             f"an inductor config key (torch._inductor.config). Inductor config "
+                             f"for one tier only goes in {_TIERS_FORM}")
+        patches[name] = value
+    _check_config_keys("options", patches)
+    return patches
+
+
+def split_torch_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``torch.compile(m, backend="hotswap", options={...})`` as ``Options.create``'s keywords:
+    hotswap's own names first (no inductor config key is spelled like one: a test holds
+    that), every other key an inductor config patch (checked by ``check_options``)."""
+    ours = {k: v for k, v in options.items() if k in Options.__dataclass_fields__}
+    patches = {k: v for k, v in options.items() if k not in ours}
+    return {**ours, "options": patches} if patches else ours
+
+
+def apply_options(tiers: tuple[Tier, ...], patches: dict[str, Any]) -> tuple[Tier, ...]:
+    """Every tier with ``patches`` on top of its own config (they win where both set a key,
+    as torch's options win over its mode's presets); ``triton.cudagraphs`` sets whether the
+    tiers serve through CUDA graphs."""
+    if not patches:
+        return tiers
+    config = {k: v for k, v in patches.items() if k != TORCH_CUDAGRAPHS_KEY}
+    graphs = patches.get(TORCH_CUDAGRAPHS_KEY)
+    return tuple(Tier(t.name, {**t.config, **config},
+                      t.cudagraphs if graphs is None else bool(graphs)) for t in tiers)
 
 
 def parse_tiers(tiers: Any) -> tuple[Tier, ...]:
@@ -120,7 +193,7 @@ def parse_tiers(tiers: Any) -> tuple[Tier, ...]:
                     or not isinstance(cudagraphs, bool)):
                 raise ValueError("a custom tier is {'name': str, 'config': dict, 'cudagraphs': "
                                  f"bool (optional)}}, got {tier!r}")
-            _check_config_keys(name, config)
+            _check_config_keys(f"tier {name!r}", config)
             parsed.append(Tier(name, dict(config), cudagraphs))
         else:
             raise ValueError(f"a tier is a preset name or a dict, got {tier!r}")
@@ -178,10 +251,12 @@ class Options:
     @classmethod
     def create(cls, **kwargs: Any) -> Options:  # one flat check per option: long on purpose
         """Validate keyword options; unset ones come from HOTSWAP_* variables, then defaults."""
-        valid = set(cls.__dataclass_fields__)
-        unknown = sorted(set(kwargs) - valid)
+        valid = _hotswap_names()
+        unknown = sorted(set(kwargs) - set(valid))
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown}; valid options are {sorted(valid)}")
+            raise ValueError(f"unknown option {unknown[0]!r}{_closest(unknown[0], valid)}; "
+                             f"hotswap's options are {valid}. Inductor config keys go in "
+                             f"options={{...}} (every tier), or in {_TIERS_FORM} (one tier)")
         # An argument given is checked as given (mode="" and tiers=[] are errors, not defaults).
         mode = kwargs["mode"] if kwargs.get("mode") is not None else (
             settings.mode() or "progressive")
@@ -222,7 +297,8 @@ class Options:
             raise ValueError(f"gate_threshold must be a fraction between -1 and 1 (0.02: a tier "
                              f"must be 2% faster to replace the serving one), got {threshold!r}")
         force_tier = kwargs.get("force_tier")
-        names = [t.name for t in parse_tiers(tiers)]
+        parsed = apply_options(parse_tiers(tiers), check_options(kwargs.get("options")))
+        names = [t.name for t in parsed]
         if force_tier is not None and force_tier not in names:
             raise ValueError(f"force_tier must name a tier of the ladder {names}, got "
                              f"{force_tier!r}")
@@ -238,7 +314,7 @@ class Options:
         settings.check_all()
         return cls(
             mode=mode,
-            tiers=parse_tiers(tiers),
+            tiers=parsed,
             workers=workers,
             cache_dir=cache_dir,
             timeout_s=float(timeout_s) if timeout_s is not None else None,

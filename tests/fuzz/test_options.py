@@ -24,7 +24,7 @@ from hotswap.orchestrator.options import Options
 from tests.fuzz.cases import count
 
 USER_ERRORS = (ValueError, TypeError, LookupError)
-FIELDS = sorted(Options.__dataclass_fields__)
+FIELDS = sorted([*Options.__dataclass_fields__, "options"])
 
 leaves = (st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70).map(lambda n: n * 10**300)
           | st.floats() | st.text(max_size=20) | st.binary(max_size=8))
@@ -51,6 +51,10 @@ near = {
     "cache_url": st.sampled_from(["redis://h:1/0", "rediss://h", "unix:///s", "http://h"]),
     "worker_devices": st.sampled_from(["cuda:0", "cuda:0,cuda:1", "cpu", "cuda:", "cuda:x"])
     | st.lists(st.text(max_size=6), max_size=2),
+    # inductor config keys (nested, dashed, mistyped) and hotswap's own names
+    "options": st.dictionaries(st.sampled_from(
+        ["max_autotune", "max-autotune", "triton.cudagraphs", "cpp.simdlen", "epilogue_fusion",
+         "max_autotun", "mode", "tiers", "options", ""]), values, max_size=3) | values,
 }
 options = st.dictionaries(st.sampled_from([*FIELDS, "nope"]), values, max_size=4) | st.fixed_dictionaries(
     {}, optional={name: near.get(name, values) for name in FIELDS})
@@ -109,7 +113,13 @@ def test_compile(no_compiles: None, kwargs: dict[str, Any]) -> None:
         assert callable(compiled)
 
 
-@given(opts=options | values, mode=st.none() | st.sampled_from(
+# torch.compile's options: hotswap's names and inductor's in one dict
+torch_options = st.dictionaries(st.sampled_from(
+    [*FIELDS, "max_autotune", "triton.cudagraphs", "cpp.simdlen", "max_autotun"]),
+    values, max_size=4)
+
+
+@given(opts=options | torch_options | values, mode=st.none() | st.sampled_from(
     ["default", "max-autotune", "reduce-overhead", "async", "nope"]))
 def test_torch_compile_entry_point(no_compiles: None, opts: Any, mode: str | None) -> None:
     count("options")

@@ -75,3 +75,27 @@ def test_tier_generates_what_torch_compile_generates(name: str, cpp_builds: list
     torch.testing.assert_close(out, ref)
     if name == "vector width":
         assert "Vectorized" not in "".join(ours)
+
+
+@pytest.mark.parametrize("spelling", ["torch.compile", "hotswap.compile"])
+def test_options_generate_what_torch_compile_options_generate(spelling: str,
+                                                              cpp_builds: list[str]) -> None:
+    """``options=`` with inductor keys, as torch.compile users write it, patches the tier's
+    config: the same code as ``torch.compile(options=...)`` in this process."""
+    options = {"cpp.simdlen": 1, "max_autotune": True}
+    x, w = torch.randn(32, 64), torch.randn(64)
+    if spelling == "torch.compile":
+        compiled = torch.compile(_chain, backend="hotswap", options={
+            "mode": "subprocess", "workers": 1, "tiers": ["default"], **options})
+    else:
+        compiled = hotswap.compile(_chain, mode="subprocess", workers=1, tiers=["default"],
+                                   options=options)
+    out, ours = run_and_get_code(compiled, x, w)
+    (status,) = hotswap.status(compiled)
+    assert status.tier == "default" and status.path == "worker", status
+    assert cpp_builds == []
+    torch._dynamo.reset()
+    ref, theirs = run_and_get_code(torch.compile(_chain, options=options), x, w)
+    assert _normalized(ours) == _normalized(theirs)
+    assert "Vectorized" not in "".join(ours)
+    torch.testing.assert_close(out, ref)
