@@ -7,16 +7,16 @@ edge: a package's ``__init__`` re-exports its modules, and ``import hotswap`` in
 function reaches the public API when it is called.
 
     layer 6  hotswap (the package: the public API)  hotswap.cli  hotswap.tools
-    layer 5  hotswap.fleet (cluster, preload, metrics)  hotswap.testing
+    layer 5  hotswap.fleet (cluster: names kept, preload, metrics)  hotswap.testing
     layer 4  hotswap.orchestrator
-    layer 3  hotswap.executors
+    layer 3  hotswap.executors (the Dask one too: the registry imports it by name)
     layer 2  hotswap.fleet.store
     layer 1  hotswap.workers  hotswap.cache  hotswap.profiles
     layer 0  hotswap.errors  hotswap.settings
 
     every module                         sits in a layer (its unit: the longest name listed in
                                          LAYERS that it is or sits in) and imports only from
-                                         its layer or below, KNOWN_UPWARD aside
+                                         its layer or below
     every module                         sits in no import cycle
     hotswap.workers, cache, profiles     import nothing of the orchestrator
     every module but testing/tools/cli   imports nothing of hotswap.testing
@@ -41,10 +41,6 @@ LAYERS: dict[str, int] = {
     "hotswap.fleet": 5, "hotswap.testing": 5,
     ROOT: 6, "hotswap.cli": 6, "hotswap.tools": 6,
 }
-# Imports that go up a layer, each to be removed (a new one fails the test, and so does one
-# listed here that is gone). The pool runtime picks the Dask executor by importing it; once
-# executors resolve by name (hotswap.executors.registry), the backend imports no fleet module.
-KNOWN_UPWARD = {("hotswap.orchestrator.runtime", "hotswap.fleet.cluster")}
 NOT_PRODUCTION = ("hotswap.testing", "hotswap.tools", "hotswap.cli")
 TOOLS_MAY_USE = ("hotswap.tools", "hotswap.profiles", "hotswap.testing", "hotswap.errors",
                  "hotswap.workers.proctree", "hotswap.fleet")
@@ -190,8 +186,7 @@ def test_imports_flow_down() -> None:
     upward = {(a, b): _where(a, lines) for a, targets in found.items()
               for b, lines in targets.items()
               if (ua := unit(a)) and (ub := unit(b)) and LAYERS[ub] > LAYERS[ua]}
-    assert {k: v for k, v in upward.items() if k not in KNOWN_UPWARD} == {}
-    assert KNOWN_UPWARD - set(upward) == set(), "an upward import is gone: drop it from the list"
+    assert upward == {}
 
 
 def test_production_modules_import_no_testing_hook() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from hotswap.fleet.cluster import warm_worker
+from hotswap.executors.dask import warm_worker
 
 
 def dask_setup(worker: Any) -> None:

@@ -1,41 +1,38 @@
 """Where a tier's compile runs, and how its artifact loads here: the compiler seam.
 
-    TierLifecycle --CompileRequest--> RetryingCompiler --> [installed wrappers] --> PoolCompiler
-                  <--wire CompileResult (a future) --------------------------------  worker job
+    TierLifecycle --CompileRequest--> RetryingCompiler --> ExecutorCompiler --> an executor
+                  <--wire CompileResult (a future) -------------------------  (registry.resolve)
                   --load(entry, config)--> the tier's callable, in this process
 
 A compiler makes artifacts and loads them (vLLM's ``CompilerInterface``: compile, then load
-a handle): ``PoolCompiler`` sends a ``CompileRequest`` to a worker of the runtime's pool and
+a handle): ``ExecutorCompiler`` sends a ``CompileRequest`` as a named job to an executor
+(hotswap.executors: the runtime's pool, a cluster, whatever ``registry.resolve`` gives) and
 loads inductor's artifacts; ``RetryingCompiler`` runs a compile again when its worker died
-under it (every mode compiles through one). ``hotswap.testing.FakeCompiler`` compiles nothing
-and loads the graph itself, so that mode, ladder and gate tests run without inductor.
-Anything else that changes how or where compiles run wraps the pool compiler:
-``Runtime.wrap_compiler`` installs a wrapper (a function from a compiler to a compiler) for
-every compile submitted while it is installed. hotswap.testing's faulty compiler is one, so
-production code knows nothing of it; a cluster executor plugs in at the same place.
+under it (every mode compiles through one; ``RetryingExecutor`` does the retrying).
+``hotswap.testing.FakeCompiler`` compiles nothing and loads the graph itself, so that mode,
+ladder and gate tests run without inductor. Anything else that changes how or where compiles
+run is an executor, or middleware on one: ``hotswap.executors.registry.wrap`` installs a
+wrapper (a function from an executor to an executor) for every compile submitted while it is
+installed. hotswap.testing's faulty executor is one, so production code knows nothing of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import CancelledError, Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, Protocol
 
-from hotswap.errors import WorkerCrashed
+from hotswap.executors.base import Executor, RetryFuture, RetryingExecutor
 from hotswap.orchestrator.artifacts import load_entry
 from hotswap.orchestrator.warmup import start_warmup, wait_warmup
 from hotswap.orchestrator.wire import BENCH_JOB, COMPILE_JOB, BenchReply, BenchRequest, CompileRequest
-from hotswap.workers import JobFuture, StageEvent
 
-__all__ = ["CompileFuture", "Compiler", "InductorLoads", "Loads", "PoolCompiler",
-           "RetryingCompiler", "measure_on"]
+__all__ = ["CompileFuture", "Compiler", "CompilerExecutor", "ExecutorCompiler", "InductorLoads",
+           "Loads", "PoolCompiler", "RetryingCompiler", "measure_on"]
 
-
-class CompileFuture(Future[Any]):
-    """A compile's future: the pool's ``JobFuture``, or one that stands for several attempts
-    (``stage_events`` then are the last attempt's)."""
-
-    stage_events: list[StageEvent]
+# A compile's future: the executor's, or one that stands for several attempts
+# (``stage_events`` then are the last attempt's).
+CompileFuture = RetryFuture
 
 
 class Loads(Protocol):
@@ -50,12 +47,12 @@ class Loads(Protocol):
 
 
 class Compiler(Loads, Protocol):
-    def submit(self, request: CompileRequest, timeout_s: float | None) -> JobFuture | CompileFuture:
+    def submit(self, request: CompileRequest, timeout_s: float | None) -> Future[Any]:
         """Compile ``request`` somewhere; the future resolves with a wire CompileResult or one
         of the pool's errors (WorkerCrashed, JobTimeout, CompileFailed...)."""
         ...
 
-    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
+    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> Future[Any]:
         """Run another worker job where this compiler runs compiles."""
         ...
 
@@ -74,18 +71,49 @@ class InductorLoads:
         return wait_warmup(devices, timeout_s=wait_s)
 
 
-class PoolCompiler(InductorLoads):
-    """Compiles in a worker: ``submit(job, payload, timeout_s)`` puts a job in a pool (the
-    runtime's, which also knows when its pool is idle)."""
+class ExecutorCompiler(InductorLoads):
+    """Compiles where ``executor`` runs jobs (the runtime's pool, a cluster...): a compile is
+    the named job ``COMPILE_JOB`` with the request's wire form. Loads inductor's artifacts
+    here, or as ``loads`` does."""
 
-    def __init__(self, submit: Callable[[str, Any, float | None], JobFuture]) -> None:
-        self._submit = submit
+    def __init__(self, executor: Executor, *, loads: Loads | None = None) -> None:
+        self.executor, self._loads = executor, loads
 
-    def submit(self, request: CompileRequest, timeout_s: float | None) -> JobFuture:
-        return self.submit_job(COMPILE_JOB, request.to_wire(), timeout_s)
+    def submit(self, request: CompileRequest, timeout_s: float | None) -> Future[Any]:
+        return self.executor.submit(COMPILE_JOB, request.to_wire(), timeout_s)
 
-    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
-        return self._submit(job, payload, timeout_s)
+    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> Future[Any]:
+        return self.executor.submit(job, payload, timeout_s)
+
+    def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
+        return super().load(entry, config) if self._loads is None else self._loads.load(
+            entry, config)
+
+    def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
+        return super().warm(devices, wait_s) if self._loads is None else self._loads.warm(
+            devices, wait_s)
+
+
+# The pool's compiler: an ExecutorCompiler of the runtime's local executor.
+PoolCompiler = ExecutorCompiler
+
+
+class CompilerExecutor:
+    """A ``Compiler`` as an ``Executor``: a compile job goes to its ``submit``, any other to
+    its ``submit_job``. A payload that is a ``CompileRequest`` itself is sent as it is."""
+
+    def __init__(self, compiler: Compiler) -> None:
+        self._compiler = compiler
+
+    def submit(self, job: str, payload: Any, timeout_s: float | None) -> Future[Any]:
+        if isinstance(payload, CompileRequest):
+            return self._compiler.submit(payload, timeout_s)
+        if job == COMPILE_JOB:
+            return self._compiler.submit(CompileRequest.from_wire(payload), timeout_s)
+        return self._compiler.submit_job(job, payload, timeout_s)
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
 
 
 class RetryingCompiler:
@@ -96,14 +124,19 @@ class RetryingCompiler:
 
     def __init__(self, inner: Compiler, *, retries: int = 1,
                  on_retry: Callable[[BaseException, CompileRequest], None] | None = None) -> None:
-        self._inner, self._retries, self._on_retry = inner, retries, on_retry
+        self._inner, self._on_retry = inner, on_retry
+        self._attempts = RetryingExecutor(CompilerExecutor(inner), retries=retries,
+                                          on_retry=self._retried)
+
+    def _retried(self, error: BaseException, job: str, request: Any) -> None:
+        if self._on_retry is not None:
+            self._on_retry(error, request)
 
     def submit(self, request: CompileRequest, timeout_s: float | None) -> CompileFuture:
-        attempts = _Attempts(self._inner, request, timeout_s, self._retries, self._on_retry)
-        attempts.next()
-        return attempts.outer
+        # The request travels as it is: each attempt goes through the inner compiler's submit.
+        return self._attempts.submit(COMPILE_JOB, request, timeout_s)
 
-    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
+    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> Future[Any]:
         return self._inner.submit_job(job, payload, timeout_s)
 
     def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
@@ -111,51 +144,6 @@ class RetryingCompiler:
 
     def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
         return self._inner.warm(devices, wait_s)
-
-
-class _Attempts:
-    """One compile's attempts. Held only by the attempt under way (its future's callback):
-    no reference cycle keeps the request (the shipped graph) alive after the last one."""
-
-    def __init__(self, inner: Compiler, request: CompileRequest, timeout_s: float | None,
-                 retries: int, on_retry: Callable[[BaseException, CompileRequest], None] | None):
-        self.inner, self.request, self.timeout_s = inner, request, timeout_s
-        self.left, self.on_retry = retries, on_retry
-        self.outer = CompileFuture()
-        self.outer.stage_events = []
-
-    def next(self) -> None:
-        self.inner.submit(self.request, self.timeout_s).add_done_callback(self.settle)
-
-    def settle(self, done: Future[Any]) -> None:
-        """On the pool's thread, which resolves futures holding no lock: may submit again."""
-        try:
-            result = done.result()
-        except CancelledError:
-            self.outer.cancel()
-        except WorkerCrashed as e:
-            if self.left > 0 and not self.outer.cancelled():
-                self.left -= 1
-                if self.on_retry is not None:
-                    self.on_retry(e, self.request)
-                self.next()
-            else:
-                self.finish(done, error=e)
-        except BaseException as e:
-            self.finish(done, error=e)
-        else:
-            self.finish(done, result=result)
-
-    def finish(self, done: Future[Any], *, result: Any = None,
-               error: BaseException | None = None) -> None:
-        self.outer.stage_events = list(getattr(done, "stage_events", []))
-        try:
-            if error is not None:
-                self.outer.set_exception(error)
-            else:
-                self.outer.set_result(result)
-        except InvalidStateError:
-            pass  # cancelled by its caller meanwhile
 
 
 def measure_on(compiler: Compiler, request: BenchRequest,

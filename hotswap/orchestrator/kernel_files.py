@@ -15,23 +15,11 @@ import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 
+from hotswap.executors.local import inductor_cache_dir
 from hotswap.orchestrator.compat import Buffer
 
 __all__ = ["compile_outputs", "files_written_since", "inductor_cache_dir",
            "libraries_built_from", "restore_files"]
-
-
-def inductor_cache_dir() -> str:
-    """Where inductor keeps compiled kernels in this process (honours TORCHINDUCTOR_CACHE_DIR)."""
-    import importlib
-
-    for name in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils"):
-        try:
-            return str(importlib.import_module(name).cache_dir())
-        except (ImportError, AttributeError):
-            continue
-    raise RuntimeError("cannot find inductor's cache directory in this torch version")
-
 
 # Inductor's own cache entries (FX graph and AOTAutograd): the artifact carries what they hold
 # and writes them on load. Shipped as files too, a max-autotune tier on GPU sent the same 8 MiB

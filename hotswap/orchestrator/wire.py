@@ -22,13 +22,13 @@ import pickle
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hotswap.executors.base import BENCH_JOB, COMPILE_JOB
 from hotswap.profiles.records import KernelBreakdown, Paired, TierBench, record_from_dict
 
 __all__ = ["BENCH_JOB", "COMPILE_JOB", "BenchReply", "BenchRequest", "CachedEntry",
            "CompileRequest", "CompileResult", "InputMeta"]
 
-COMPILE_JOB = "hotswap.orchestrator.compile_job:compile_graph"
-BENCH_JOB = "hotswap.orchestrator.bench_job:bench_tiers"
+# COMPILE_JOB and BENCH_JOB: the jobs' names, where every job an executor runs is named.
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ Where each fault lands, and what hotswap must make of it:
     slow           the compile job sleeps ``slow_s`` first         -> nothing fails, later swap
     corrupt-cache  a byte of the entry about to be read flips      -> entry refused, recompiled
 
-``inject`` installs two wrappers in ``hotswap.runtime()``, and production code knows nothing
-of them: a faulty compiler (a compile drawn a fault is sent as ``jobs.faulty_compile``, which
-carries the fault out in the worker with the jobs of ``hotswap.workers.faults``) and a faulty
-store (a read drawn a fault finds its file corrupted on disk first). Each fault is counted the
-moment it is injected, so a stress run can hold what it injected against what hotswap observed
-(``hotswap.counters()``: worker_crashes, job_timeouts, memory_limit_kills,
-serialization_failures, cache_rejects).
+``inject`` installs two wrappers, and production code knows nothing of them: a faulty
+executor (``hotswap.executors.registry.wrap``: a compile drawn a fault is sent as
+``jobs.faulty_compile``, which carries the fault out in the worker with the jobs of
+``hotswap.workers.faults``) and a faulty store (a read drawn a fault finds its file corrupted
+on disk first). Each fault is counted the moment it is injected, so a stress run can hold
+what it injected against what hotswap observed (``hotswap.counters()``: worker_crashes,
+job_timeouts, memory_limit_kills, serialization_failures, cache_rejects).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CACHE_FAULTS", "FAULT_KINDS", "JOB_FAULTS", "FaultPlan", "FaultyCompiler",
-           "corrupt_entry", "inject"]
+           "FaultyExecutor", "corrupt_entry", "inject"]
 
 JOB_FAULTS = ("crash", "hang", "oom", "unpicklable", "slow")
 CACHE_FAULTS = ("corrupt-cache",)
@@ -109,6 +109,28 @@ class FaultyCompiler:
         return bool(self._inner.warm(devices, wait_s))
 
 
+class FaultyExecutor:
+    """Executor middleware: sends a compile job drawn a job fault as ``jobs.faulty_compile``
+    (the compile's payload inside); every other job as it was."""
+
+    def __init__(self, inner: Any, plan: FaultPlan) -> None:
+        self._inner, self._plan = inner, plan
+
+    def submit(self, job: str, payload: Any, timeout_s: float | None) -> Any:
+        from hotswap.executors.base import COMPILE_JOB
+
+        fault = self._plan.draw_job_fault() if job == COMPILE_JOB else None
+        if fault is None:
+            return self._inner.submit(job, payload, timeout_s)
+        from hotswap.testing.jobs import FAULTY_COMPILE_JOB
+
+        return self._inner.submit(FAULTY_COMPILE_JOB, {
+            "fault": fault, "slow_s": self._plan.slow_s, "request": payload}, timeout_s)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._inner.shutdown(wait)
+
+
 @contextlib.contextmanager
 def inject(plan: FaultPlan) -> Iterator[FaultPlan]:
     """Install ``plan`` process-wide for the ``with`` block: compiles submitted and cache
@@ -119,8 +141,10 @@ def inject(plan: FaultPlan) -> Iterator[FaultPlan]:
         if plan.draw_cache_fault() and corrupt_entry(cache, key):
             plan.count("corrupt-cache")
 
+    from hotswap.executors import registry
+
     runtime = hotswap.runtime()
-    removals = [runtime.wrap_compiler(lambda inner: FaultyCompiler(inner, plan)),
+    removals = [registry.wrap(lambda inner: FaultyExecutor(inner, plan)),
                 runtime.on_cache_read(corrupt)]
     try:
         yield plan

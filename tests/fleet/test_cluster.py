@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hotswap
-from hotswap.fleet import cluster as cluster_module
+from hotswap.executors import dask as cluster_module
 from hotswap.fleet.cluster import Cluster, ClusterCompiler, LocalCluster
 from hotswap.orchestrator.coordinator import Coordinator
 from hotswap.orchestrator.options import Options

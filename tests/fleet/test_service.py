@@ -57,7 +57,7 @@ def test_metrics_show_tiers_serving_compiles_and_failures() -> None:
 def test_doctor_checks_the_store_and_says_when_the_cluster_is_out_of_reach(
         redis_server: RedisServer, fleet_key: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from hotswap.fleet import cluster
+    from hotswap.executors import dask as cluster
 
     monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 1.0)
     code = main(["doctor", "--cache-url", redis_server.url,

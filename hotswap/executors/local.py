@@ -1,0 +1,240 @@
+"""The local executor: this machine's compile worker pools (hotswap.workers).
+
+    LocalExecutor(pools, workers, devices).submit(job, payload, timeout_s)
+        --> LocalPools: the pool of (workers, devices), started on first use, counted until the
+            job is done --> WorkerPool.submit --> a worker process runs the job by name
+    hotswap-idle-pools (a thread of LocalPools): stops a pool idle for idle_exit_s()
+
+One ``LocalPools`` per process (``pools``): coordinators share its pools, one per worker count
+(``workers=None`` is the default count, so it shares the pool of that many) and worker devices.
+``shutdown()`` stops them; a job after it starts fresh workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from hotswap import settings
+from hotswap.executors.base import WARM_COMPILE_JOB, WARM_DEVICE_JOB
+from hotswap.workers import JobFuture, WorkerPool
+from hotswap.workers.pool import default_workers
+
+__all__ = ["LocalExecutor", "LocalPools", "PoolKey", "idle_exit_s", "inductor_cache_dir",
+           "pools", "rss_limit", "visible_devices", "worker_priority"]
+
+PoolKey = tuple[int, tuple[str, ...]]
+
+
+class LocalPools:
+    """The process's worker pools. Thread-safe."""
+
+    def __init__(self) -> None:
+        # One pool per (worker count, worker devices).
+        self._pools: dict[PoolKey, WorkerPool] = {}
+        self._lock = threading.Lock()
+        # Jobs submitted and not yet done, and since when a pool that has run jobs has none
+        # (idle_exit_s() stops such a pool; the next job starts one).
+        self._inflight: dict[PoolKey, int] = {}
+        self._idle_since: dict[PoolKey, float] = {}
+        self._reaper: threading.Thread | None = None
+        self._reaper_stop = threading.Event()  # shutdown(): the reaper ends
+
+    def submit(self, size: PoolKey, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
+        """A job for the pool of ``size``, counted until done. Counted under the lock that
+        stops idle pools, so a job never lands in a pool being stopped: it gets the pool, or
+        a new one. The payload is pickled outside that lock (cache reads on the user's path
+        take it too)."""
+        with self._lock:
+            pool = self._pool_locked(size)
+            self._inflight[size] = self._inflight.get(size, 0) + 1
+            self._idle_since.pop(size, None)
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._stop_idle_pools,
+                                                args=(self._reaper_stop,), daemon=True,
+                                                name="hotswap-idle-pools")
+                self._reaper.start()
+        try:
+            future = pool.submit(job, payload, timeout_s=timeout_s)
+        except BaseException:
+            self._job_done(size, pool)
+            raise
+        future.add_done_callback(lambda _: self._job_done(size, pool))
+        return future
+
+    def _job_done(self, size: PoolKey, pool: WorkerPool) -> None:
+        with self._lock:
+            if self._pools.get(size) is not pool:
+                return
+            self._inflight[size] -= 1
+            if self._inflight[size] == 0:
+                self._idle_since[size] = time.monotonic()
+
+    def _stop_idle_pools(self, stop: threading.Event) -> None:
+        """Stop a pool whose jobs are all done and that has had none for idle_exit_s(): its
+        workers hold torch and inductor (hundreds of MiB each) for nothing once every ladder
+        is final. A pool that never ran a job (prepare(), a warm pool) is kept. Ends when
+        no pool is left to watch (the next job starts it again) or at shutdown()."""
+        while True:
+            try:
+                limit = idle_exit_s()
+            except ValueError:  # malformed: compile() reports it; keep every pool
+                limit = None
+            if stop.wait(1.0 if limit is None else min(1.0, max(0.1, limit / 4))):
+                return
+            now = time.monotonic()
+            with self._lock:
+                if not self._pools:
+                    self._reaper = None
+                    return
+                if limit is None:
+                    continue
+                # (a job given to a pool directly, not through submit(), keeps it too)
+                idle = [size for size, since in self._idle_since.items()
+                        if now - since >= limit and self._inflight.get(size, 0) == 0
+                        and size in self._pools
+                        and not any(w.busy for w in self._pools[size].workers_info())]
+                stopped = [self._pools.pop(size) for size in idle if size in self._pools]
+                for size in idle:
+                    self._idle_since.pop(size, None)
+                    self._inflight.pop(size, None)
+            for pool in stopped:
+                pool.terminate()
+
+    def pool(self, size: PoolKey) -> WorkerPool:
+        with self._lock:
+            return self._pool_locked(size)
+
+    def _pool_locked(self, size: PoolKey) -> WorkerPool:
+        pool = self._pools.get(size)
+        if pool is None:
+            pool = self._pools[size] = _start_pool(*size)
+        return pool
+
+    def running(self, size: PoolKey) -> WorkerPool | None:
+        """The pool of ``size`` if it runs now (None: not started, or stopped)."""
+        with self._lock:
+            return self._pools.get(size)
+
+    def pools(self) -> list[WorkerPool]:
+        with self._lock:
+            return list(self._pools.values())
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop every worker now; jobs still running or queued fail with ``PoolClosed``. With
+        ``wait``, the idle-pool reaper has ended on return too. Later jobs start again."""
+        with self._lock:
+            pools = list(self._pools.values())
+            reaper = self._reaper
+            self._pools.clear()
+            self._inflight.clear()
+            self._idle_since.clear()
+            self._reaper_stop.set()
+            self._reaper_stop, self._reaper = threading.Event(), None
+        for pool in pools:
+            pool.terminate()
+        if wait and reaper is not None and reaper is not threading.current_thread():
+            reaper.join()
+
+
+pools = LocalPools()
+
+
+class LocalExecutor:
+    """The ``Executor`` of one pool of ``pools``: ``workers`` compile workers (None: the
+    default count) on ``devices`` (worker_devices). Shutting it down leaves the pool running:
+    it is shared (``LocalPools.shutdown`` stops it)."""
+
+    def __init__(self, workers: int | None = None, devices: tuple[str, ...] = (), *,
+                 shared: LocalPools | None = None) -> None:
+        self.size: PoolKey = key(workers, devices)
+        self._pools = shared or pools
+
+    def submit(self, job: str, payload: Any, timeout_s: float | None) -> Future[Any]:
+        return self._pools.submit(self.size, job, payload, timeout_s)
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def key(workers: int | None, devices: tuple[str, ...]) -> PoolKey:
+    return (workers or default_workers(), tuple(devices))
+
+
+def idle_exit_s() -> float | None:
+    """HOTSWAP_WORKER_IDLE_EXIT_S: stop a pool's workers once its jobs are done and none came
+    for this long (default 300; 0: never). The next compile starts workers again."""
+    return settings.worker_idle_exit_s()
+
+
+def worker_priority() -> tuple[int, bool]:
+    """The compile workers' (niceness, SCHED_IDLE), from the environment or the defaults.
+
+    Compile workers yield the CPU to the user's process: niceness 19 (the lowest priority: a
+    worker gets what the user's threads leave) unless HOTSWAP_WORKER_NICE says otherwise (0
+    keeps the caller's priority). They run under ``SCHED_IDLE`` (Linux): a core they use is
+    the user's again the moment one of the user's threads wakes on it. HOTSWAP_WORKER_IDLE=0
+    turns it off."""
+    return settings.worker_nice(), settings.worker_idle()
+
+
+def rss_limit() -> int | None:
+    """A worker whose memory passes HOTSWAP_WORKER_RSS_LIMIT_BYTES is killed and its job fails
+    with MemoryLimitExceeded (default: no limit)."""
+    return settings.worker_rss_limit_bytes()
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps compiled kernels in this process (honours TORCHINDUCTOR_CACHE_DIR)."""
+    for name in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils"):
+        try:
+            return str(importlib.import_module(name).cache_dir())
+        except (ImportError, AttributeError):
+            continue
+    raise RuntimeError("cannot find inductor's cache directory in this torch version")
+
+
+def visible_devices(device: str, current: str | None, count: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a worker that compiles on ``device`` ("cuda:N" as this
+    process numbers its GPUs): this process's GPUs with 0 and N swapped. A graph on the
+    caller's default GPU then compiles, autotunes and is benchmarked on GPU N, and its
+    artifact, made for "cuda:0", loads here on the caller's cuda:0."""
+    ids = [d.strip() for d in current.split(",")] if current else [str(i) for i in range(count)]
+    index = int(device.partition(":")[2])
+    if index >= len(ids):
+        raise ValueError(f"worker_devices names {device!r}, but this process sees "
+                         f"{len(ids)} GPU(s)")
+    ids[0], ids[index] = ids[index], ids[0]
+    return ",".join(ids)
+
+
+def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
+    # Inductor's own parallel compile would put several processes per worker on a few cores;
+    # share the cores out instead, unless the user chose.
+    threads = str(max(1, (os.cpu_count() or 1) // size))
+    env = {} if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ else {
+        "TORCHINDUCTOR_COMPILE_THREADS": threads}
+    # Workers give their child processes a TMPDIR of their own (workers/scratch.py); pin
+    # inductor's cache, which would otherwise follow it, to the caller's: one cache for all.
+    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
+    nice, idle = worker_priority()
+    worker_env: Any = env
+    if devices:
+        import torch
+
+        count = torch.cuda.device_count()
+        visible = [visible_devices(d, os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+                   for d in devices]
+
+        def worker_env(slot: int) -> dict[str, str]:
+            return {**env, "CUDA_VISIBLE_DEVICES": visible[slot % len(visible)]}
+
+    pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
+                      warm_modules=("torch", "torch._inductor.compile_fx",
+                                    WARM_DEVICE_JOB, WARM_COMPILE_JOB))
+    pool.start()
+    return pool
