@@ -28,6 +28,10 @@ __all__ = ["LocalExecutor", "LocalPools", "PoolKey", "idle_exit_s", "inductor_ca
            "pools", "rss_limit", "visible_devices", "worker_priority"]
 
 PoolKey = tuple[int, tuple[str, ...]]
+# After torch.compiler.reset(), a pool with no job for this long stops its workers (instead of
+# idle_exit_s()): long enough for the compile that often follows a reset (a test's next case,
+# a reloaded model) to find them warm.
+RESET_IDLE_EXIT_S = 5.0
 
 
 class LocalPools:
@@ -41,6 +45,7 @@ class LocalPools:
         # (idle_exit_s() stops such a pool; the next job starts one).
         self._inflight: dict[PoolKey, int] = {}
         self._idle_since: dict[PoolKey, float] = {}
+        self._reset: set[PoolKey] = set()  # pools idle since a reset: RESET_IDLE_EXIT_S
         self._reaper: threading.Thread | None = None
         self._reaper_stop = threading.Event()  # shutdown(): the reaper ends
 
@@ -53,11 +58,8 @@ class LocalPools:
             pool = self._pool_locked(size)
             self._inflight[size] = self._inflight.get(size, 0) + 1
             self._idle_since.pop(size, None)
-            if self._reaper is None:
-                self._reaper = threading.Thread(target=self._stop_idle_pools,
-                                                args=(self._reaper_stop,), daemon=True,
-                                                name="hotswap-idle-pools")
-                self._reaper.start()
+            self._reset.discard(size)  # in use again: the usual idle limit
+            self._start_reaper_locked()
         try:
             future = pool.submit(job, payload, timeout_s=timeout_s)
         except BaseException:
@@ -73,6 +75,27 @@ class LocalPools:
             self._inflight[size] -= 1
             if self._inflight[size] == 0:
                 self._idle_since[size] = time.monotonic()
+
+    def release_idle(self) -> None:
+        """``torch.compiler.reset()``: every pool, those that never ran a job included, stops
+        its workers once it has had no job for ``RESET_IDLE_EXIT_S`` from now (unless
+        HOTSWAP_WORKER_IDLE_EXIT_S=0 keeps workers for good); a job, or ``pool()`` asked
+        for it (``prepare()``, a new backend), before then keeps it."""
+        now = time.monotonic()
+        with self._lock:
+            for size in self._pools:
+                self._reset.add(size)
+                if self._inflight.get(size, 0) == 0:
+                    self._idle_since[size] = now
+            if self._pools:
+                self._start_reaper_locked()
+
+    def _start_reaper_locked(self) -> None:
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._stop_idle_pools,
+                                            args=(self._reaper_stop,), daemon=True,
+                                            name="hotswap-idle-pools")
+            self._reaper.start()
 
     def _stop_idle_pools(self, stop: threading.Event) -> None:
         """Stop a pool whose jobs are all done and that has had none for idle_exit_s(): its
@@ -95,18 +118,24 @@ class LocalPools:
                     continue
                 # (a job given to a pool directly, not through submit(), keeps it too)
                 idle = [size for size, since in self._idle_since.items()
-                        if now - since >= limit and self._inflight.get(size, 0) == 0
+                        if now - since >= (min(limit, RESET_IDLE_EXIT_S) if size in self._reset
+                                           else limit)
+                        and self._inflight.get(size, 0) == 0
                         and size in self._pools
                         and not any(w.busy for w in self._pools[size].workers_info())]
                 stopped = [self._pools.pop(size) for size in idle if size in self._pools]
                 for size in idle:
                     self._idle_since.pop(size, None)
                     self._inflight.pop(size, None)
+                    self._reset.discard(size)
             for pool in stopped:
                 pool.terminate()
 
     def pool(self, size: PoolKey) -> WorkerPool:
         with self._lock:
+            if size in self._reset:  # wanted again since a reset: kept as a warm pool
+                self._reset.discard(size)
+                self._idle_since.pop(size, None)
             return self._pool_locked(size)
 
     def _pool_locked(self, size: PoolKey) -> WorkerPool:
@@ -133,6 +162,7 @@ class LocalPools:
             self._pools.clear()
             self._inflight.clear()
             self._idle_since.clear()
+            self._reset.clear()
             self._reaper_stop.set()
             self._reaper_stop, self._reaper = threading.Event(), None
         for pool in pools:

@@ -277,8 +277,22 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
                      "hotswap.backend(...) object, or nothing for every graph")
 
 
+class _Forget:
+    """Reset with dynamo (``torch.compiler.reset()``): the recompile limits hit so far go with
+    the graphs (each coordinator forgets its own), and idle workers may exit."""
+
+    def reset(self) -> None:
+        with _lock:
+            _unattributed.clear()
+        _runtime.release_idle()
+
+
+_forget = _Forget()
+
+
 def _watch_limits() -> None:
     compat.watch_recompile_limits(_recompile_limit_hit)
+    compat.reset_with_dynamo(_forget)
 
 
 def _recompile_limit_hit(hit: compat.RecompileLimitHit) -> None:

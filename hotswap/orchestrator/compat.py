@@ -25,7 +25,7 @@ import torch
 __all__ = [
     "TORCH_VERSION", "Buffer", "RecompileLimitHit", "UnsaveableArtifact", "artifact_from_bytes",
     "artifact_to_bytes", "dynamo_trace_start", "inductor_events", "intra_op_threads",
-    "standalone_compile", "watch_dynamo_traces", "watch_recompile_limits",
+    "reset_with_dynamo", "standalone_compile", "watch_dynamo_traces", "watch_recompile_limits",
 ]
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -390,6 +390,19 @@ def watch_recompile_limits(watcher: Callable[[RecompileLimitHit], None]) -> None
         if not _limit_watchers:
             logging.getLogger("torch._dynamo.convert_frame").addFilter(_RecompileLimitFilter())
         _limit_watchers.append(watcher)
+
+
+def reset_with_dynamo(backend: Any) -> None:
+    """Have ``torch._dynamo.reset()`` (``torch.compiler.reset()``) call ``backend.reset()``.
+    Dynamo calls it on the backends given to ``torch.compile`` since its last reset
+    (``eval_frame.cached_backends``, in every torch 2.x); a backend whose model, compiled
+    before a reset, is called again gets graphs without being given again: adding it here
+    lets the next reset reach it too."""
+    from torch._dynamo import eval_frame
+
+    backends = getattr(eval_frame, "cached_backends", None)
+    if isinstance(backends, dict):
+        backends.setdefault(id(backend), backend)
 
 
 def _compiling_backend() -> Any:

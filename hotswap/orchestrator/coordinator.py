@@ -26,9 +26,9 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -78,6 +78,7 @@ log = logging.getLogger("hotswap")
 # How long a load waits for the process warm-up of its devices (warmup.py) before it goes on.
 _WARMUP_WAIT_S = 60.0
 _graph_ids = itertools.count(1)
+F = TypeVar("F", bound=Future[Any])
 
 
 class Coordinator:
@@ -122,6 +123,8 @@ class Coordinator:
         # torch._dynamo.reset() dropped every graph this backend returned (hotswap.compile
         # then gives later models a new backend).
         self.reset_by_dynamo = False
+        # Jobs of this backend's graphs in a pool or cluster: a reset cancels them.
+        self._jobs: set[Future[Any]] = set()
         # Artifacts that cannot travel back from a worker (local.py).
         self.local = LocalCompiler(self.recorder, self._fail)
         if not plan.here and compiler is None:
@@ -144,6 +147,7 @@ class Coordinator:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> GraphRunner:
         t0 = time.monotonic()
         bump("graphs")
+        compat.reset_with_dynamo(self)
         journey = self._journey(gm)
         if self.recorder.profiling:
             self.recorder.dynamo_trace(journey, t0)
@@ -231,6 +235,8 @@ class Coordinator:
 
     def _arrived(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
         """Load thread: a tier is in: offer it to the ladder; or record why it is not."""
+        if journey.forgotten:  # reset: whatever came, nobody serves it
+            return
         error = future.exception()
         if error is None:
             arrival = future.result()
@@ -290,7 +296,7 @@ class Coordinator:
             journey.let_go()
 
     def _bench_in_worker(self, request: BenchRequest) -> Future[BenchReply]:
-        return measure_on(self.compiler, request, self.options.limit_s())
+        return measure_on(_Tracked(self.compiler, self._track), request, self.options.limit_s())
 
     def measure(self, request: BenchRequest) -> Future[BenchReply]:
         """Run a benchmark request where this coordinator's gate runs them."""
@@ -300,13 +306,24 @@ class Coordinator:
         """Compile ``tier`` where the compiler runs (a worker), once more if its worker dies
         under it. Only shipped graphs reach the lifecycle."""
         assert journey.request is not None
-        compiler = RetryingCompiler(self.compiler, on_retry=_retrying)
+        compiler = RetryingCompiler(_Tracked(self.compiler, self._track), on_retry=_retrying)
         return compiler.submit(journey.request.compile_request(journey.graph_id, tier),
                                self.options.limit_s(tier))
 
+    def _track(self, future: F) -> F:
+        """Hold a job's future until it is done, for ``reset`` to cancel."""
+        with self._cond:
+            self._jobs.add(future)
+        future.add_done_callback(self._untrack)
+        return future
+
+    def _untrack(self, future: Future[Any]) -> None:
+        with self._cond:
+            self._jobs.discard(future)
+
     def _fail(self, journey: GraphJourney, tier: str, reason: str) -> None:
         journey.fail(tier, reason)
-        if self.options.on_failure == "raise" and self._waits:
+        if self.options.on_failure == "raise" and self._waits and not journey.forgotten:
             raise TierFailed(journey.graph_id, tier, reason)
 
     # ------------------------------------------------------------------ status
@@ -351,8 +368,24 @@ class Coordinator:
         return [hit.note(times) for times, hit in hits]
 
     def reset(self) -> None:
-        """``torch._dynamo.reset()`` calls it: dynamo let go of every graph of this backend."""
-        self.reset_by_dynamo = True
+        """``torch._dynamo.reset()`` (``torch.compiler.reset()``) calls it: dynamo let go of
+        every graph of this backend, and so does hotswap. They leave ``status`` and waits on
+        them return; their jobs are cancelled (a worker running one is replaced), loads and
+        measurements under way end without a swap, and nothing of it is logged or counted
+        as a failure. The pools' workers then exit once idle (``Runtime.release_idle``).
+        Graphs that come later, from this backend or a new one, compile as usual."""
+        with self._cond:
+            self.reset_by_dynamo = True
+            dropped, self._journeys = self._journeys, []
+            jobs, self._jobs = list(self._jobs), set()
+            self._limit_hits.clear()
+            self._cond.notify_all()
+        for journey in dropped:
+            journey.forget()
+        for job in jobs:
+            job.cancel()
+        if self._compiler is None:
+            runtime.release_idle()
 
     def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -371,6 +404,25 @@ def _recompile_limit_hit(hit: compat.RecompileLimitHit) -> None:
     backend = getattr(hit.backend, "compiler_fn", hit.backend)
     if isinstance(backend, Coordinator):
         backend.recompile_limit_hit(hit)
+
+
+class _Tracked:
+    """A compiler whose every job's future goes to ``track`` (the coordinator's, for reset)."""
+
+    def __init__(self, inner: Compiler, track: Callable[[Any], Any]) -> None:
+        self._inner, self._track = inner, track
+
+    def submit(self, request: CompileRequest, timeout_s: float | None) -> Any:
+        return self._track(self._inner.submit(request, timeout_s))
+
+    def submit_job(self, job: str, payload: Any, timeout_s: float | None) -> Any:
+        return self._track(self._inner.submit_job(job, payload, timeout_s))
+
+    def load(self, entry: Any, config: Mapping[str, Any]) -> Any:
+        return self._inner.load(entry, config)
+
+    def warm(self, devices: Iterable[str], wait_s: float | None = 0.0) -> bool:
+        return self._inner.warm(devices, wait_s)
 
 
 def _reason(error: BaseException) -> str:

@@ -192,6 +192,7 @@ class GraphJourney:
         self._waiting: list[Candidate] = []      # loaded tiers queued for the gate
         self._measuring = False
         self._local = False                      # a tier of it compiles here (local.py)
+        self._forgotten = False                  # torch.compiler.reset() let go of it
         runner.listener = self
 
     # ------------------------------------------------------------------ the state machine
@@ -271,10 +272,16 @@ class GraphJourney:
 
     def fail(self, tier: str, reason: str, *, level: int = logging.WARNING) -> None:
         """Record a failed tier; the graph stays where it is. Logged once (WARNING by
-        default); with ``on_failure="raise"``, the graph's next call raises it."""
+        default); with ``on_failure="raise"``, the graph's next call raises it. A forgotten
+        graph's tier ends quietly: no one asked for it any more."""
         with self._lock:
             self._states[tier] = S.FAILED
             self._failures.append((tier, reason))
+            forgotten = self._forgotten
+        if forgotten:
+            log.debug("hotswap graph %s: tier %r ended after a reset: %s", self.graph_id, tier,
+                      reason)
+            return
         bump("fallbacks")
         log.log(level, "hotswap graph %s: tier %r failed, staying on %r: %s",
                 self.graph_id, tier, self.runner.tier, reason)
@@ -351,6 +358,18 @@ class GraphJourney:
         with self._lock:
             first, self._local = not self._local, True
             return first
+
+    def forget(self) -> None:
+        """``torch.compiler.reset()``: dynamo let go of this graph. What is under way for it
+        ends quietly (tiers.py, ladder.py and the coordinator look here): nothing more loads,
+        swaps in or is measured, and no failure is logged or counted."""
+        with self._lock:
+            self._forgotten = True
+
+    @property
+    def forgotten(self) -> bool:
+        with self._lock:
+            return self._forgotten
 
     def let_go(self) -> None:
         """The ladder is final: nothing will ship or measure this graph again."""

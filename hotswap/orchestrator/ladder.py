@@ -142,6 +142,8 @@ class Ladder:
 
     def _measure_next(self, journey: GraphJourney, candidate: Candidate) -> None:
         assert self.gate is not None
+        if journey.forgotten:  # reset: nothing is measured for it any more
+            return
         serving = journey.runner.tier
         if serving == EAGER:
             if candidate.tier == EAGER:  # the tier to check failed meanwhile
@@ -177,6 +179,8 @@ class Ladder:
         """Load thread: one gate decision per measurement reply, then apply it (or measure
         the pair again later)."""
         assert self.gate is not None
+        if journey.forgotten:
+            return
         track_tier = serving if candidate.tier == EAGER else candidate.tier
         self._recorder.span(journey, track_tier, "gate_bench", started, time.monotonic(),
                             track="hotswap-gate")

@@ -99,6 +99,11 @@ class Runtime:
     def pools(self) -> list[WorkerPool]:
         return pools.pools()
 
+    def release_idle(self) -> None:
+        """``torch.compiler.reset()``: the local pools' workers exit once idle for a short
+        while (``LocalPools.release_idle``)."""
+        pools.release_idle()
+
     def worker_pids(self) -> list[int]:
         """Every compile worker running now."""
         return [pid for pool in self.pools() for pid in pool.worker_pids()]

@@ -38,7 +38,7 @@ from hotswap.orchestrator.options import Tier
 from hotswap.orchestrator.recording import Recorder
 from hotswap.orchestrator.wire import CachedEntry, CompileResult
 
-__all__ = ["Arrival", "LoadFailed", "TierError", "TierLifecycle", "TierSource"]
+__all__ = ["Arrival", "Dropped", "LoadFailed", "TierError", "TierLifecycle", "TierSource"]
 
 log = logging.getLogger("hotswap")
 
@@ -63,6 +63,10 @@ class TierError(Exception):
 
 class LoadFailed(TierError):
     """A compiled artifact did not load in this process."""
+
+
+class Dropped(TierError):
+    """The graph was let go (``torch.compiler.reset()``): its tier ends without loading."""
 
 
 class TierSource(Protocol):
@@ -121,6 +125,9 @@ class TierLifecycle:
 
     def _load_cached(self, journey: GraphJourney, out: Future[Arrival], tier: Tier,
                      key: str | None, entry: bytes) -> None:
+        if journey.forgotten:
+            _resolve(out, error=Dropped("the graph was reset"))
+            return
         journey.to(tier.name, TierState.COMPILED)
         try:
             fn = self._load(journey, tier, entry, "cache_load")
@@ -134,6 +141,10 @@ class TierLifecycle:
 
     def _compile(self, out: Future[Arrival], journey: GraphJourney,
                  tier: Tier, key: str | None) -> None:
+        if journey.forgotten:  # reset while its claim or the fleet store was awaited
+            _resolve(out, error=Dropped("the graph was reset"))
+            self._cache.release(key)
+            return
         submitted = time.monotonic()
         future = self._compile_fn(journey, tier)
         future.add_done_callback(lambda f: self._on_loader(self._compiled, (
@@ -143,6 +154,9 @@ class TierLifecycle:
                   future: CompileFuture, submitted: float, done: float, key: str | None) -> None:
         """Load thread: load a finished compile and store it, or pass its failure on."""
         try:
+            if journey.forgotten or future.cancelled():  # a reset cancelled it: load nothing
+                _resolve(out, error=Dropped("the graph was reset"))
+                return
             error = future.exception()
             if error is not None:
                 _resolve(out, error=error)

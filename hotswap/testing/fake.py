@@ -75,6 +75,8 @@ class FakeCompiler:
     def _compile(self, request: CompileRequest, future: Future[Any]) -> None:
         self._released.wait()
         time.sleep(self._delay_s.get(request.tier, 0.0))
+        if not future.set_running_or_notify_cancel():  # cancelled meanwhile, as a pool's job
+            return
         with self._lock:
             crash = self._crashes[request.tier] > 0
             self._crashes[request.tier] -= crash
