@@ -39,7 +39,7 @@ from hotswap.cache.store import (
 )
 
 __all__ = ["KEY_FILE_ENV", "URL_ENV", "FleetStore", "StoreUnavailable", "claim_ttl_s",
-           "load_fleet_key"]
+           "load_fleet_key", "open_store"]
 
 log = logging.getLogger("hotswap")
 
@@ -293,3 +293,9 @@ class FleetStore:
 def _check(key: str) -> None:
     if not is_key(key):
         raise ValueError(f"cache keys are lowercase hex digests, got {key!r}")
+
+
+def open_store(url: str, stamp: dict[str, Any] | None) -> FleetStore:
+    """The fleet store at ``url`` with this machine's fleet key (``hotswap.cache.stores``
+    opens redis://, rediss:// and unix:// URLs with it). ValueError without the key."""
+    return FleetStore(url, load_fleet_key(), stamp)

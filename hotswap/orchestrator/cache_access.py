@@ -31,12 +31,11 @@ import filelock
 import torch
 
 from hotswap.cache import VERDICT_TIER, ArtifactCache
-from hotswap.fleet.store import FleetStore, load_fleet_key
+from hotswap.cache.stores import RemoteStore, open_local, open_remote
 from hotswap.orchestrator import threads
 from hotswap.orchestrator.counters import bump
 from hotswap.orchestrator.keys import environment_stamp, tier_key, verdict_key
 from hotswap.orchestrator.options import Tier
-from hotswap.orchestrator.runtime import runtime
 from hotswap.orchestrator.wire import CachedEntry
 from hotswap.workers import proctree
 from hotswap.workers.starvation import STOPPED_GRACE_S
@@ -67,7 +66,7 @@ class CacheAccess:
         self._timeout_s = timeout_s
         self._cache: ArtifactCache | None = None
         self._url = cache_url
-        self._remote: FleetStore | None = None
+        self._remote: RemoteStore | None = None
         self._remote_down_until = 0.0
         self._failed = False
         self._lock = threading.Lock()
@@ -96,8 +95,7 @@ class CacheAccess:
             if self._cache is None and not self._failed:
                 devices = {m.device for m in inputs}
                 try:
-                    self._cache = ArtifactCache(self._cache_dir,
-                                                stamp=environment_stamp(devices))
+                    self._cache = open_local(self._cache_dir, environment_stamp(devices))
                 except (OSError, ValueError) as e:
                     self._failed = True
                     self._notes["open"] = f"artifact cache disabled: {e}"
@@ -116,7 +114,6 @@ class CacheAccess:
             return None
         rejected = self._cache.rejected
         try:
-            runtime.before_cache_read(self._cache, key)  # hotswap.testing's faults land here
             entry = self._cache.get(key, touch=False)
         except OSError as e:  # unreadable, a directory, ...: a miss, never the user's error
             self._warn_once("read", e)
@@ -131,12 +128,12 @@ class CacheAccess:
         """The fleet store behind the local cache; without the fleet key, none (said once)."""
         assert self._url is not None
         try:
-            self._remote = FleetStore(self._url, load_fleet_key(), stamp)
+            self._remote = open_remote(self._url, stamp)
         except ValueError as e:
             self._notes["fleet"] = f"fleet store {self._url} not used: {e}"
             log.warning("hotswap: %s", self._notes["fleet"])
 
-    def _fleet(self) -> FleetStore | None:
+    def _fleet(self) -> RemoteStore | None:
         """The fleet store, unless it failed less than _REMOTE_RETRY_S ago."""
         if self._remote is None or time.monotonic() < self._remote_down_until:
             return None

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import atexit
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from hotswap.cache import ArtifactCache
 from hotswap.executors import registry
 from hotswap.executors.local import (
     idle_exit_s,
@@ -49,10 +47,6 @@ registry.count_with(bump)
 class Runtime:
     """The process's worker pools and executors. Thread-safe."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._read_hooks: list[Callable[[ArtifactCache, str], None]] = []
-
     def compiler(self, workers: int | None = None, devices: tuple[str, ...] = (),
                  executor: Any = None) -> Compiler:
         """What compiles a tier now: the pool of ``workers`` (on ``devices``), or the
@@ -64,25 +58,6 @@ class Runtime:
         """``registry.wrap``: wrap every executor resolved from now on (``wrap(executor)``
         returns the executor to use); returns the function that removes the wrapper."""
         return registry.wrap(wrap)
-
-    def on_cache_read(self, hook: Callable[[ArtifactCache, str], None]) -> Callable[[], None]:
-        """Call ``hook(cache, key)`` before each artifact-cache read on the user's path;
-        returns the function that removes it."""
-        with self._lock:
-            self._read_hooks.append(hook)
-
-        def remove() -> None:
-            with self._lock:
-                if hook in self._read_hooks:
-                    self._read_hooks.remove(hook)
-
-        return remove
-
-    def before_cache_read(self, cache: ArtifactCache, key: str) -> None:
-        with self._lock:
-            hooks = list(self._read_hooks)
-        for hook in hooks:
-            hook(cache, key)
 
     def cluster(self, executor: Any) -> Any:
         """The connection behind the executor spec ``executor`` (an address or a

@@ -17,8 +17,9 @@ Where each fault lands, and what hotswap must make of it:
 ``inject`` installs two wrappers, and production code knows nothing of them: a faulty
 executor (``hotswap.executors.registry.wrap``: a compile drawn a fault is sent as
 ``jobs.faulty_compile``, which carries the fault out in the worker with the jobs of
-``hotswap.workers.faults``) and a faulty store (a read drawn a fault finds its file corrupted
-on disk first). Each fault is counted the moment it is injected, so a stress run can hold
+``hotswap.workers.faults``) and a corrupting store (``hotswap.cache.stores.wrap_local``, on
+the local caches opened inside the block: an artifact read drawn a fault finds its file
+corrupted on disk first). Each fault is counted the moment it is injected, so a stress run can hold
 what it injected against what hotswap observed (``hotswap.counters()``: worker_crashes,
 job_timeouts, memory_limit_kills, serialization_failures, cache_rejects).
 """
@@ -32,10 +33,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-__all__ = ["CACHE_FAULTS", "FAULT_KINDS", "JOB_FAULTS", "FaultPlan", "FaultyCompiler",
-           "FaultyExecutor", "corrupt_entry", "inject"]
+__all__ = ["CACHE_FAULTS", "FAULT_KINDS", "JOB_FAULTS", "CorruptingStore", "FaultPlan",
+           "FaultyCompiler", "FaultyExecutor", "corrupt_entry", "inject"]
 
 JOB_FAULTS = ("crash", "hang", "oom", "unpicklable", "slow")
 CACHE_FAULTS = ("corrupt-cache",)
@@ -135,22 +136,60 @@ class FaultyExecutor:
 def inject(plan: FaultPlan) -> Iterator[FaultPlan]:
     """Install ``plan`` process-wide for the ``with`` block: compiles submitted and cache
     entries read inside it draw their faults from it."""
-    import hotswap
-
-    def corrupt(cache: Any, key: str) -> None:
-        if plan.draw_cache_fault() and corrupt_entry(cache, key):
-            plan.count("corrupt-cache")
-
+    from hotswap.cache import stores
     from hotswap.executors import registry
 
-    runtime = hotswap.runtime()
+    active = threading.Event()
+    active.set()
     removals = [registry.wrap(lambda inner: FaultyExecutor(inner, plan)),
-                runtime.on_cache_read(corrupt)]
+                stores.wrap_local(lambda inner: cast(Any, CorruptingStore(inner, plan, active)))]
     try:
         yield plan
     finally:
+        active.clear()  # stores opened inside the block read plainly from now on
         for remove in removals:
             remove()
+
+
+class CorruptingStore:
+    """A local store whose artifact reads first draw a cache fault from ``plan`` (while
+    ``active``): a drawn fault flips a byte of the entry on disk, which the store then refuses
+    as it would any corrupted file. The gate's verdicts beside the artifacts are read as they
+    are. Everything else is the inner store's."""
+
+    def __init__(self, inner: Any, plan: FaultPlan, active: threading.Event) -> None:
+        self._inner, self._plan, self._active = inner, plan, active
+
+    def get(self, key: str, *, touch: bool = True) -> bytes | None:
+        if self._active.is_set() and not _is_verdict(self._inner, key) \
+                and self._plan.draw_cache_fault() and corrupt_entry(self._inner, key):
+            self._plan.count("corrupt-cache")
+        result: bytes | None = self._inner.get(key, touch=touch)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _is_verdict(cache: Any, key: str) -> bool:
+    """Whether ``key``'s entry holds a gate verdict (its header's tier; the header is not
+    secret, only signed)."""
+    import msgpack
+
+    from hotswap.cache.store import MAGIC, VERDICT_TIER
+
+    try:
+        with open(cache.entry_path(key), "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    start = len(MAGIC) + 4
+    try:
+        header = msgpack.Unpacker(raw=False)
+        header.feed(head[start:])
+        return bool(next(header).get("tier") == VERDICT_TIER)
+    except Exception:
+        return False
 
 
 def corrupt_entry(cache: Any, key: str) -> bool:
