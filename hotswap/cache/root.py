@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from hotswap import settings
-from hotswap.cache.trust import check_root, read_private
+from hotswap.cache.trust import check_root, check_way, read_private
 
 __all__ = ["MARKER", "NotACache", "claim_root", "default_cache_dir", "load_secret", "open_root",
            "read_secret"]
@@ -45,32 +45,37 @@ def _not_a_directory(root: Path) -> NotADirectoryError:
                               "cache_dir (--cache-dir, HOTSWAP_CACHE_DIR) at one")
 
 
-def open_root(root: Path) -> None:
-    """Check that ``root`` is an existing hotswap cache this user may trust, writing nothing:
-    ``FileNotFoundError``, ``NotADirectoryError``, ``trust.UntrustedPath`` or ``NotACache``."""
+def open_root(root: Path) -> Path:
+    """Check that ``root`` is an existing hotswap cache this user may trust, writing nothing;
+    its real path (``trust.check_root``). Else ``FileNotFoundError``, ``NotADirectoryError``,
+    ``trust.UntrustedPath`` or ``NotACache``."""
     if not root.is_dir():
         raise _not_a_directory(root) if root.exists() else FileNotFoundError(
             f"no artifact cache at {str(root)!r}")
-    check_root(root)
+    root = check_root(root)
     if not (root / MARKER).is_file():
         raise NotACache(f"{str(root)!r} is not a hotswap artifact cache (it has no {MARKER} "
                         "marker); hotswap reads and removes files only in its own caches")
+    return root
 
 
-def claim_root(root: Path, format_version: int) -> None:
+def claim_root(root: Path, format_version: int) -> Path:
     """Make ``root`` a hotswap cache, or refuse before touching it. A directory becomes one
     only when hotswap creates it, when it is empty, or when it is one already (its marker
     file; or, from before markers, nothing but a cache's own files). Only a directory
     hotswap creates is made private (0700): one you made keeps the mode you gave it, and is
-    refused (``trust.UntrustedPath``) if it is another user's or others may write it."""
+    refused (``trust.UntrustedPath``) if it is another user's or others may write it. Returns
+    its real path, which the cache uses from then on."""
     if root.exists() and not root.is_dir():
         raise _not_a_directory(root)
-    with contextlib.suppress(FileExistsError):
-        root.mkdir(mode=0o700, parents=True)
-    check_root(root)
+    if not root.exists():  # nothing is made where another user could swap it for theirs
+        check_way(next(p for p in Path(os.path.abspath(root)).parents if p.exists()))
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(mode=0o700, parents=True)
+    root = check_root(root)
     marker = root / MARKER
     if marker.exists():
-        return
+        return root
     foreign = sorted(n for n in os.listdir(root)
                      if n not in _CACHE_FILES and not n.startswith((".key-", ".tmp-")))
     if foreign:
@@ -87,6 +92,7 @@ def claim_root(root: Path, format_version: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    return root
 
 
 def load_secret(root: Path) -> bytes:

@@ -111,10 +111,11 @@ class ArtifactCache:
         self.max_bytes = max_bytes
         self.stamp = dict(stamp) if stamp is not None else None
         self.read_only = read_only
+        # From here on the real path: a link on the way, checked now, is not followed again.
         if read_only or not create:
-            open_root(self.root)
+            self.root = open_root(self.root)
         else:
-            claim_root(self.root, FORMAT_VERSION)
+            self.root = claim_root(self.root, FORMAT_VERSION)
         self._lock: filelock.FileLock | contextlib.nullcontext[None]
         if read_only:
             # Without a key nothing can be verified (verify() says so); nothing is made.
@@ -137,10 +138,9 @@ class ArtifactCache:
         """The payload stored under ``key``, or None (missing, or rejected and removed).
         ``touch=False`` leaves noting the use (for eviction) to a later ``touch(key)``: a
         caller on the user's path reads, and writes nothing."""
-        path = self._path(key)
         try:
-            parts = _read_entry(path)
-        except FileNotFoundError:
+            parts = _read_entry(self._path(key))
+        except FileNotFoundError:  # no entry, or (read-only) no entries folder yet
             return None
         try:
             header, payload = self._verify(parts, key)

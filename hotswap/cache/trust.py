@@ -7,8 +7,9 @@ do, hotswap uses a folder, key or lock only when
 
 - it belongs to the effective uid of this process;
 - neither group nor others may write it (a key: neither may read it either, mode 0600);
-- every folder above it is ours or root's, and writable by others only with the sticky bit
-  set (``/tmp``): otherwise someone could rename it away and put their own in its place;
+- every folder above it, every link on the way to it and the folder each link sits in, are
+  ours or root's, and writable by others only with the sticky bit set (``/tmp``): otherwise
+  someone could rename it away, or point a link elsewhere, and put their own in its place;
 - below the cache's root, it is not a symbolic link (``lstat``; files opened ``O_NOFOLLOW``):
   a link would send reads, writes and removals outside the cache.
 
@@ -24,7 +25,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["UntrustedPath", "check_private_dir", "check_root", "ensure_private_dir",
+__all__ = ["UntrustedPath", "check_private_dir", "check_root", "check_way", "ensure_private_dir",
            "open_private", "read_private"]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -70,25 +71,43 @@ def _check(path: Path, st: os.stat_result, *, kind: str, open_bits: int, fix_mod
                             f"chmod {fix_mode} {path}")
 
 
-def check_root(root: Path) -> None:
+def check_root(root: Path) -> Path:
     """The cache's root folder (links followed: ``~/.cache`` may point to another disk) and
-    the folders above it. Raises ``UntrustedPath``, or ``OSError`` if it cannot be read."""
+    the folders above it; returns its real path, which the cache then uses, so that a link on
+    the way cannot be pointed elsewhere later. Raises ``UntrustedPath``, or ``OSError`` if it
+    cannot be read."""
     real = Path(os.path.realpath(root))
     _check(real, os.stat(real), kind="folder", open_bits=0o022, fix_mode="go-w")
-    # The folders above: whoever may rename an entry of one may swap our root for theirs.
-    above = [*real.parents]
-    if os.path.abspath(root) != str(real):  # the link itself lives in the folder given
-        above.append(Path(os.path.abspath(root)).parent)
-    for folder in above:
-        st = os.stat(folder)
+    check_way(Path(os.path.abspath(root)).parent)
+    return real
+
+
+def check_way(folder: Path) -> None:
+    """``folder`` and every folder above it, and every link on the way to it and the folder
+    each link sits in: each must be this uid's or root's, and writable by others only with the
+    sticky bit (``/tmp``). Whoever may rename an entry of one could swap what lies below for
+    their own. Checked before a cache is made inside ``folder``, and for an existing one."""
+    given = Path(os.path.abspath(folder))
+    above = {Path(os.path.realpath(given)), *Path(os.path.realpath(given)).parents}
+    for part in (given, *given.parents):
+        if part.is_symlink():
+            owner = os.lstat(part).st_uid
+            if owner not in (0, _uid()):
+                raise UntrustedPath(part, f"(a link on the way to the cache) belongs to uid "
+                                          f"{owner}, who could point it elsewhere",
+                                    "use a cache directory reached through folders of your own")
+            holder = Path(os.path.realpath(part.parent))
+            above.update((holder, *holder.parents))
+    for path in sorted(above):
+        st = os.stat(path)
         if st.st_uid not in (0, _uid()):
-            raise UntrustedPath(folder, f"(above the cache) belongs to uid {st.st_uid}, who "
-                                        "could replace the cache inside it",
+            raise UntrustedPath(path, f"(above the cache) belongs to uid {st.st_uid}, who "
+                                      "could replace the cache inside it",
                                 "use a cache directory under a folder of your own")
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise UntrustedPath(folder, f"(above the cache) is writable by other users "
-                                        f"without the sticky bit (mode {st.st_mode & 0o7777:o})",
-                                f"chmod go-w {folder}, or choose a cache directory elsewhere")
+            raise UntrustedPath(path, f"(above the cache) is writable by other users "
+                                      f"without the sticky bit (mode {st.st_mode & 0o7777:o})",
+                                f"chmod go-w {path}, or choose a cache directory elsewhere")
 
 
 def check_private_dir(path: Path) -> None:

@@ -37,6 +37,7 @@ from hotswap.cache.store import (
     split_entry,
     unseal,
 )
+from hotswap.cache.trust import UntrustedPath, check_way
 
 __all__ = ["KEY_FILE_ENV", "URL_ENV", "FleetStore", "StoreUnavailable", "claim_ttl_s",
            "load_fleet_key", "open_store"]
@@ -70,8 +71,15 @@ def load_fleet_key(path: str | os.PathLike[str] | None = None) -> bytes:
                          f"{KEY_FILE_ENV} to its path")
     file = Path(path)
     try:
-        st = file.stat()  # a link is followed (mounted secrets are links); its target checked
-        data = file.read_bytes()
+        # A link is followed (mounted secrets are links): what is checked is what is read,
+        # through one descriptor, and the folders the key really sits in are checked too.
+        check_way(Path(os.path.realpath(file)).parent)
+        with open(file, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read()
+    except UntrustedPath as e:
+        raise ValueError(f"the fleet key {str(file)!r} ({KEY_FILE_ENV}) is not safe where it "
+                         f"is: {e}") from e
     except OSError as e:
         raise ValueError(f"cannot read the fleet key {str(file)!r} ({KEY_FILE_ENV}): {e}") from e
     mode = st.st_mode

@@ -244,3 +244,23 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_a_link_on_the_way_to_the_cache_counts_as_a_folder_above_it(tmp_path: Path) -> None:
+    """``open/link/cache`` where ``open`` is writable by all without the sticky bit: anyone
+    could point ``link`` elsewhere, so the cache is refused; reached through a link in a
+    folder of ours, it is used by its real path (a later change of the link changes
+    nothing)."""
+    mine = tmp_path / "mine" / "real"
+    mine.mkdir(parents=True)
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    (open_to_all / "link").symlink_to(mine)
+    with pytest.raises(UntrustedPath, match="without the sticky bit"):
+        ArtifactCache(open_to_all / "link" / "cache", stamp={"t": 1})
+    assert not (mine / "cache").exists()
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "link").symlink_to(mine)
+    cache = ArtifactCache(tmp_path / "ours" / "link" / "cache", stamp={"t": 1})
+    assert cache.root == mine / "cache"

@@ -83,6 +83,11 @@ def test_the_key_file_must_exist_be_private_and_long_enough(
     good = write_key(tmp_path / "good.key")
     monkeypatch.setenv("HOTSWAP_CACHE_KEY_FILE", str(good))
     assert load_fleet_key() == good.read_bytes()
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)  # anyone may rename the key away and put theirs in its place
+    with pytest.raises(ValueError, match="without the sticky bit"):
+        load_fleet_key(write_key(open_folder / "k.key"))
     if os.geteuid() == 0:  # another user's key, however private, is theirs to change
         foreign = write_key(tmp_path / "foreign.key")
         os.chown(foreign, 4242, 4242)
