@@ -103,6 +103,10 @@ class Watchdog:
         inductor's compile workers) keep running while it is stopped, and their CPU time keeps
         its tree from looking starved for as long as they run."""
         kills: list[Kill] = []
+        # Pids no longer watched (killed, done) are forgotten: a reused pid starts afresh.
+        watched = {w.pid for w in workers}
+        for pid in [p for p in self._stopped_since if p not in watched]:
+            del self._stopped_since[pid]
         for worker in workers:
             stopped = proctree.stopped(worker.pid)
             if stopped is None:
