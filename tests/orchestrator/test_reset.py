@@ -40,7 +40,10 @@ def test_reset_forgets_the_graphs_and_their_pending_tiers_end_quietly(
     # The model, called again, is traced again and compiles as usual.
     torch.testing.assert_close(compiled(*inputs), model(*inputs))
     [status] = hotswap.wait(backend, timeout_s=30)
-    assert status.final and status.tier == "default" and not status.failures, status
+    # Which rung ends up serving is the gate's call (on a busy machine it may keep "default"
+    # out as undecided and serve "max-autotune"); that the graph climbed again is the point.
+    assert status.final and status.tier in ("default", "max-autotune"), status
+    assert not status.failures and status.path == "worker", status
 
 
 def test_a_reset_reaches_a_backend_again_after_an_earlier_reset() -> None:
