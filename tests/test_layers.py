@@ -33,7 +33,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "hotswap"
 ROOT = "hotswap"
 LAYERS: dict[str, int] = {
-    "hotswap.errors": 0, "hotswap.settings": 0,
+    "hotswap.errors": 0, "hotswap.settings": 0, "hotswap.plugins": 0,
     "hotswap.workers": 1, "hotswap.cache": 1, "hotswap.profiles": 1,
     "hotswap.fleet.store": 2,
     "hotswap.executors": 3,

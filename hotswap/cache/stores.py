@@ -12,13 +12,13 @@ code calls no hook on its path. ``register_remote`` adds a URL scheme.
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from hotswap.cache.store import ArtifactCache
+from hotswap.plugins import Wrappers, load
 
 __all__ = ["RemoteStore", "open_local", "open_remote", "register_remote", "wrap_local"]
 
@@ -45,33 +45,20 @@ _FLEET = "hotswap.fleet.store:open_store"
 _remote: dict[str, Callable[[str, dict[str, Any] | None], RemoteStore] | str] = {
     "redis": _FLEET, "rediss": _FLEET, "unix": _FLEET}
 _lock = threading.Lock()
-_wrappers: list[Callable[[ArtifactCache], ArtifactCache]] = []
+_wrappers: Wrappers[ArtifactCache] = Wrappers()
 
 
 def open_local(directory: str | os.PathLike[str] | None,
                stamp: dict[str, Any] | None) -> ArtifactCache:
     """The local artifact cache in ``directory`` (None: the default), in every installed
     wrapper. Raises as ``ArtifactCache`` does (OSError, ValueError)."""
-    cache = ArtifactCache(directory, stamp=stamp)
-    with _lock:
-        wrappers = list(_wrappers)
-    for wrapper in wrappers:
-        cache = wrapper(cache)
-    return cache
+    return _wrappers.apply(ArtifactCache(directory, stamp=stamp))
 
 
 def wrap_local(wrapper: Callable[[ArtifactCache], ArtifactCache]) -> Callable[[], None]:
     """Wrap every local store opened from now on (``wrapper(cache)`` returns the store to
     use: a subclass or a proxy of ``ArtifactCache``); returns the function that removes it."""
-    with _lock:
-        _wrappers.append(wrapper)
-
-    def remove() -> None:
-        with _lock:
-            if wrapper in _wrappers:
-                _wrappers.remove(wrapper)
-
-    return remove
+    return _wrappers.add(wrapper)
 
 
 def register_remote(scheme: str,
@@ -88,6 +75,5 @@ def open_remote(url: str, stamp: dict[str, Any] | None) -> RemoteStore:
     with _lock:
         factory = _remote.get(url.partition("://")[0], _FLEET)
     if isinstance(factory, str):
-        module, _, attribute = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attribute)
+        factory = load(factory)
     return factory(url, stamp)

@@ -15,13 +15,13 @@ scheme; ``shutdown`` stops the local pools and every executor opened.
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from hotswap.executors.base import Executor, FallbackExecutor
 from hotswap.executors.local import LocalExecutor, pools
+from hotswap.plugins import Wrappers, load
 
 __all__ = [
     "SCHEMES",
@@ -55,7 +55,7 @@ _clients: dict[tuple[str, str], str] = {("distributed", "Client"): "dask"}
 
 _lock = threading.Lock()
 _opened: dict[Any, Executor] = {}
-_middleware: list[Middleware] = []
+_middleware: Wrappers[Executor] = Wrappers()
 
 
 def _uncounted(name: str) -> None:
@@ -113,9 +113,7 @@ def connect(spec: Spec) -> Executor:
         if executor is None:
             factory = _factories[scheme or ""]
             if isinstance(factory, str):
-                module, _, attribute = factory.partition(":")
-                factory = _factories[scheme or ""] = getattr(importlib.import_module(module),
-                                                            attribute)
+                factory = _factories[scheme or ""] = load(factory)
             executor = _opened[key] = factory(spec)
         return executor
 
@@ -129,25 +127,13 @@ def resolve(spec: Spec, *, workers: int | None = None,
     if spec is not None:
         executor = FallbackExecutor(connect(spec), executor,
                                     on_fallback=lambda job: count("cluster_fallbacks"))
-    with _lock:
-        middleware = list(_middleware)
-    for wrapper in middleware:
-        executor = wrapper(executor)
-    return executor
+    return _middleware.apply(executor)
 
 
 def wrap(middleware: Middleware) -> Callable[[], None]:
     """Wrap every executor ``resolve`` returns from now on (``middleware(executor)`` returns
     the executor to use); returns the function that removes it."""
-    with _lock:
-        _middleware.append(middleware)
-
-    def remove() -> None:
-        with _lock:
-            if middleware in _middleware:
-                _middleware.remove(middleware)
-
-    return remove
+    return _middleware.add(middleware)
 
 
 def shutdown(wait: bool = True) -> None:
