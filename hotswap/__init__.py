@@ -6,6 +6,7 @@ torch-facing API (compile, backend, status, wait) is therefore loaded on first u
 
 from typing import TYPE_CHECKING, Any
 
+from hotswap.counting import counters, counters_delta
 from hotswap.errors import (
     CompileFailed,
     HotswapError,
@@ -18,12 +19,10 @@ from hotswap.errors import (
     WorkerStartFailed,
     WorkerStopped,
 )
-from hotswap.orchestrator.counters import counters, counters_delta
 from hotswap.workers import StageEvent, WorkerPool
 
 if TYPE_CHECKING:
-    from hotswap.fleet.metrics import serve_metrics
-    from hotswap.orchestrator.api import (
+    from hotswap.engine.api import (
         backend,
         compile,
         prepare,
@@ -32,9 +31,10 @@ if TYPE_CHECKING:
         status,
         wait,
     )
-    from hotswap.orchestrator.graph import TierFailed
-    from hotswap.orchestrator.journey import GraphStatus
-    from hotswap.orchestrator.options import MODES
+    from hotswap.engine.graph import TierFailed
+    from hotswap.engine.journey import GraphStatus
+    from hotswap.engine.options import MODES
+    from hotswap.fleet.metrics import serve_metrics
 
 __version__ = "0.1.0"
 
@@ -68,16 +68,16 @@ __all__ = [
 ]
 
 _LAZY = {
-    "backend": "hotswap.orchestrator.api",
-    "compile": "hotswap.orchestrator.api",
-    "prepare": "hotswap.orchestrator.api",
-    "runtime": "hotswap.orchestrator.api",
-    "shutdown": "hotswap.orchestrator.api",
-    "status": "hotswap.orchestrator.api",
-    "wait": "hotswap.orchestrator.api",
-    "GraphStatus": "hotswap.orchestrator.journey",
-    "MODES": "hotswap.orchestrator.options",
-    "TierFailed": "hotswap.orchestrator.graph",
+    "backend": "hotswap.engine.api",
+    "compile": "hotswap.engine.api",
+    "prepare": "hotswap.engine.api",
+    "runtime": "hotswap.engine.api",
+    "shutdown": "hotswap.engine.api",
+    "status": "hotswap.engine.api",
+    "wait": "hotswap.engine.api",
+    "GraphStatus": "hotswap.engine.journey",
+    "MODES": "hotswap.engine.options",
+    "TierFailed": "hotswap.engine.graph",
     "serve_metrics": "hotswap.fleet.metrics",
 }
 

@@ -197,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--remove", action="store_true",
                        help="with verify: remove the entries that fail")
     cache.set_defaults(func=_cache)
-    from hotswap.tools import bench, corpus_cmd, fleet_bench, gate_audit, profile_cmd, stress
+    from hotswap.tools import corpus_cmd, gate_audit, profile_cmd, stress
+    from hotswap.tools.bench import fleet as fleet_bench
+    from hotswap.tools.bench import main as bench
 
     profile_cmd.add_parser(sub)
     stress.add_parser(sub)

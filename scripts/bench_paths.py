@@ -37,7 +37,7 @@ def _row(path: str, args: argparse.Namespace) -> dict[str, Any]:
     if path == "inprocess":
         # The same graph, sent down the path a graph that cannot travel takes: the request
         # step answers with a reason, as it does for such a graph.
-        from hotswap.orchestrator.coordinator import Coordinator
+        from hotswap.engine.coordinator import Coordinator
 
         Coordinator._request = lambda self, gm, inputs: "forced by bench_paths"  # type: ignore
 

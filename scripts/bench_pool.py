@@ -21,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from hotswap import WorkerCrashed, WorkerPool
-from hotswap.workers.faults import echo, sigkill
+from hotswap.testing.faults import echo, sigkill
 
 WARM = ("torch", "torch._inductor.compile_fx")
 
@@ -48,26 +48,26 @@ def bench_hotswap(args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
     t = time.perf_counter()
     pool = WorkerPool(args.workers, warm_modules=WARM)
-    pool.submit("hotswap.workers.faults:echo", 0).result()
+    pool.submit("hotswap.testing.faults:echo", 0).result()
     out["start_ready_s"] = time.perf_counter() - t
     pool.wait_ready()
     small, big = b"x" * 1024, b"x" * (10 * 2**20)
     for payload in (small, big):  # warm the path
-        pool.submit("hotswap.workers.faults:echo", payload).result()
-    out["rtt_1k_ms"] = _median_ms(lambda: pool.submit("hotswap.workers.faults:echo", small).result(),
+        pool.submit("hotswap.testing.faults:echo", payload).result()
+    out["rtt_1k_ms"] = _median_ms(lambda: pool.submit("hotswap.testing.faults:echo", small).result(),
                                   args.n)
-    out["rtt_10m_ms"] = _median_ms(lambda: pool.submit("hotswap.workers.faults:echo", big).result(),
+    out["rtt_10m_ms"] = _median_ms(lambda: pool.submit("hotswap.testing.faults:echo", big).result(),
                                    max(5, args.n // 20))
     t = time.perf_counter()
-    wait([pool.submit("hotswap.workers.faults:echo", i) for i in range(args.jobs)])
+    wait([pool.submit("hotswap.testing.faults:echo", i) for i in range(args.jobs)])
     out["jobs_per_s"] = args.jobs / (time.perf_counter() - t)
     t = time.perf_counter()
     try:
-        pool.submit("hotswap.workers.faults:sigkill").result()
+        pool.submit("hotswap.testing.faults:sigkill").result()
     except WorkerCrashed:
         pass
     pool.wait_ready()
-    pool.submit("hotswap.workers.faults:echo", 0).result()
+    pool.submit("hotswap.testing.faults:echo", 0).result()
     out["crash_ready_s"] = time.perf_counter() - t
     pool.shutdown()
     return out

@@ -10,7 +10,7 @@ import time
 
 from hotswap import HotswapError, WorkerPool
 
-F = "hotswap.workers.faults:"
+F = "hotswap.testing.faults:"
 
 t0 = time.monotonic()
 pool = WorkerPool(2, rss_limit_bytes=1 * 2**30)

@@ -144,7 +144,7 @@ def main() -> int:
     if "bench" in steps:
         if (REPO / "BENCHMARKS.md").exists():
             (out / "BENCHMARKS.md").write_text((REPO / "BENCHMARKS.md").read_text())
-        step = _run([*env_py, "-m", "hotswap.tools.bench", "--quick", "--device", "cuda",
+        step = _run([*env_py, "-m", "hotswap.tools.bench.main", "--quick", "--device", "cuda",
                      "--json", str(out / "bench.json"), "--write-md", str(out / "BENCHMARKS.md")],
                     out / "bench.log", left(reserve_s=60 if "profile" in steps else 0), log)
         if (out / "bench.json").exists():

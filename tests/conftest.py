@@ -40,7 +40,7 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 def _shared_pool_pids() -> set[int]:
     import sys
 
-    if "hotswap.orchestrator.runtime" not in sys.modules:
+    if "hotswap.engine.runtime" not in sys.modules:
         return set()  # nothing has started hotswap's runtime
     import hotswap
 

@@ -118,7 +118,7 @@ def test_help_shows_no_markup(command: str, capsys: pytest.CaptureFixture[str]) 
 
 def test_bench_check_fails_on_a_missed_target_and_progress_goes_to_stderr(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from hotswap.tools import bench
+    from hotswap.tools.bench import main as bench
 
     def row(name: str, first_output_s: float) -> dict[str, object]:
         return {"row": name, "ready_s": 1.0, "first_output_s": first_output_s,

@@ -43,7 +43,7 @@ import hotswap
 from hotswap import testing
 from hotswap.cache import ArtifactCache, store
 from hotswap.cli import main as cli
-from hotswap.workers.starvation import STOPPED_GRACE_S
+from hotswap.system.starvation import STOPPED_GRACE_S
 
 REPO = Path(__file__).resolve().parents[1]
 

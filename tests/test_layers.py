@@ -6,19 +6,25 @@ TYPE_CHECKING:`` block aside: it never runs). ``hotswap.x.y.Name`` is an import 
 edge: a package's ``__init__`` re-exports its modules, and ``import hotswap`` inside a
 function reaches the public API when it is called.
 
-    layer 6  hotswap (the package: the public API)  hotswap.cli  hotswap.tools
-    layer 5  hotswap.fleet (cluster: names kept, preload, metrics)  hotswap.testing
-    layer 4  hotswap.orchestrator
+    layer 13 hotswap (the package: the public API)  hotswap.cli  hotswap.tools
+    layer 12 hotswap.fleet (cluster: names kept, preload, metrics)  hotswap.testing
+    layer 11 hotswap.engine (api, coordinator, runtime: the backend's top)
+    layer 10 hotswap.engine.policy (ladder, gate, fleet vote)
+    layer 9  hotswap.engine.sources (cache, background worker, in-process, local)
+    layer 8  hotswap.engine.graph, journey, recording (one graph's runner and state)
+    layer 7  hotswap.jobs (what runs inside a worker)
+    layer 6  hotswap.engine.loading
+    layer 5  hotswap.engine.shipping
+    layer 4  hotswap.engine.options
     layer 3  hotswap.executors (the Dask one too: the registry imports it by name)
-    layer 2  hotswap.fleet.store
-    layer 1  hotswap.workers  hotswap.cache  hotswap.profiles
-    layer 0  hotswap.errors  hotswap.settings
-
+    layer 2  hotswap.fleet.store  hotswap.compat  hotswap.engine.threads
+    layer 1  hotswap.workers  hotswap.system  hotswap.cache  hotswap.profiles
+    layer 0  hotswap.errors  hotswap.settings  hotswap.plugins  hotswap.counters
     every module                         sits in a layer (its unit: the longest name listed in
                                          LAYERS that it is or sits in) and imports only from
                                          its layer or below
     every module                         sits in no import cycle
-    hotswap.workers, cache, profiles     import nothing of the orchestrator
+    hotswap.workers, cache, profiles     import nothing of the engine
     every module but testing/tools/cli   imports nothing of hotswap.testing
     every module                         uses no private name of another module
     hotswap.tools                        uses the public API (hotswap, profiles, testing,
@@ -33,17 +39,25 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "hotswap"
 ROOT = "hotswap"
 LAYERS: dict[str, int] = {
-    "hotswap.errors": 0, "hotswap.settings": 0, "hotswap.plugins": 0,
-    "hotswap.workers": 1, "hotswap.cache": 1, "hotswap.profiles": 1,
-    "hotswap.fleet.store": 2,
+    "hotswap.errors": 0, "hotswap.settings": 0, "hotswap.plugins": 0, "hotswap.counting": 0,
+    "hotswap.workers": 1, "hotswap.system": 1, "hotswap.cache": 1, "hotswap.profiles": 1,
+    "hotswap.fleet.store": 2, "hotswap.compat": 2, "hotswap.engine.threads": 2,
     "hotswap.executors": 3,
-    "hotswap.orchestrator": 4,
-    "hotswap.fleet": 5, "hotswap.testing": 5,
-    ROOT: 6, "hotswap.cli": 6, "hotswap.tools": 6,
+    "hotswap.engine.options": 4,
+    "hotswap.engine.shipping": 5,
+    "hotswap.engine.loading": 6,
+    "hotswap.jobs": 7,
+    "hotswap.engine.graph": 8, "hotswap.engine.journey": 8, "hotswap.engine.recording": 8,
+    "hotswap.engine.sources": 9,
+    "hotswap.engine.policy": 10,
+    "hotswap.engine": 11,
+    "hotswap.fleet": 12, "hotswap.testing": 12,
+    ROOT: 13, "hotswap.cli": 13, "hotswap.tools": 13,
 }
+
 NOT_PRODUCTION = ("hotswap.testing", "hotswap.tools", "hotswap.cli")
 TOOLS_MAY_USE = ("hotswap.tools", "hotswap.profiles", "hotswap.testing", "hotswap.errors",
-                 "hotswap.workers.proctree", "hotswap.fleet")
+                 "hotswap.system.proctree", "hotswap.fleet")
 
 
 def modules() -> dict[str, Path]:
@@ -195,9 +209,10 @@ def test_production_modules_import_no_testing_hook() -> None:
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_lower_layers_import_nothing_of_the_orchestrator() -> None:
-    below = tuple(u for u, layer in LAYERS.items() if layer < LAYERS["hotswap.orchestrator"])
-    offenders = {name: sorted(t for t in targets if _within(t, ("hotswap.orchestrator",)))
+def test_lower_layers_import_nothing_of_the_engine() -> None:
+    below = ("hotswap.workers", "hotswap.system", "hotswap.cache", "hotswap.profiles",
+             "hotswap.executors", "hotswap.fleet.store", "hotswap.compat")
+    offenders = {name: sorted(t for t in targets if _within(t, ("hotswap.engine",)))
                  for name, targets in graph().items() if _within(name, below)}
     assert {k: v for k, v in offenders.items() if v} == {}
 

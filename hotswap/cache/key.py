@@ -2,7 +2,7 @@
 
 The cache knows nothing of what a key stands for: its user names the factors (for a compiled
 tier: the graph's digest, its inputs, grad mode, tier config, environment stamp; see
-``hotswap.orchestrator.keys``) and gets the same hex digest for the same factors in every
+``hotswap.engine.shipping.keys``) and gets the same hex digest for the same factors in every
 process. Dicts are ordered by key, tuples are lists; values are None, bools, numbers, strings,
 bytes, lists and dicts of them (anything else by its ``repr``).
 """

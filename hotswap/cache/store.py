@@ -55,7 +55,7 @@ VERDICT_TIER = "gate-verdict"
 
 log = logging.getLogger("hotswap")
 
-# Part of every entry's stamp and key. 2: payloads are hotswap.orchestrator.artifacts entries
+# Part of every entry's stamp and key. 2: payloads are hotswap.engine.loading.artifacts entries
 # laid out for reading in place (1 was a msgpack map); 3: what a worker's probes found is plain
 # msgpack (2 pickled the vector ISAs). Entries of another format are simply not looked up.
 FORMAT_VERSION = 3

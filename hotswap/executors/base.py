@@ -23,12 +23,12 @@ __all__ = ["BENCH_JOB", "COMPILE_JOB", "ENVIRONMENT_STAMP", "WARM_COMPILE_JOB",
            "WARM_DEVICE_JOB", "Executor", "ExecutorUnavailable", "FallbackExecutor",
            "RetryFuture", "RetryingExecutor"]
 
-COMPILE_JOB = "hotswap.orchestrator.compile_job:compile_graph"
-BENCH_JOB = "hotswap.orchestrator.bench_job:bench_tiers"
+COMPILE_JOB = "hotswap.jobs.compile:compile_graph"
+BENCH_JOB = "hotswap.jobs.bench:bench_tiers"
 # A worker's warm-up steps (run with None), and what a remote worker's build is stamped with.
-WARM_DEVICE_JOB = "hotswap.orchestrator.compile_job:warm_device"
-WARM_COMPILE_JOB = "hotswap.orchestrator.compile_job:warm_compile"
-ENVIRONMENT_STAMP = "hotswap.orchestrator.keys:environment_stamp"
+WARM_DEVICE_JOB = "hotswap.jobs.compile:warm_device"
+WARM_COMPILE_JOB = "hotswap.jobs.compile:warm_compile"
+ENVIRONMENT_STAMP = "hotswap.engine.shipping.keys:environment_stamp"
 
 
 class Executor(Protocol):

@@ -7,6 +7,7 @@ jobs. ``ClusterCompiler`` is the compiler of a cluster with a local compiler beh
 
 from __future__ import annotations
 
+from hotswap.engine.sources.compilers import Compiler, CompilerExecutor, ExecutorCompiler
 from hotswap.executors.base import FallbackExecutor
 from hotswap.executors.dask import (
     CONNECT_TIMEOUT_S,
@@ -21,7 +22,6 @@ from hotswap.executors.dask import (
     warm_worker,
 )
 from hotswap.executors.registry import count
-from hotswap.orchestrator.compilers import Compiler, CompilerExecutor, ExecutorCompiler
 
 __all__ = ["CONNECT_TIMEOUT_S", "EXECUTOR_ENV", "Cluster", "ClusterCompiler", "DaskExecutor",
            "LocalCluster", "StampMismatch", "cluster_stamp", "parse_executor", "run_job",

@@ -1,6 +1,6 @@
 """Profiles: stage timelines, chrome traces, tier benchmarks, gate decisions, kernel breakdowns.
 
-Standalone: this package imports neither the orchestrator nor the workers; they call it.
+Standalone: this package imports neither the engine nor the workers; they call it.
 """
 
 from hotswap.profiles.bench import DEFAULT_BUDGET_MS, benchmark, compare_tiers, gate_decision

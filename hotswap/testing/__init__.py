@@ -17,7 +17,7 @@ Where each fault lands, and what hotswap must make of it:
 ``inject`` installs two wrappers, and production code knows nothing of them: a faulty
 executor (``hotswap.executors.registry.wrap``: a compile drawn a fault is sent as
 ``jobs.faulty_compile``, which carries the fault out in the worker with the jobs of
-``hotswap.workers.faults``) and a corrupting store (``hotswap.cache.stores.wrap_local``, on
+``hotswap.testing.faults``) and a corrupting store (``hotswap.cache.stores.wrap_local``, on
 the local caches opened inside the block: an artifact read drawn a fault finds its file
 corrupted on disk first). Each fault is counted the moment it is injected, so a stress run can hold
 what it injected against what hotswap observed (``hotswap.counters()``: worker_crashes,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hotswap.orchestrator.coordinator import Coordinator
-from hotswap.orchestrator.options import Options
-from hotswap.orchestrator.wire import BenchRequest
+from hotswap.engine.coordinator import Coordinator
+from hotswap.engine.options import Options
+from hotswap.engine.shipping.wire import BenchRequest
 from hotswap.profiles.records import GateDecision
 
 __all__ = ["audited_backend", "decisions", "gate_request", "reference", "regret"]

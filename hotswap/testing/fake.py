@@ -30,16 +30,16 @@ from typing import Any
 
 import msgpack
 
+from hotswap.engine.shipping.transport import unship_graph
+from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CompileRequest, CompileResult
 from hotswap.errors import CompileFailed, WorkerCrashed
-from hotswap.orchestrator.transport import unship_graph
-from hotswap.orchestrator.wire import BenchReply, BenchRequest, CompileRequest, CompileResult
 from hotswap.profiles.records import BenchResult, Paired, TierBench
 
 __all__ = ["FakeCompiler"]
 
 
 class FakeCompiler:
-    """Implements ``hotswap.orchestrator.compilers.Compiler`` in threads of this process."""
+    """Implements ``hotswap.engine.sources.compilers.Compiler`` in threads of this process."""
 
     def __init__(self, *, delay_s: Mapping[str, float] | None = None,
                  crashes: Mapping[str, int] | None = None,

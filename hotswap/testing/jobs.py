@@ -18,8 +18,8 @@ FAULTY_COMPILE_JOB = "hotswap.testing.jobs:faulty_compile"
 def faulty_compile(payload: dict[str, Any]) -> Any:
     """``{"fault": kind, "slow_s": s, "request": wire CompileRequest}``: the fault first (most
     never return), then the compile (``slow``), or a result the pool cannot send back."""
-    from hotswap.orchestrator.compile_job import compile_graph
-    from hotswap.workers import faults
+    from hotswap.jobs.compile import compile_graph
+    from hotswap.testing import faults
 
     fault = payload["fault"]
     if fault == "crash":
@@ -41,7 +41,7 @@ def _grow_past_the_limit() -> None:
     """Grow past the pool's memory limit a block at a time (one huge request would only raise
     MemoryError); the pool's RSS watch kills the worker on the way. Without a limit this would
     take the machine's memory, so refuse."""
-    from hotswap.workers import faults
+    from hotswap.testing import faults
 
     limit = settings.worker_rss_limit_bytes()
     if limit is None:

@@ -85,7 +85,7 @@ def _max_error(workload: Any, compiled: Any) -> float:
 
 def spawn_case(model: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """``run_case`` in a fresh process with empty caches; an error result if it dies."""
-    from hotswap.tools.bench import cold_env
+    from hotswap.tools.bench.main import cold_env
 
     with tempfile.TemporaryDirectory(prefix="hotswap-corpus-") as cache:
         env = cold_env(cache)
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join([*lines, "", *totals]))
     _save(args.json, info, cases)
     if args.write_md:
-        from hotswap.tools.bench_report import machine, write_markdown
+        from hotswap.tools.bench.report import machine, write_markdown
 
         section = f"{args.device}{' train' if args.train else ''}"
         write_markdown(args.write_md, section, [("cases", lines), ("summary", totals)],

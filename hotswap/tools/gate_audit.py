@@ -35,8 +35,8 @@ import tempfile
 import time
 from typing import Any
 
-from hotswap.tools.bench import cold_env
-from hotswap.tools.bench_row import BENCH_MODELS, build
+from hotswap.tools.bench.main import cold_env
+from hotswap.tools.bench.row import BENCH_MODELS, build
 from hotswap.tools.common import cuda_available, standalone, subcommand
 
 __all__ = ["add_parser", "main", "summarize"]
@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_child(args)))
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    from hotswap.tools.bench_row import is_bench_model
+    from hotswap.tools.bench.row import is_bench_model
 
     unknown = [m for m in models if not is_bench_model(m)]
     if unknown:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from hotswap.workers.proctree import tree_rss_bytes
+from hotswap.system.proctree import tree_rss_bytes
 
 __all__ = ["PeakRss"]
 

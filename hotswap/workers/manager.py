@@ -36,7 +36,9 @@ from hotswap.errors import (
     SerializationFailed,
     WorkerStartFailed,
 )
-from hotswap.workers import proctree, scratch
+from hotswap.system import proctree
+from hotswap.system.starvation import CpuWatch
+from hotswap.workers import scratch
 from hotswap.workers.future import WorkerInfo
 from hotswap.workers.inbox import Inbox, PoolConfig, resolve
 from hotswap.workers.process import WorkerProcess, remote_error, spawn
@@ -50,7 +52,6 @@ from hotswap.workers.protocol import (
     encode_control,
     encode_job_request,
 )
-from hotswap.workers.starvation import CpuWatch
 from hotswap.workers.watchdog import Watchdog
 
 __all__ = ["Manager"]

@@ -36,7 +36,7 @@ def default_workers() -> int:
     """``HOTSWAP_WORKERS`` if set, else one worker per two cores (1 to 4).
 
     A compile runs its C++ and triton builds side by side on the worker's share of the cores
-    (orchestrator/runtime.py), so a worker per core left each compile one thread. On 2 cores,
+    (engine/runtime.py), so a worker per core left each compile one thread. On 2 cores,
     GPT-2 (one graph) served compiled code at 23.6 s from process start with two workers and
     17.7 s with one."""
     value = settings.workers()

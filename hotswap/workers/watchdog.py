@@ -20,10 +20,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from hotswap.workers import proctree
+from hotswap.system import proctree
+from hotswap.system.starvation import POLL_S, STOPPED_GRACE_S, CpuWatch
 from hotswap.workers.inbox import PoolConfig
 from hotswap.workers.process import WorkerProcess
-from hotswap.workers.starvation import POLL_S, STOPPED_GRACE_S, CpuWatch
 
 __all__ = ["Watchdog"]
 

@@ -12,8 +12,8 @@ import torch
 
 import hotswap
 from hotswap.cache import ArtifactCache
-from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.keys import environment_stamp
+from hotswap.engine.shipping.keys import environment_stamp
+from hotswap.engine.sources.cache_access import CacheAccess
 
 
 def _disk_full(*_: object, **__: object) -> None:

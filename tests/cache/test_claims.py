@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hotswap.orchestrator.cache_access import STOPPED_GRACE_S, CacheAccess
+from hotswap.engine.sources.cache_access import STOPPED_GRACE_S, CacheAccess
 
 KEY = "f" * 64
 
 # Take the claim on KEY, say so, then hold it (release after argv[2] s; 0: never).
 _HOLDER = r"""
 import sys, time, torch
-from hotswap.orchestrator.cache_access import CacheAccess
+from hotswap.engine.sources.cache_access import CacheAccess
 access = CacheAccess(sys.argv[1], None)
 access.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])
 assert access.claim("f" * 64)

@@ -25,9 +25,9 @@ import hotswap
 from hotswap.cache import ArtifactCache
 from hotswap.cache.store import seal
 from hotswap.cache.trust import UntrustedPath
-from hotswap.orchestrator.artifacts import pack_entry
-from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.keys import environment_stamp
+from hotswap.engine.loading.artifacts import pack_entry
+from hotswap.engine.shipping.keys import environment_stamp
+from hotswap.engine.sources.cache_access import CacheAccess
 
 ATTACKER = 4242
 KEY = "ab" * 32

@@ -132,7 +132,7 @@ def test_every_corpus_model_builds_and_its_reference_catches_a_wrong_output(name
 
 def test_tools_take_corpus_models_by_zoo_name() -> None:
     from hotswap.tools import zoo
-    from hotswap.tools.bench_row import build
+    from hotswap.tools.bench.row import build
 
     assert zoo.known("corpus:vit") and not zoo.known("corpus:vit9") and zoo.known("mlp")
     workload = zoo.make("corpus:vit")

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import hotswap
+from hotswap.engine.coordinator import Coordinator
+from hotswap.engine.options import Options
 from hotswap.executors import dask as cluster_module
 from hotswap.fleet.cluster import Cluster, ClusterCompiler, LocalCluster
-from hotswap.orchestrator.coordinator import Coordinator
-from hotswap.orchestrator.options import Options
 from hotswap.testing.fake import FakeCompiler
 from tests.fleet.conftest import free_port
 
@@ -122,11 +122,11 @@ def test_cluster_jobs_fail_as_local_worker_jobs_do(dask_cluster: Any) -> None:
 
     compiler = ClusterCompiler(Cluster(dask_cluster.scheduler_address, warm=False),
                                FakeCompiler())
-    assert compiler.submit_job("hotswap.workers.faults:echo", {"x": 1}, 60).result(60) == {
+    assert compiler.submit_job("hotswap.testing.faults:echo", {"x": 1}, 60).result(60) == {
         "x": 1}
     with pytest.raises(CompileFailed, match="RuntimeError: boom"):
-        compiler.submit_job("hotswap.workers.faults:raise_error", "boom", 60).result(60)
+        compiler.submit_job("hotswap.testing.faults:raise_error", "boom", 60).result(60)
     with pytest.raises(JobTimeout):
-        compiler.submit_job("hotswap.workers.faults:sleep", 30.0, 1.0).result(60)
+        compiler.submit_job("hotswap.testing.faults:sleep", 30.0, 1.0).result(60)
     with pytest.raises(WorkerCrashed, match="KilledWorker"):
-        compiler.submit_job("hotswap.workers.faults:sigkill", None, 120).result(120)
+        compiler.submit_job("hotswap.testing.faults:sigkill", None, 120).result(120)

@@ -17,11 +17,11 @@ import torch
 
 import hotswap
 from hotswap.cache import ArtifactCache
+from hotswap.engine.coordinator import Coordinator
+from hotswap.engine.options import Options
+from hotswap.engine.sources import cache_access
+from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.fleet import FleetStore
-from hotswap.orchestrator import cache_access
-from hotswap.orchestrator.cache_access import CacheAccess
-from hotswap.orchestrator.coordinator import Coordinator
-from hotswap.orchestrator.options import Options
 from hotswap.testing.fake import FakeCompiler
 from tests.fleet.conftest import RedisServer, free_port
 
@@ -223,7 +223,7 @@ def test_a_bad_fleet_entry_is_refused_removed_and_compiled_again(
 # then hang until killed.
 _HOLDER = r"""
 import sys, time, torch
-from hotswap.orchestrator.cache_access import CacheAccess
+from hotswap.engine.sources.cache_access import CacheAccess
 access = CacheAccess(sys.argv[1], None, sys.argv[2])
 access.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])
 assert access.claim("f" * 64)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hotswap.orchestrator.options import Options
-from hotswap.orchestrator.runtime import visible_devices
+from hotswap.engine.options import Options
+from hotswap.engine.runtime import visible_devices
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -19,8 +19,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import hotswap
-from hotswap.orchestrator import api
-from hotswap.orchestrator.options import Options
+from hotswap.engine import api
+from hotswap.engine.options import Options
 from tests.fuzz.cases import count
 
 USER_ERRORS = (ValueError, TypeError, LookupError)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from hotswap.orchestrator.wire import BenchRequest, CachedEntry, CompileRequest, CompileResult, InputMeta
+from hotswap.engine.shipping.wire import BenchRequest, CachedEntry, CompileRequest, CompileResult, InputMeta
 from hotswap.workers import protocol
 from hotswap.workers.protocol import (
     HEADER,

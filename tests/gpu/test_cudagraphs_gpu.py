@@ -1,11 +1,11 @@
-"""CUDA graphs captured in the serving process after the swap (orchestrator/cudagraphs.py)."""
+"""CUDA graphs captured in the serving process after the swap (engine/loading/cudagraphs.py)."""
 
 from __future__ import annotations
 
 import torch
 
 import hotswap
-from hotswap.orchestrator.cudagraphs import CudaGraphed
+from hotswap.engine.loading.cudagraphs import CudaGraphed
 
 
 def _model() -> tuple[torch.nn.Module, torch.Tensor]:

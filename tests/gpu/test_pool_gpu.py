@@ -12,7 +12,7 @@ def test_workers_pinned_to_a_gpu_run_cuda_and_survive_a_crash() -> None:
         assert first["count"] == 1  # each worker sees exactly the GPU it is pinned to
         assert first["visible"] in {str(i) for i in range(gpus)}
         assert first["sum"] == float(sum(range(1024)) * 2)
-        crashed = pool.submit("hotswap.workers.faults:sigkill")
+        crashed = pool.submit("hotswap.testing.faults:sigkill")
         try:
             crashed.result(timeout=120)
         except WorkerCrashed as e:

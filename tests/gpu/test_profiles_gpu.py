@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import hotswap
-from hotswap.orchestrator.recording import shared_timeline
+from hotswap.engine.recording import shared_timeline
 from hotswap.profiles import KernelBreakdown, TierBench, chrome_trace, merge_torch_trace, read_records
 from tests.gpu.scenarios import TIERS, matmul_relu, matmul_relu_inputs
 

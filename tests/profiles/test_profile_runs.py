@@ -24,7 +24,7 @@ from hotswap.profiles import (
     TierBench,
     read_records,
 )
-from tests.orchestrator.models import unseen_scale
+from tests.engine.models import unseen_scale
 
 REPO = Path(__file__).resolve().parents[2]
 LADDER = ["default", {"name": "no-fusion", "config": {"max_fusion_size": 1}}]
@@ -49,7 +49,7 @@ def _serve(compiled: Any, inputs: tuple[torch.Tensor, ...], expected: torch.Tens
 
 
 def _records(directory: Path) -> list[Any]:
-    from hotswap.orchestrator.recording import shared_timeline
+    from hotswap.engine.recording import shared_timeline
 
     shared_timeline(str(directory)).flush()
     return read_records(directory)

@@ -10,7 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hotswap.tools import bench, bench_report, bench_row
+from hotswap.tools.bench import main as bench
+from hotswap.tools.bench import report as bench_report
+from hotswap.tools.bench import row as bench_row
 
 ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
             "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters",

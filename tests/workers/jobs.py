@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any
 
-from hotswap.workers.faults import FailsToUnpickle
+from hotswap.testing.faults import FailsToUnpickle
 
 
 def getenv(name: str) -> str | None:

@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from hotswap.errors import JobTimeout, WorkerCrashed, WorkerStopped
-from hotswap.workers import WorkerPool, proctree
-from hotswap.workers.starvation import POLL_S, STOPPED_GRACE_S
+from hotswap.system import proctree
+from hotswap.system.starvation import POLL_S, STOPPED_GRACE_S
+from hotswap.workers import WorkerPool
 
 # A stopped worker is seen at the first CPU poll after the stop (POLL_S at most later) and
 # killed at the first poll STOPPED_GRACE_S after that (polls are never closer than POLL_S, so
@@ -26,7 +27,7 @@ STOP_TO_KILL_S = STOPPED_GRACE_S + 2 * POLL_S + 2.0
 
 
 @pytest.mark.parametrize(("job", "long", "short"), [
-    ("hotswap.workers.faults:sleep", 60.0, 0.0),  # a job that waits
+    ("hotswap.testing.faults:sleep", 60.0, 0.0),  # a job that waits
     ("tests.workers.jobs:run_compiler", 30.0, 0.0),  # its child runs on while it is stopped
 ], ids=["waiting", "child-running"])
 def test_a_stopped_worker_is_killed_after_its_grace_and_replaced(
@@ -97,7 +98,7 @@ def test_scratch_folders_of_a_killed_pool_are_removed_by_the_next() -> None:
     alive = Path(tempfile.mkdtemp(prefix=f"hotswap-w{os.getpid()}-9-"))  # a live pool's
     pool = WorkerPool(1, warm_modules=())
     try:
-        assert pool.submit("hotswap.workers.faults:echo", 1).result(timeout=60) == 1
+        assert pool.submit("hotswap.testing.faults:echo", 1).result(timeout=60) == 1
         assert not stale.exists() and alive.exists()
     finally:
         pool.shutdown()

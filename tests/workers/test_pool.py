@@ -21,12 +21,12 @@ from hotswap.errors import (
     SerializationFailed,
     WorkerCrashed,
 )
+from hotswap.testing.faults import FailsToUnpickle
 from hotswap.workers import JobFuture, StageEvent, WorkerPool
-from hotswap.workers.faults import FailsToUnpickle
 from tests.conftest import gone, wait_gone
 from tests.workers import jobs
 
-F = "hotswap.workers.faults:"
+F = "hotswap.testing.faults:"
 J = "tests.workers.jobs:"
 
 

@@ -25,7 +25,7 @@ UNGUARDED = textwrap.dedent(
     with open(sys.argv[1] if len(sys.argv) > 1 else os.environ["MARKER"], "a") as f:
         f.write(f"ran in {os.getpid()}\\n")
     pool = WorkerPool(2, warm_modules=())
-    print("result", pool.submit("hotswap.workers.faults:echo", 21 * 2).result(timeout=60))
+    print("result", pool.submit("hotswap.testing.faults:echo", 21 * 2).result(timeout=60))
     pool.shutdown()
     """
 )
@@ -61,7 +61,7 @@ def test_workers_exit_when_parent_is_sigkilled(tmp_path: Path) -> None:
         from hotswap.workers import WorkerPool
         pool = WorkerPool(2, warm_modules=())
         pool.wait_ready(60)
-        busy = pool.submit("hotswap.workers.faults:hang")   # one busy worker, one idle
+        busy = pool.submit("hotswap.testing.faults:hang")   # one busy worker, one idle
         while not busy.running():
             time.sleep(0.01)
         print(" ".join(map(str, pool.worker_pids())), flush=True)
@@ -86,7 +86,7 @@ def test_interpreter_exit_with_jobs_pending_does_not_hang(tmp_path: Path) -> Non
         """
         from hotswap.workers import WorkerPool
         pool = WorkerPool(1, warm_modules=())
-        pending = [pool.submit("hotswap.workers.faults:hang") for _ in range(3)]
+        pending = [pool.submit("hotswap.testing.faults:hang") for _ in range(3)]
         pool.wait_ready(60)
         print(" ".join(map(str, pool.worker_pids())), flush=True)
         # no shutdown(): the interpreter exits with a running job and two queued ones

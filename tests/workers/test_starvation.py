@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from hotswap.workers import WorkerPool, proctree
-from hotswap.workers.starvation import STARVED_SHARE
+from hotswap.system import proctree
+from hotswap.system.starvation import STARVED_SHARE
+from hotswap.workers import WorkerPool
 
 J = "tests.workers.jobs:"
 

@@ -1,0 +1,253 @@
+"""The callable dynamo calls for one graph, and the tier serving it: the hot path, nothing else.
+
+``GraphRunner.__call__`` is one attribute read and one call. A swap replaces that attribute
+(atomic under the GIL), so a call already running finishes on the old callable and threads
+never see a half-made swap. A newly swapped tier serves its first call on probation: if it
+disagrees with the tier before it (``verify=True``), the graph goes back to the previous
+callable and the call is answered by that callable.
+
+A tier that raises is not blamed at once: the input may be one eager rejects too (a wrong
+dtype that passed dynamo's guards, an index out of range). Eager runs on the same arguments
+and decides. If it raises as well, the error is the user's: eager's exception propagates as
+eager raised it (not chained to the tier's, so its traceback is eager's and a few frames),
+and the tier keeps serving, counted as nothing but the eager call it took. If eager answers,
+the tier is faulty: it is dropped for the one before it, and eager's answer is returned.
+
+Tiers climb by rank (their place in the ladder); the benchmark gate decides before
+``swap_in`` is called and may adopt a lower-ranked tier that measured faster
+(``measured=True``). What the runner does is told to its ``listener`` (the graph's journey,
+journey.py, which keeps the graph's status). ``ProfiledGraphRunner`` also records every call
+and the tier that served it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from hotswap.counting import bump
+from hotswap.errors import HotswapError
+from hotswap.profiles.timeline import Timeline
+from hotswap.profiles.trace import call_mark
+
+__all__ = ["GraphRunner", "Listener", "ProfiledGraphRunner", "TierFailed"]
+
+Fn = Callable[..., Any]
+
+
+class TierFailed(HotswapError):
+    """A tier could not serve a graph (raised into the user's call only with on_failure="raise")."""
+
+    def __init__(self, graph_id: str, tier: str, reason: str) -> None:
+        super().__init__(f"graph {graph_id}: tier {tier!r} failed: {reason}")
+        self.graph_id = graph_id
+        self.tier = tier
+        self.reason = reason
+
+
+class Listener(Protocol):
+    """Told of what the runner does, on the thread that does it (a swap: the load thread; a
+    first call or a drop: the user's)."""
+
+    def swapped(self, tier: str, previous: str) -> None: ...
+
+    def first_call(self, tier: str, start_s: float, end_s: float) -> None: ...
+
+    def dropped(self, tier: str, back_to: str, reason: str) -> None: ...
+
+
+def _close(new: Any, ref: Any) -> bool:
+    """Outputs agree within a dtype-aware tolerance (pytrees of tensors and plain values)."""
+    if isinstance(new, torch.Tensor) and isinstance(ref, torch.Tensor):
+        if new.shape != ref.shape or new.dtype != ref.dtype:
+            return False
+        if not new.dtype.is_floating_point:
+            return bool(torch.equal(new, ref))
+        tol = 2e-2 if new.dtype in (torch.float16, torch.bfloat16) else 1e-3
+        return bool(torch.allclose(new.detach(), ref.detach(), rtol=tol, atol=tol, equal_nan=True))
+    if isinstance(new, list | tuple) and isinstance(ref, list | tuple):
+        return len(new) == len(ref) and all(_close(a, b) for a, b in zip(new, ref, strict=True))
+    return bool(new == ref)
+
+
+class GraphRunner:
+    """The callable returned to dynamo for one graph. Thread-safe; swaps never block calls."""
+
+    def __init__(self, graph_id: str, gm: torch.fx.GraphModule, tiers: list[str], *,
+                 verify: bool = False) -> None:
+        self.graph_id = graph_id
+        self._gm = gm
+        self._ranks = {name: i for i, name in enumerate(tiers)}
+        self._verify = verify
+        self.listener: Listener | None = None
+        # Run once, after the first call served eagerly returns (the coordinator starts this
+        # process's load-path warm-up there).
+        self.after_first_call: Callable[[], object] | None = None
+        self._lock = threading.Lock()
+        # Bound once: ``self._run_eager`` makes a new bound method at each read, and the
+        # callable serving is told from eager by identity.
+        self._eager: Fn = self._run_eager
+        self._fn: Fn = self._eager
+        # The callables of the tier serving now, the one serving first (a probation wrapper,
+        # then what it graduates to): an error in another one drops nothing.
+        self._tier_fns: tuple[Fn, ...] = (self._eager,)
+        # What serves if the current tier fails: (its callables, tier name, rank).
+        self._fallback: tuple[tuple[Fn, ...], str, int] = ((self._eager,), "eager", -1)
+        self.tier = "eager"
+        self._rank = -1
+        self.eager_calls = 0
+
+    @property
+    def serving(self) -> Fn:
+        """The callable serving calls now (what ``__call__`` dispatches to)."""
+        return self._fn
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    # ------------------------------------------------------------------ hot path
+
+    def __call__(self, *args: Any) -> Any:
+        fn = self._fn
+        try:
+            return fn(*args)
+        except Exception as e:
+            if fn is self._eager or isinstance(e, TierFailed):
+                raise
+            reason = f"{type(e).__name__}: {e}"
+        # Outside the except block: an exception eager raises here is not chained to the
+        # tier's, and the tier's traceback (with its frames' tensors) is let go.
+        return self._ask_eager(fn, reason, args)
+
+    def _run_eager(self, *args: Any) -> Any:
+        self.eager_calls += 1
+        bump("eager_calls")
+        # ``forward``, as dynamo's own eager backend calls it: GraphModule.__call__ would
+        # print the graph's code to stderr on every error the user's inputs cause.
+        out = self._gm.forward(*args)
+        if self.after_first_call is not None:
+            hook, self.after_first_call = self.after_first_call, None
+            hook()
+        return out
+
+    # ------------------------------------------------------------------ swaps
+
+    def serve_now(self, tier: str, fn: Fn) -> None:
+        """The tier serves from the very first call (no eager, no swap): a first call that
+        waited for it."""
+        with self._lock:
+            self._fn = fn
+            self._tier_fns = (fn,)
+            self._fallback = ((self._eager,), "eager", -1)
+            self.tier = tier
+            self._rank = self._ranks.get(tier, 0)
+
+    def swap_in(self, tier: str, fn: Fn, *, measured: bool = False) -> bool:
+        """Adopt a ready tier if it ranks above the serving one (or, ``measured``, if the gate
+        benchmarked it faster than the serving one, whatever its rank). False: not adopted."""
+        with self._lock:
+            rank = self._ranks[tier]
+            if rank <= self._rank and not measured:
+                return False
+            previous, previous_tier = self._fn, self.tier
+            self._fallback = ((previous, *self._tier_fns), self.tier, self._rank)
+            self._fn = self._probation(tier, fn, previous)
+            self._tier_fns = (self._fn, fn)
+            self.tier, self._rank = tier, rank
+        bump("swaps")
+        if self.listener is not None:
+            self.listener.swapped(tier, previous_tier)
+        return True
+
+    def back_to_eager(self, tier: str) -> bool:
+        """Serve eagerly again, if ``tier`` still serves (it measured slower than eager)."""
+        with self._lock:
+            if self.tier != tier:
+                return False
+            self._fn = self._eager
+            self._tier_fns = (self._eager,)
+            self._fallback = ((self._eager,), "eager", -1)
+            self.tier, self._rank = "eager", -1
+        return True
+
+    def raise_next(self, error: TierFailed) -> None:
+        """``on_failure="raise"``: the next call raises ``error``, later calls are served."""
+        with self._lock:
+            self._fn = self._raiser(error, self._fn)
+
+    def _raiser(self, error: BaseException, then: Fn) -> Fn:
+        def raise_once(*args: Any) -> Any:
+            with self._lock:
+                if self._fn is raise_once:  # a swap since the failure stays in place
+                    self._fn = then
+            raise error
+
+        return raise_once
+
+    def _probation(self, tier: str, fn: Fn, previous: Fn) -> Fn:
+        def first_call(*args: Any) -> Any:
+            start = time.monotonic()
+            out = fn(*args)
+            if self.listener is not None:
+                self.listener.first_call(tier, start, time.monotonic())
+            if self._verify:
+                ref = previous(*args)
+                if not _close(out, ref):
+                    self._drop(first_call,
+                               "verify: its output disagrees with the previous tier's")
+                    return ref
+            with self._lock:
+                if self._fn is first_call:  # a tier swapped in meanwhile stays in place
+                    self._fn = fn  # graduated: later calls go straight to the artifact
+            return out
+
+        return first_call
+
+    def _ask_eager(self, fn: Fn, reason: str, args: tuple[Any, ...]) -> Any:
+        """``fn`` raised ``reason``: eager answers the call, or raises the user's error."""
+        out = self._eager(*args)
+        self._drop(fn, f"raised in a call and was dropped: {reason}")
+        return out
+
+    def _drop(self, fn: Fn, reason: str) -> None:
+        """The tier ``fn`` serves goes back to the one before it; nothing changes if ``fn``
+        no longer serves (another call dropped it first, or a swap replaced it)."""
+        with self._lock:
+            if not any(fn is f for f in self._tier_fns):
+                return
+            dropped = self.tier
+            self._tier_fns, self.tier, self._rank = self._fallback
+            self._fn = self._tier_fns[0]
+            self._fallback = ((self._eager,), "eager", -1)
+            back = self.tier
+        if self.listener is not None:
+            self.listener.dropped(dropped, back, reason)
+
+
+class ProfiledGraphRunner(GraphRunner):
+    """A GraphRunner that records each call (start, end, serving tier, thread) on a timeline,
+    and marks it for torch.profiler when one is recording, so traces can be merged."""
+
+    def __init__(self, *args: Any, timeline: Timeline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timeline = timeline
+        self._seq = itertools.count(1)
+
+    def __call__(self, *args: Any) -> Any:
+        seq = next(self._seq)
+        tier = self.tier
+        start = time.monotonic()
+        try:
+            if torch._C._autograd._profiler_enabled():
+                with torch.profiler.record_function(call_mark(self.graph_id, seq)):
+                    return super().__call__(*args)
+            return super().__call__(*args)
+        finally:
+            self._timeline.add_call(self.graph_id, tier, start, time.monotonic(),
+                                    threading.current_thread().name, seq)

@@ -1,0 +1,404 @@
+"""One graph's journey: its request, its tiers and where each one stands, in one object.
+
+Each tier of the graph's ladder walks one state machine (``TierState``):
+
+    pending --> compiled --> loaded --+--> serving --> replaced --> serving ...
+       |           |  \\               |      |            (a tier above it swapped in; it
+       |           |   '--> pending   +--> measuring --+--> serving     serves again if that
+       |           |   (a cached entry |                '--> kept        one is dropped)
+       |           |    did not load:  '--> kept
+       v           v    compiled again)
+     kept       failed  <-- from any state before kept (a compile, a load or a call failed)
+
+``kept``: ready or not needed, and not served (the gate kept it out, a better tier came from
+the cache, a tier above already serves). ``kept`` and ``failed`` are final; the graph is final
+when no tier is pending, compiled, loaded or measuring. Then the journey lets go of what only
+later compiles and benchmarks needed (the shipped graph, the artifacts): a process that
+compiles many graphs keeps only their callables and their status.
+
+The journey is the runner's listener (graph.py): swaps, first calls and drops come here, are
+recorded on the timeline and change the tiers' states. ``status()`` is built from it alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hotswap.counting import bump
+from hotswap.engine.graph import GraphRunner, TierFailed
+from hotswap.engine.options import Tier
+from hotswap.engine.shipping.request import GraphRequest
+from hotswap.engine.shipping.wire import CachedEntry, InputMeta
+from hotswap.profiles.records import Swap
+
+if TYPE_CHECKING:
+    from hotswap.engine.recording import Recorder
+
+__all__ = ["Candidate", "Entry", "GraphJourney", "GraphStatus", "Statuses", "TierState"]
+
+log = logging.getLogger("hotswap")
+
+# A packed artifact (a worker's result arrives as a view), or where the cache holds it.
+Entry = bytes | memoryview | CachedEntry
+
+
+class TierState(enum.Enum):
+    PENDING = "pending"
+    COMPILED = "compiled"
+    LOADED = "loaded"
+    MEASURING = "measuring"
+    SERVING = "serving"
+    REPLACED = "replaced"
+    KEPT = "kept"
+    FAILED = "failed"
+
+
+S = TierState
+_NEXT: dict[TierState, frozenset[TierState]] = {
+    S.PENDING: frozenset({S.COMPILED, S.KEPT, S.FAILED}),
+    S.COMPILED: frozenset({S.LOADED, S.PENDING, S.FAILED}),
+    S.LOADED: frozenset({S.SERVING, S.MEASURING, S.KEPT, S.FAILED}),
+    S.MEASURING: frozenset({S.SERVING, S.KEPT, S.FAILED}),
+    S.SERVING: frozenset({S.REPLACED, S.KEPT, S.FAILED}),  # kept: measured slower than eager
+    S.REPLACED: frozenset({S.SERVING, S.FAILED}),
+    S.KEPT: frozenset(),
+    S.FAILED: frozenset(),
+}
+_UNDER_WAY = frozenset({S.PENDING, S.COMPILED, S.LOADED, S.MEASURING})
+
+
+@dataclass(frozen=True)
+class GraphStatus:
+    """One graph at one moment, as ``hotswap.status`` and ``hotswap.wait`` return it: a frozen
+    snapshot, safe to keep; ``print`` shows ``summary()``.
+
+    ``final`` is True once nothing is pending: every tier of the ladder served, was kept out by
+    the gate, or failed. ``wait`` returns when every graph is final (or at its timeout), and a
+    final graph's ``tier`` is the one that serves from then on. ``tier`` is "eager" until a tier
+    swaps in, and again where eager was measured faster. ``pending`` names the tiers still
+    compiling, loading or being measured; ``failures`` and ``kept`` hold (tier, reason) for the
+    tiers that failed or were kept out, the gate's numbers among the reasons. ``path``,
+    ``waiting``, ``cache``, ``states``, ``served_after_s`` and ``timings_s`` are described
+    where they are declared; docs/compile.md has them in a table.
+    """
+
+    graph_id: str
+    tier: str                                  # serving now; "eager" until a tier swaps in
+    final: bool                                # nothing pending, whether the ladder succeeded or not
+    pending: tuple[str, ...]
+    failures: tuple[tuple[str, str], ...]      # (tier, reason)
+    kept: tuple[tuple[str, str], ...]          # ready tiers not served, and why
+    timings_s: dict[str, float] = field(default_factory=dict)  # "tier/stage" -> seconds
+    eager_calls: int = 0
+    # How the serving tier got here: "eager" (none did), "worker", "cache", or
+    # "inprocess: <why the graph could not go to a worker>".
+    path: str = "eager"
+    # Why the pending tiers wait, where hotswap knows ("" otherwise), e.g. "waiting on CPU:
+    # ..." when the caller's threads starve the compile workers (workers/starvation.py).
+    waiting: str = ""
+    # What went wrong with the artifact cache in this process ("" when nothing did): it could
+    # not be opened, read, written or locked; the graph is served and compiled without it.
+    cache: str = ""
+    # Each tier of the ladder and its state (``TierState`` values), lowest tier first.
+    states: tuple[tuple[str, str], ...] = ()
+    # When each tier began serving, in seconds after the graph reached hotswap.
+    served_after_s: tuple[tuple[str, float], ...] = ()
+
+    def summary(self) -> str:
+        """One line: what serves, since when, and what is pending, kept or failed."""
+        head = f"{self.graph_id}: {self.tier}" + ("" if self.tier == "eager" else f" ({self.path})")
+        if self.served_after_s:
+            head += " | served " + " -> ".join(f"{tier} at {s:.1f} s"
+                                                for tier, s in self.served_after_s)
+        parts = [head]
+        if self.pending:
+            parts.append("pending " + ", ".join(self.pending)
+                         + (f" ({self.waiting})" if self.waiting else ""))
+        parts += [f"kept {tier}: {why}" for tier, why in self.kept]
+        parts += [f"failed {tier}: {why}" for tier, why in self.failures]
+        if self.cache:
+            parts.append(f"cache: {self.cache}")
+        return " | ".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+class Statuses(list[GraphStatus]):
+    """What ``hotswap.status``/``wait`` return: a list of ``GraphStatus`` that prints as one
+    line per graph (each status keeps every field), then its ``notes``: what happened beside
+    the graphs (dynamo's recompile limit hit, so that calls ran outside hotswap)."""
+
+    def __init__(self, statuses: Iterable[GraphStatus] = (), *,
+                 notes: Iterable[str] = ()) -> None:
+        super().__init__(statuses)
+        self.notes = list(notes)
+
+    def __str__(self) -> str:
+        lines = [s.summary() for s in self] or ["(no graphs)"]
+        return "\n".join([*lines, *(f"note: {n}" for n in self.notes)])
+
+    __repr__ = __str__
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A loaded tier waiting for the gate: its callable, and where its verdict is stored."""
+
+    tier: str                 # or "eager": the serving tier is measured against eager
+    fn: Any
+    verdict_key: str | None   # where a verdict on the tier is stored (for "eager": the serving one's)
+    attempt: int = 1          # the gate's measurement of it (undecided ones are measured again)
+    contended: int = 0        # measurements too contended to decide on, so far
+
+
+class GraphJourney:
+    """One graph: its runner, its shipped request, and its tiers' states. Thread-safe."""
+
+    def __init__(self, runner: GraphRunner, gm: torch.fx.GraphModule, tiers: list[Tier],
+                 recorder: Recorder, *, raise_failures: bool = False,
+                 retain: bool = False) -> None:
+        self.runner = runner
+        self.graph_id = runner.graph_id
+        self.gm = gm
+        self.tiers = tiers
+        self.recorder = recorder
+        # Dynamo's example inputs, during the backend call only (a compile here reads them).
+        self.example_inputs: list[Any] = []
+        self.inputs: tuple[InputMeta, ...] | None = None  # None: not portable
+        self.request: GraphRequest | None = None  # None: not shipped (or let go)
+        self.here_because = ""                    # why it compiles here, not in a worker
+        self.origin = ""                          # where the graph came from (cache labels)
+        self.keys: dict[str, str] = {}           # tier -> cache key
+        self._raise_failures = raise_failures
+        self._retain = retain                    # keep request and entries once final
+        self._lock = threading.Lock()
+        self._states = {t.name: S.PENDING for t in tiers}
+        self._paths: dict[str, str] = {}
+        self._failures: list[tuple[str, str]] = []
+        self._kept: list[tuple[str, str]] = []
+        self._timings: dict[str, float] = {}
+        self._born_s = time.monotonic()
+        self._served_after: list[tuple[str, float]] = []
+        self._entries: dict[str, Entry] = {}     # what a later benchmark of a tier loads
+        self._waiting: list[Candidate] = []      # loaded tiers queued for the gate
+        self._measuring = False
+        self._local = False                      # a tier of it compiles here (local.py)
+        self._forgotten = False                  # torch.compiler.reset() let go of it
+        runner.listener = self
+
+    # ------------------------------------------------------------------ the state machine
+
+    def state(self, tier: str) -> TierState:
+        with self._lock:
+            return self._states[tier]
+
+    def to(self, tier: str, state: TierState) -> None:
+        """Move ``tier`` to ``state``. A move the machine does not allow is hotswap's bug: it
+        is logged, counted (``internal_errors``) and the tier fails, so no wait hangs on it."""
+        with self._lock:
+            ok = self._move(tier, state)
+        if not ok:
+            self.fail(tier, f"internal error: tier went {self._states[tier].value} -> "
+                            f"{state.value}", level=logging.ERROR)
+
+    def _move(self, tier: str, state: TierState) -> bool:
+        if state not in _NEXT[self._states[tier]]:
+            bump("internal_errors")
+            return False
+        self._states[tier] = state
+        return True
+
+    @property
+    def final(self) -> bool:
+        with self._lock:
+            return self._final_locked()
+
+    def _final_locked(self) -> bool:
+        return not self._measuring and not any(s in _UNDER_WAY for s in self._states.values())
+
+    def arrived(self, tier: str, path: str) -> None:
+        """``tier``'s artifact came by ``path`` ("worker", "cache", "inprocess: ...") and
+        is loaded."""
+        with self._lock:
+            self._paths[tier] = path
+            if self._states[tier] is S.PENDING:
+                self._move(tier, S.COMPILED)
+            ok = self._move(tier, S.LOADED)
+        if not ok:
+            self.fail(tier, "internal error: arrived twice", level=logging.ERROR)
+
+    def serve_now(self, tier: str, fn: Any) -> None:
+        """A first call waited for ``tier``: it serves from that call on."""
+        self.runner.serve_now(tier, fn)
+        self.to(tier, S.SERVING)
+        with self._lock:
+            self._served_after.append((tier, time.monotonic() - self._born_s))
+
+    def swap_in(self, tier: str, fn: Any, *, measured: bool = False) -> None:
+        """Offer a loaded (or measured) tier to the runner; one it does not adopt is kept."""
+        serving = self.runner.tier
+        if not self.runner.swap_in(tier, fn, measured=measured):
+            self.keep(tier, f"tier {serving!r} already serves")
+
+    def keep(self, tier: str, reason: str, *, on_timeline: bool = False) -> None:
+        """A tier that will not serve; ``status().kept`` says why (and, ``on_timeline``, the
+        profile's swap records)."""
+        if self._mark_kept(tier, reason) and on_timeline:
+            # a decision (the gate's, now or in an earlier run): said once
+            log.info("graph %s: tier %r kept out: %s", self.graph_id, tier, reason)
+            self.recorder.timeline.add(Swap(self.graph_id, self.runner.tier, tier,
+                                            time.monotonic(), "kept"))
+
+    def _mark_kept(self, tier: str, reason: str) -> bool:
+        """Move ``tier`` to kept, with its reason; False (and the tier failed) where its state
+        does not allow it."""
+        with self._lock:
+            ok = self._move(tier, S.KEPT)
+            if ok:
+                self._kept.append((tier, reason))
+        if not ok:
+            self.fail(tier, f"internal error: kept from {self.state(tier).value}",
+                      level=logging.ERROR)
+        return ok
+
+    def fail(self, tier: str, reason: str, *, level: int = logging.WARNING) -> None:
+        """Record a failed tier; the graph stays where it is. Logged once (WARNING by
+        default); with ``on_failure="raise"``, the graph's next call raises it. A forgotten
+        graph's tier ends quietly: no one asked for it any more."""
+        with self._lock:
+            self._states[tier] = S.FAILED
+            self._failures.append((tier, reason))
+            forgotten = self._forgotten
+        if forgotten:
+            log.debug("hotswap graph %s: tier %r ended after a reset: %s", self.graph_id, tier,
+                      reason)
+            return
+        bump("fallbacks")
+        log.log(level, "hotswap graph %s: tier %r failed, staying on %r: %s",
+                self.graph_id, tier, self.runner.tier, reason)
+        self.recorder.timeline.add(Swap(self.graph_id, self.runner.tier, tier, time.monotonic(),
+                                        "failed"))
+        if self._raise_failures:
+            self.runner.raise_next(TierFailed(self.graph_id, tier, reason))
+
+    def back_to_eager(self, tier: str, reason: str) -> bool:
+        """``tier`` measured slower than eager: eager serves again and the tier is kept out
+        (False if it no longer serves)."""
+        if not self.runner.back_to_eager(tier) or not self._mark_kept(tier, reason):
+            return False
+        log.info("graph %s: tier %r kept out, eager serves again: %s", self.graph_id, tier, reason)
+        self.recorder.timeline.add(Swap(self.graph_id, tier, "eager", time.monotonic(), "kept"))
+        return True
+
+    # ------------------------------------------------------------------ the runner's listener
+
+    def swapped(self, tier: str, previous: str) -> None:
+        with self._lock:
+            if previous in self._states and self._states[previous] is S.SERVING:
+                self._move(previous, S.REPLACED)
+            ok = self._move(tier, S.SERVING)
+            self._served_after.append((tier, time.monotonic() - self._born_s))
+        log.info("graph %s: now served by tier %r", self.graph_id, tier)
+        self.recorder.timeline.add(Swap(self.graph_id, previous, tier, time.monotonic(), "swap"))
+        if not ok:
+            self.fail(tier, "internal error: swapped in from an unloaded state",
+                      level=logging.ERROR)
+
+    def first_call(self, tier: str, start_s: float, end_s: float) -> None:
+        self.recorder.span(self, tier, "first_call", start_s, end_s)
+
+    def dropped(self, tier: str, back_to: str, reason: str) -> None:
+        self.recorder.timeline.add(Swap(self.graph_id, tier, back_to, time.monotonic(),
+                                        "dropped"))
+        with self._lock:
+            if back_to in self._states:
+                self._move(back_to, S.SERVING)
+        self.fail(tier, reason)
+
+    # ------------------------------------------------------------------ the gate's queue
+
+    def remember(self, tier: str, entry: Entry) -> None:
+        """A loaded tier's packed artifact, or where the cache holds it (then the bytes are
+        not sent again): what a later benchmark of this graph loads."""
+        with self._lock:
+            self._entries[tier] = entry
+
+    def entries(self, tiers: tuple[str, ...] | None = None) -> dict[str, Entry]:
+        with self._lock:
+            return {t: e for t, e in self._entries.items() if tiers is None or t in tiers}
+
+    def queue_for_gate(self, candidate: Candidate) -> bool:
+        """Mark ``candidate`` measuring; False if another one is measured now (it waits)."""
+        with self._lock:
+            if self._measuring:
+                self._waiting.append(candidate)
+                return False
+            self._measuring = True
+            return True
+
+    def next_for_gate(self) -> Candidate | None:
+        """The gate is done with one candidate: the next one waiting, if any."""
+        with self._lock:
+            if self._waiting:
+                return self._waiting.pop(0)
+            self._measuring = False
+            return None
+
+    def claim_local(self) -> bool:
+        """True once: the one tier of this graph that may compile in this process."""
+        with self._lock:
+            first, self._local = not self._local, True
+            return first
+
+    def forget(self) -> None:
+        """``torch.compiler.reset()``: dynamo let go of this graph. What is under way for it
+        ends quietly (tiers.py, ladder.py and the coordinator look here): nothing more loads,
+        swaps in or is measured, and no failure is logged or counted."""
+        with self._lock:
+            self._forgotten = True
+
+    @property
+    def forgotten(self) -> bool:
+        with self._lock:
+            return self._forgotten
+
+    def let_go(self) -> None:
+        """The ladder is final: nothing will ship or measure this graph again."""
+        if self._retain:
+            return
+        with self._lock:
+            self.request = None
+            self._entries.clear()
+
+    # ------------------------------------------------------------------ status
+
+    def add_timing(self, key: str, seconds: float, *, accumulate: bool = True) -> None:
+        """``status().timings_s[key]``: add ``seconds`` to it (or set it)."""
+        with self._lock:
+            self._timings[key] = (self._timings.get(key, 0.0) if accumulate else 0.0) + seconds
+
+    def status(self) -> GraphStatus:
+        serving = self.runner.tier
+        with self._lock:
+            return GraphStatus(
+                graph_id=self.graph_id,
+                tier=serving,
+                final=self._final_locked(),
+                pending=tuple(t.name for t in self.tiers if self._states[t.name] in _UNDER_WAY),
+                failures=tuple(self._failures),
+                kept=tuple(self._kept),
+                timings_s=dict(self._timings),
+                eager_calls=self.runner.eager_calls,
+                path=self._paths.get(serving, "eager"),
+                states=tuple((t.name, self._states[t.name].value) for t in self.tiers),
+                served_after_s=tuple(self._served_after),
+            )

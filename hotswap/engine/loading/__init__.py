@@ -1,0 +1,3 @@
+"""Packing and loading compiled artifacts off the caller's path: without compiler runs, on one
+load thread, after the process's one-time warm-up; CUDA graphs captured after the swap.
+"""

@@ -1,0 +1,101 @@
+"""Compiled artifacts as they travel and rest: the worker's bytes plus its kernel files.
+
+A cache entry, a worker's result, a gate benchmark job and a load all use the same packed
+form (an *entry*), so an artifact that was stored is byte for byte one that was loaded here
+(or by a worker's benchmark). The worker packs it; the user's process only reads it::
+
+    b"HSE1" | u32 header length | msgpack {"artifact": size, "files": [[path, size], ...]}
+            | artifact bytes | each file's bytes, in header order
+
+The parts are read as views into the entry, never copied out: in the user's process every
+copy of a GPU artifact (tens of MB) holds the GIL for milliseconds, stalling the calls
+being served. (msgpack's bin type would copy each part when unpacked.)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from hotswap import compat
+from hotswap.compat import Buffer
+from hotswap.engine.loading import kernel_files, load_guard
+from hotswap.engine.loading.cudagraphs import CudaGraphed, split_cudagraphs
+
+__all__ = ["entry_parts", "load_entry", "pack_entry"]
+
+_MAGIC = b"HSE1"
+_HEAD = struct.Struct("!4sI")
+
+
+def pack_entry(artifact: bytes, files: dict[str, bytes],
+               probes: dict[str, Any] | None = None) -> bytes:
+    """The artifact plus the kernel files the compile produced, as one entry; ``probes`` is
+    what the compiling process's probes found (``load_guard.probes()``)."""
+    fields: dict[str, Any] = {"artifact": len(artifact),
+                              "files": [[path, len(data)] for path, data in files.items()]}
+    if probes:
+        fields["probes"] = probes
+    header = msgpack.packb(fields, use_bin_type=True)
+    return b"".join([_HEAD.pack(_MAGIC, len(header)), header, artifact, *files.values()])
+
+
+def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
+    """(artifact, {path: file}) of an entry, as views into it. ValueError if malformed."""
+    artifact, files, _ = _unpack(entry)
+    return artifact, files
+
+
+def _unpack(entry: Buffer) -> tuple[memoryview, dict[str, memoryview], dict[str, Any]]:
+    view = memoryview(entry)
+    if len(view) < _HEAD.size:
+        raise ValueError("not a hotswap artifact entry (too short)")
+    magic, header_len = _HEAD.unpack_from(view)
+    if magic != _MAGIC:
+        raise ValueError(f"not a hotswap artifact entry (starts with {bytes(magic)!r})")
+    offset = _HEAD.size + header_len
+    try:
+        header = msgpack.unpackb(view[_HEAD.size:offset], raw=False)
+        artifact_size = int(header["artifact"])
+        sizes = [(str(path), int(n)) for path, n in header["files"]]
+        probes = header.get("probes", {})
+        if not isinstance(probes, dict):
+            raise TypeError(f"probes is a {type(probes).__name__}")
+    except Exception as e:
+        raise ValueError(f"artifact entry has an unreadable header: {e}") from e
+    if offset + artifact_size + sum(n for _, n in sizes) != len(view):
+        raise ValueError("artifact entry is truncated or has trailing bytes")
+    artifact = view[offset:offset + artifact_size]
+    offset += artifact_size
+    files: dict[str, memoryview] = {}
+    for path, n in sizes:
+        files[path] = view[offset:offset + n]
+        offset += n
+    return artifact, files, probes
+
+
+def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -> Any:
+    """Put the entry's kernel files where this process's inductor looks (when it lacks them:
+    a separate TORCHINDUCTOR_CACHE_DIR), take what the compiling process's probes found, then
+    load it under the inductor config its tier compiled with, building nothing
+    (load_guard.py; a compiler it does run counts as ``load_compiler_runs``).
+
+    The config matters at load: the artifact's wrapper names its C++ kernels by source, and
+    inductor finds (or builds) each kernel's library under the compiler flags this process's
+    config picks now. Loaded under another config, a tier compiled with ``cpp.simdlen=1``
+    missed the worker's library and was rebuilt with the machine's vector ISA flags."""
+    from torch._inductor import config
+
+    config_patches, cudagraphs = split_cudagraphs(dict(config_patches or {}))
+    artifact, files, probes = _unpack(entry)
+    if files:
+        kernel_files.restore_files(kernel_files.inductor_cache_dir(), files)
+    if probes:
+        load_guard.adopt(probes)
+    with load_guard.count_compiler_runs(), config.patch(
+            {**config_patches, **load_guard.load_config()}):
+        fn = compat.artifact_from_bytes(artifact)
+    return CudaGraphed(fn) if cudagraphs else fn

@@ -1,0 +1,144 @@
+"""The files a compile leaves in inductor's cache, and how they travel with its artifact.
+
+Inductor bundles triton kernels into a saved artifact, not C++ ones: a C++ kernel is a library
+in inductor's cache directory, looked up at load by a key of its source and compiler flags. A
+worker's entry therefore carries the files its compile wrote there (``compile_outputs``), and
+a process that lacks them restores them (``restore_files``) instead of running the compiler.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping
+
+from hotswap.compat import Buffer
+from hotswap.executors.local import inductor_cache_dir
+
+__all__ = ["compile_outputs", "files_written_since", "inductor_cache_dir",
+           "libraries_built_from", "restore_files"]
+
+# Inductor's own cache entries (FX graph and AOTAutograd): the artifact carries what they hold
+# and writes them on load. Shipped as files too, a max-autotune tier on GPU sent the same 8 MiB
+# twice, and another worker's entries written meanwhile rode along.
+_CACHE_ENTRY_DIRS = ("fxgraph", "aotautograd")
+# Triton's intermediate forms of a kernel, which its cache (inductor's ``triton/`` unless
+# TRITON_CACHE_DIR says otherwise) keeps beside the binary: loading a kernel reads only the
+# binary and its metadata, and a max-autotune tier on GPU shipped 13.9 MiB of these.
+_TRITON_IR = (".ttir", ".ttgir", ".llir", ".ptx", ".source")
+
+
+def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20) -> dict[str, bytes]:
+    """Files under ``root`` modified at or after ``since_s`` (relative path -> bytes): what a
+    compile added to inductor's cache (its kernels: C++ libraries, sources, triton binaries).
+    Lock and temporary files, inductor's own cache entries and triton's intermediate forms are
+    skipped."""
+    found: dict[str, bytes] = {}
+    total = 0
+    triton = os.path.join(root, "triton") + os.sep
+    for dirpath, dirnames, names in os.walk(root):
+        if dirpath == root:
+            dirnames[:] = [d for d in dirnames if d not in _CACHE_ENTRY_DIRS]
+        in_triton = (dirpath + os.sep).startswith(triton)
+        for name in names:
+            if (name.endswith((".lock", ".tmp")) or name.startswith(".")
+                    or (in_triton and name.endswith(_TRITON_IR))):
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                if os.stat(path).st_mtime < since_s:
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            total += len(data)
+            if total > max_bytes:
+                return found  # ship what fits; the loader compiles what is missing
+            found[os.path.relpath(path, root)] = data
+    return found
+
+
+def libraries_built_from(root: str, sources: Iterable[str]) -> dict[str, bytes]:
+    """The libraries built from C++ ``sources`` under ``root`` (``<key>*.so`` beside each
+    ``<key>*.cpp``), relative path -> bytes, whenever they were built."""
+    found: dict[str, bytes] = {}
+    for source in set(sources):
+        folder, name = os.path.split(source)
+        key = name.split(".", 1)[0]
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for other in names:
+            if other.startswith(key + ".") and other.endswith(".so"):
+                path = os.path.join(folder, other)
+                rel = os.path.relpath(path, root)
+                if rel.startswith(".."):
+                    continue
+                try:
+                    with open(path, "rb") as f:
+                        found[rel] = f.read()
+                except OSError:
+                    continue
+    return found
+
+
+def compile_outputs(sources: Iterable[str], since_s: float) -> dict[str, bytes]:
+    """What a compile's entry ships from inductor's cache: the libraries built from its C++
+    ``sources`` (whenever they were built) and every file it added since ``since_s``."""
+    root = inductor_cache_dir()
+    return {**libraries_built_from(root, sources), **files_written_since(root, since_s)}
+
+
+def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
+    """Write shipped cache files that ``root`` lacks; returns how many. A file that is there
+    is never written again (a warm load on a full disk writes nothing), and a write that
+    fails or is cut off leaves no partial or temporary file behind."""
+    written = 0
+    real_root = os.path.realpath(root)
+    for rel, data in files.items():
+        path = os.path.realpath(os.path.join(root, rel))
+        if not path.startswith(real_root + os.sep) or os.path.exists(path):
+            continue  # never outside the cache dir; never over an existing file
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_new(path, data, 0o755 if path.endswith(".so") else 0o644)
+        written += 1
+    return written
+
+
+# Temporary files being written now: the loader is a daemon thread, which interpreter exit
+# stops wherever it is, and a file it was writing then stayed for good. Removed at exit.
+_pending: set[str] = set()
+_pending_lock = threading.Lock()
+
+
+@atexit.register
+def _remove_pending() -> None:
+    with _pending_lock:
+        for tmp in list(_pending):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _write_new(path: str, data: Buffer, mode: int) -> None:
+    """Create ``path`` holding ``data`` whole (a temporary file renamed into place); a write
+    that fails (a full disk) or is cut off at exit leaves no temporary file behind."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hotswap-")
+    with _pending_lock:
+        _pending.add(tmp)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    finally:
+        with _pending_lock:
+            _pending.discard(tmp)

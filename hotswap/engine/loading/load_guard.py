@@ -1,0 +1,280 @@
+"""The serving process loads artifacts; it never builds anything to do so.
+
+Loading a CPU artifact finds each C++ kernel's library by a key made of its source and its
+compiler command line, and the command line carries the CPU's vector ISA as inductor's probe
+picked it. A process that never probed ran the probe at its first load: g++ and a Python
+subprocess per ISA, over a second of CPU in the user's process. Worse, a probe whose compiler
+was killed halfway (any kill of the process's children) answered "no AVX-512" for the rest of
+the process: every later kernel's key missed the worker's library, was rebuilt here with the
+wrong flags, and failed (``'at::vec' has not been declared``), so no CPU graph of that process
+left eager again. And before it looks for a kernel's library, inductor prepares the kernel's
+precompiled header, which runs the preprocessor over it even when it is built already.
+
+So what a worker's probes found travels with its artifact (``probes()``, packed into the
+entry) and the serving process takes it as its own (``adopt()``): the vector ISAs, and the
+precompiled headers the worker built (a header on disk is used as it is). Same machine, same
+compiler (the cache stamp holds the CPU's capability), and a worker killed mid-probe never
+sends one. A load runs with inductor's compile pool off, so a kernel that did not arrive is
+built on the loading thread, where the counter sees it.
+
+``load_compiler_runs`` (a counter) is every process a load or the load-path warm-up started
+in this process, a compiler's version query aside: 0 when everything arrived built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import platform
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from hotswap.counting import bump
+
+__all__ = ["adopt", "count_compiler_runs", "cpp_sources", "load_config", "probe_vec_isa",
+           "probes", "record_precompiled_headers", "reprobe_if_cut_short"]
+
+_SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.spawn", "os.system",
+                           "os.exec", "os.fork"})
+_watched = threading.local()
+_hook_lock = threading.Lock()
+_hooked = False
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event in _SPAWN_EVENTS and _depth() and not _version_query(args):
+        bump("load_compiler_runs")
+
+
+def _depth() -> int:
+    depth: int = getattr(_watched, "depth", 0)
+    return depth
+
+
+def _version_query(args: tuple[Any, ...]) -> bool:
+    """``g++ --version``: inductor asks once per process which compiler it has (milliseconds,
+    nothing built); not counted."""
+    argv = args[1] if len(args) > 1 else None
+    return isinstance(argv, (list, tuple)) and len(argv) == 2 and argv[1] in ("--version", "-v")
+
+
+@contextlib.contextmanager
+def count_compiler_runs() -> Iterator[None]:
+    """Count the processes this thread starts inside the block as ``load_compiler_runs``."""
+    global _hooked
+    with _hook_lock:
+        if not _hooked:
+            sys.addaudithook(_audit)  # for good: audit hooks cannot be removed
+            _hooked = True
+    _watched.depth = _depth() + 1
+    try:
+        yield
+    finally:
+        _watched.depth -= 1
+
+
+def load_config() -> dict[str, Any]:
+    """Inductor settings for a load: no compile pool (not part of a kernel's key)."""
+    from torch._inductor import config
+
+    return {"compile_threads": 1} if "compile_threads" in config.get_config_copy() else {}
+
+
+# ------------------------------------------------------------- what a worker's probes found
+
+_adopt_lock = threading.Lock()
+_adopted_isa: list[Any] | None = None
+# (header, the kernel's hashable command line) -> the precompiled header inductor built for it
+_headers: dict[tuple[str, str], str] = {}
+_headers_hooked = False
+
+
+# What a probe may find beside an ISA's name: features checked by a build of their own (the
+# ISA's compiler flags then carry one more -m option).
+_ISA_FEATURES = ("_is_avx512_bf16_supported", "_is_amx_fp16_supported")
+
+
+def probes() -> dict[str, Any]:
+    """What this process's probes found, for an entry: the vector ISAs (each as the probe
+    left it: name, width, extra features and the compiler flags they make; plain values, no
+    pickle) and the precompiled headers built. Empty where nothing was probed (a GPU-only
+    compile)."""
+    from torch._inductor import cpu_vec_isa
+
+    found: dict[str, Any] = {}
+    isas = cpu_vec_isa.valid_vec_isa_list
+    cache_info = getattr(isas, "cache_info", None)
+    if cache_info is not None and cache_info().currsize:
+        found["vec_isa"] = [_isa_record(isa) for isa in isas()]
+    with _adopt_lock:
+        if _headers:
+            found["headers"] = [[h, c, p] for (h, c), p in _headers.items()]
+    return found
+
+
+def _isa_record(isa: Any) -> dict[str, Any]:
+    return {"name": str(isa), "bits": int(isa.bit_width()), "flags": isa.build_arch_flags(),
+            "features": {f: bool(getattr(isa, f)) for f in _ISA_FEATURES if hasattr(isa, f)}}
+
+
+def _isa_from(record: Any, cpu_vec_isa: Any) -> Any:
+    """The ISA object of this torch that ``record`` (``_isa_record``) names, set up as the
+    probe left it; ValueError if this torch has none that builds with the same flags."""
+    if not (isinstance(record, dict) and isinstance(record.get("name"), str)
+            and isinstance(record.get("bits"), int) and isinstance(record.get("flags"), str)
+            and isinstance(record.get("features"), dict)
+            and all(f in _ISA_FEATURES and isinstance(v, bool)
+                    for f, v in record["features"].items())):
+        raise ValueError(f"probes: {record!r} is not a vector ISA record")
+    for known in cpu_vec_isa.supported_vec_isa_list:
+        if str(known) != record["name"]:
+            continue
+        isa = known
+        if known.bit_width() != record["bits"]:  # SVE comes in widths: one object per width
+            try:
+                isa = dataclasses.replace(known, _bit_width=record["bits"])
+            except (TypeError, ValueError, AssertionError):
+                continue
+        for feature, value in record["features"].items():
+            setattr(isa, feature, value)
+        if isa.build_arch_flags() == record["flags"]:
+            return isa
+    raise ValueError(f"probes: this torch has no vector ISA {record['name']!r} of "
+                     f"{record['bits']} bits building with {record['flags']!r}")
+
+
+def adopt(found: dict[str, Any]) -> None:
+    """Take a worker's ``probes()`` (on this machine) as this process's own answers, in place
+    of running them here (or of answers an earlier kill cut short). Malformed: ValueError."""
+    global _adopted_isa
+    vec_isa, headers = found.get("vec_isa"), found.get("headers", [])
+    if vec_isa is not None and not isinstance(vec_isa, list):
+        raise ValueError(f"probes: vec_isa is a {type(vec_isa).__name__}, not a list")
+    if not (isinstance(headers, list) and all(
+            isinstance(h, list) and len(h) == 3 and all(isinstance(x, str) for x in h)
+            for h in headers)):
+        raise ValueError("probes: headers is not a list of [header, command line, path]")
+    from torch._inductor import cpu_vec_isa
+
+    with _adopt_lock:
+        if vec_isa is not None and vec_isa != _adopted_isa:
+            isas = [_isa_from(record, cpu_vec_isa) for record in vec_isa]
+            cpu_vec_isa.valid_vec_isa_list = functools.cache(lambda: list(isas))
+            _adopted_isa = vec_isa
+        _headers.update({(h, c): p for h, c, p in headers})
+    if headers:
+        record_precompiled_headers()
+
+
+_sources_lock = threading.Lock()
+_sources: list[str] | None = None
+_write_hooked = False
+
+
+@contextlib.contextmanager
+def cpp_sources() -> Iterator[list[str]]:
+    """Workers: the C++ sources inductor writes (or finds written) inside the block, so that
+    the libraries built from them travel with the entry even when an earlier compile in this
+    worker built them (a max-autotune tier shares most kernels with the default tier: shipped
+    by modification time alone, its entry lacked them and a fresh process rebuilt ten)."""
+    global _sources, _write_hooked
+    from torch._inductor import codecache
+
+    with _sources_lock:
+        if not _write_hooked:
+            real = codecache.write
+
+            def write(*args: Any, **kwargs: Any) -> tuple[str, str]:
+                key, path = real(*args, **kwargs)
+                with _sources_lock:
+                    if _sources is not None and str(path).endswith(".cpp"):
+                        _sources.append(str(path))
+                return key, path
+
+            codecache.write = write
+            _write_hooked = True
+        found: list[str] = []
+        _sources = found
+    try:
+        yield found
+    finally:
+        with _sources_lock:
+            _sources = None
+
+
+def record_precompiled_headers() -> None:
+    """Remember every precompiled header inductor builds here (workers ship the list), and
+    answer from the list where it names a header that is built: preparing one runs the
+    preprocessor over it first, built or not."""
+    global _headers_hooked
+    from torch._inductor import codecache
+
+    with _adopt_lock:
+        real = getattr(codecache, "_precompile_header", None)
+        if _headers_hooked or real is None:
+            return
+        _headers_hooked = True
+
+    def precompile_header(header: str, hashable_cmd_line: str, **command: Any) -> str:
+        with _adopt_lock:
+            known = _headers.get((header, hashable_cmd_line))
+        if known and any(os.path.isfile(known + ext) for ext in (".gch", ".pch")):
+            return known
+        path = str(real(header, hashable_cmd_line, **command))
+        with _adopt_lock:
+            _headers[(header, hashable_cmd_line)] = path
+        return path
+
+    codecache._precompile_header = precompile_header  # type: ignore[assignment]
+
+
+def probe_vec_isa() -> None:
+    """Workers: run inductor's vector-ISA probe with the ISAs this CPU has checked side by
+    side (each check is a compiler run and a process that loads its result; inductor caches
+    each answer, and then picks from them as it always does)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch._inductor import cpu_vec_isa
+
+    cache_info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
+    if cache_info is not None and cache_info().currsize:
+        return  # probed (and checked) already in this worker: every later job lands here
+    candidates = _promised(cpu_vec_isa)
+    if len(candidates) > 1:
+        with ThreadPoolExecutor(len(candidates), thread_name_prefix="hotswap-probe") as pool:
+            list(pool.map(bool, candidates))
+    cpu_vec_isa.pick_vec_isa()
+    reprobe_if_cut_short()
+
+
+def _promised(cpu_vec_isa: Any) -> list[Any]:
+    """The ISAs whose CPU flags this (x86) machine has: what the probe checks."""
+    checker = getattr(cpu_vec_isa, "x86_isa_checker", None)
+    if checker is None or platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    flags = set(checker())
+    return [isa for isa in cpu_vec_isa.supported_vec_isa_list
+            if all(flag in flags for flag in str(isa).split())]
+
+
+def reprobe_if_cut_short() -> None:
+    """Workers: probe again, once, when an ISA the CPU has failed its build check. A build
+    killed from outside fails the check for good in this process (inductor caches the
+    answer); a compiler that cannot build for the ISA fails again, and that answer stands."""
+    from torch._inductor import cpu_vec_isa
+
+    found = cpu_vec_isa.valid_vec_isa_list()
+    if len(found) >= len(_promised(cpu_vec_isa)):
+        return
+    for cls in {type(isa) for isa in cpu_vec_isa.supported_vec_isa_list}:
+        for klass in cls.__mro__:
+            for name in ("__bool__", "_VecISA__bool__impl"):
+                clear = getattr(klass.__dict__.get(name), "cache_clear", None)
+                if clear is not None:
+                    clear()
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    cpu_vec_isa.valid_vec_isa_list()

@@ -1,0 +1,127 @@
+"""Warming this process's load path before the first artifact arrives.
+
+A first load in a process pays once for what every later load reuses: inductor's runtime
+imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU) and a hash
+of torch's sources. (It used to pay inductor's CPU vector-ISA probe too; loads now take the
+worker's, load_guard.py.) Paid during the swap, that is seconds of delay; paid while the user's
+calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
+process, on a daemon thread of its own, in steps per device kind:
+
+    common   imports; then, at the lowest priority, the source hash
+    cpu      the C++ loading machinery's imports (nothing is probed or built to load:
+             load_guard.py)
+    cuda     triton's runtime imports; at the lowest priority triton's source hash and
+             driver start
+
+``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
+before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
+then), and loads wait for the step of their device so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from hotswap.engine.loading.load_guard import count_compiler_runs
+from hotswap.engine.loading.loader import Loader, at_lowest_priority
+
+__all__ = ["start_warmup", "wait_warmup"]
+
+log = logging.getLogger("hotswap")
+
+
+def _common() -> None:
+    # Dynamo first: it and inductor import each other, and two threads entering that cycle
+    # at different modules at once get a half-initialized module and an ImportError (one of
+    # them could be the user's first call). Entering at dynamo, as the user's thread does,
+    # makes one thread wait for the other instead.
+    import torch._dynamo
+    import torch._functorch._aot_autograd.autograd_cache
+    import torch._inductor.codecache
+    import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
+    import torch._inductor.standalone_compile
+
+    torch_key = getattr(torch._inductor.codecache, "torch_key", None)  # one file hash per process
+    if torch_key is not None:
+        at_lowest_priority(torch_key)
+
+
+def _cpu() -> None:
+    # What loading a C++ kernel imports. No probe and no compiler: loads take the worker's
+    # vector-ISA probe with the artifact and find its kernels built (load_guard.py).
+    import torch._inductor.cpp_builder
+    import torch._inductor.cpu_vec_isa  # noqa: F401
+
+
+def _cuda() -> None:
+    import torch._inductor.runtime.triton_heuristics
+    import torch.utils._triton
+
+    # Triton's hash of its own sources and its driver's start: 0.5 s of the first CUDA load.
+    triton_hash = getattr(torch.utils._triton, "triton_hash_with_backend", None)
+    if triton_hash is not None:
+        at_lowest_priority(triton_hash)
+
+
+_STEPS: dict[str, Callable[[], None]] = {"common": _common, "cpu": _cpu, "cuda": _cuda}
+
+
+def _steps_for(devices: Iterable[str]) -> list[str]:
+    kinds = {d.split(":")[0] for d in devices}
+    return ["common", *(k for k in _STEPS if k != "common" and k in kinds)]
+
+
+class _Warmup:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: dict[str, threading.Event] = {}
+        # Steps in order, on a thread that ends once they are done (a later device's step
+        # starts another).
+        self._loader = Loader(name="hotswap-warmup")
+
+    def start(self, devices: Iterable[str]) -> list[threading.Event]:
+        events = []
+        with self._lock:
+            for step in _steps_for(devices):
+                if step not in self._done:
+                    self._done[step] = threading.Event()
+                    self._loader.submit(self._run, step)
+                events.append(self._done[step])
+        return events
+
+    def _run(self, step: str) -> None:
+        t = time.monotonic()
+        try:
+            with count_compiler_runs():  # the loader hands the GIL over quickly meanwhile
+                _STEPS[step]()
+        except Exception as e:  # a load pays for it later, that is all
+            # Once the interpreter is exiting, steps fail for that reason alone.
+            exiting = not threading.main_thread().is_alive()
+            log.log(logging.DEBUG if exiting else logging.INFO,
+                    "hotswap: warming the load path (%s) failed: %s: %s", step,
+                    type(e).__name__, e)
+        finally:
+            log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
+            self._done[step].set()
+
+
+_warmup = _Warmup()
+
+
+def start_warmup(devices: Iterable[str] = ()) -> None:
+    """Warm this process's load path for ``devices`` ("cpu", "cuda:0", ...) in the
+    background; steps already done or under way are not repeated."""
+    _warmup.start(devices)
+
+
+def wait_warmup(devices: Iterable[str] = (), timeout_s: float | None = None) -> bool:
+    """Start (if needed) and wait for the warm-up of ``devices``; False on timeout."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    for event in _warmup.start(devices):
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not event.wait(remaining):
+            return False
+    return True

@@ -1,0 +1,200 @@
+"""The benchmark gate: a decision, serving tier vs candidate, on a measurement it is handed.
+
+    Gate.request(...)  -> the BenchRequest that times both tiers against each other in
+                          interleaved rounds (profiles/bench.measure_pair), same-metadata inputs
+    decide(measurement, attempt=, contended=, threshold=, now_s=)
+                       -> a Decision: adopt (surely faster by the threshold), keep out (surely
+                          not), retry later (the interval straddles the threshold, or contention
+                          left too few clean rounds: measured again, and when), or adopt by
+                          ladder order (nothing to measure against, or the measurement failed)
+
+A decision needs no contention-free machine: rounds in which another task preempted the
+benchmark are seen and left out, and the decision rests on a 95 % interval of the rounds'
+ratios, not on one median each. An undecided measurement is retried up to MAX_ATTEMPTS
+(MAX_CONTENDED more when contention spoiled it); after the last, the serving tier stays,
+marked "low" confidence.
+
+``decide`` is a function of what it is handed: it logs nothing, reads no clock and owns no
+graph's state. The ladder (ladder.py) measures, logs, applies the decision, starts its retry
+timer, and keeps one measurement at a time per graph. A tier kept out is remembered in the
+artifact cache as a verdict entry (``pack_verdict``: the decision and what it was measured
+under), so a warm process does not serve it either; a low-confidence one it measures again.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from hotswap.engine.journey import Entry
+from hotswap.engine.shipping.request import GraphRequest
+from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CachedEntry
+from hotswap.profiles.bench import (
+    DEFAULT_BUDGET_MS,
+    MIN_CLEAN,
+    gate_decision,
+    paired_from_medians,
+)
+from hotswap.profiles.records import GateDecision, Paired
+
+__all__ = ["EAGER", "HELD_SUFFIX", "Action", "Decision", "Gate", "Measurement", "Retry",
+           "StoredVerdict", "decide", "pack_verdict", "verdict_label"]
+
+EAGER = "eager"
+# Suffix of a tier's key under which a confident "not slower than eager" is stored.
+HELD_SUFFIX = "/vs-eager"
+# An undecided gate measures again, longer (Gate.request doubles the budget), after a pause
+# that lets a burst of load pass; after the last attempt the serving tier stays. A machine
+# too busy to measure on (a compile of another tier, a caller using every core) is waited
+# out: up to MAX_CONTENDED times more, each pause twice the last (about a minute in all).
+MAX_ATTEMPTS = 3
+MAX_CONTENDED = 6
+RETRY_AFTER_S = 1.0
+
+
+def pack_verdict(decision: GateDecision, device: str, date_unix_s: float) -> bytes:
+    """A verdict as the cache stores it: what it decided and what it was measured under."""
+    fields = ("reason", "outcome", "confidence", "gain", "gain_low", "gain_high",
+              "candidate_ms", "serving_ms", "rounds", "contended", "threshold")
+    data = {"kept_for": decision.serving, "candidate": decision.candidate,
+            "device": device, "date_unix_s": date_unix_s,
+            **{f: getattr(decision, f) for f in fields}}
+    return msgpack.packb(data, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class StoredVerdict:
+    reason: str
+    confident: bool
+
+    @classmethod
+    def unpack(cls, data: bytes) -> StoredVerdict:
+        verdict = msgpack.unpackb(data, raw=False)
+        confidence = verdict.get("confidence", "confident")  # older entries: as they decided
+        return cls(f"gate (earlier run, {confidence or 'undecided'}): {verdict['reason']}",
+                   confidence == "confident")
+
+
+def verdict_label(decision: GateDecision) -> str:
+    """How ``hotswap cache ls`` shows a stored verdict."""
+    gain = "" if decision.gain is None else f" {100 * decision.gain:+.1f}%"
+    if decision.candidate == EAGER:
+        what = ("kept: slower than eager" if decision.adopt
+                else "not slower than eager")
+        return f"{decision.serving} {what} (eager{gain}), {decision.confidence or 'undecided'}"
+    return (f"{decision.candidate} kept for {decision.serving}:{gain}, "
+            f"{decision.confidence or 'undecided'}")
+
+
+class Action(enum.Enum):
+    ADOPT = "adopt"          # measured faster than the serving tier
+    BY_ORDER = "by order"    # not measured: adopted if it ranks above the serving tier
+    KEEP = "keep"            # kept out; ``reason`` says why
+    RETRY = "retry later"    # undecided: the serving tier stays, and the pair is measured again
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One gate measurement of ``candidate`` against ``serving`` (a tier, or eager) for
+    ``graph_id``: the worker's reply, or the error that stopped it."""
+
+    graph_id: str
+    serving: str
+    candidate: str
+    reply: BenchReply | BaseException
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Measure the pair again after ``after_s``, as attempt ``attempt`` (its budget grows
+    with it: Gate.request), with ``contended`` too-busy measurements behind it."""
+
+    after_s: float
+    attempt: int
+    contended: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one measurement decided. ``reason``: why, as status shows a kept tier;
+    ``record``: the measured comparison (the timeline's and the stored verdict's), None where
+    nothing was measured; ``retry``: set exactly when ``action`` is RETRY."""
+
+    action: Action
+    reason: str = ""
+    record: GateDecision | None = None
+    retry: Retry | None = None
+
+
+def decide(measurement: Measurement, *, attempt: int, contended: int, threshold: float,
+           now_s: float) -> Decision:
+    """Decide on one measurement: ``attempt`` and ``contended`` count the measurements of this
+    pair so far (this one included in ``attempt``), ``threshold`` the gain to adopt at (0.02:
+    2 %), ``now_s`` the monotonic time the record carries. Pure: no logging, no clock."""
+    m, reply = measurement, measurement.reply
+    if isinstance(reply, BaseException):
+        return Decision(Action.BY_ORDER)
+    pair = next((p for p in reply.pairs
+                 if (p.serving, p.candidate) == (m.serving, m.candidate)), None)
+    if pair is None:  # a benchmarker that gives medians alone (or none)
+        results = {b.tier: b.result for b in reply.benches}
+        if m.candidate not in results:
+            why = "; ".join(f"{t}: {e}" for t, e in reply.errors.items()) or "no result"
+            return Decision(Action.KEEP, f"gate: could not benchmark it ({why})")
+        if m.serving not in results:
+            return Decision(Action.BY_ORDER)
+        pair = paired_from_medians(m.graph_id, m.serving, results[m.serving].median_ms,
+                                   m.candidate, results[m.candidate].median_ms)
+    retry = _retry(pair, attempt, contended)
+    record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
+                           last_attempt=retry is None)
+    if record.outcome == "undecided":
+        return Decision(Action.RETRY, f"gate: {record.reason}", record, retry)
+    if record.adopt:
+        return Decision(Action.ADOPT, record.reason, record)
+    return Decision(Action.KEEP, f"gate: {record.reason}", record)
+
+
+def _retry(pair: Paired, attempt: int, contended: int) -> Retry | None:
+    """The next measurement of the pair should this one be undecided; None: this is the last.
+    Too few clean rounds (the machine was busy) is measured again with the same budget after
+    a pause that doubles; an interval across the threshold, longer, up to MAX_ATTEMPTS."""
+    if pair.clean < MIN_CLEAN:
+        if contended < MAX_CONTENDED:
+            return Retry(RETRY_AFTER_S * 2 ** contended, attempt, contended + 1)
+        return None
+    if attempt < MAX_ATTEMPTS:
+        return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended)
+    return None
+
+
+def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:
+    """What a benchmark job can carry (pickle refuses views): copies only entries the cache
+    does not hold."""
+    return {t: bytes(e) if isinstance(e, memoryview) else e for t, e in entries.items()}
+
+
+class Gate:
+    """A later tier replaces the serving one only if it measured ``threshold`` faster (0.02:
+    2 %). ``configs``: each tier's inductor config, under which its artifact loads."""
+
+    def __init__(self, threshold: float, configs: dict[str, dict[str, Any]],
+                 budget_ms: float = DEFAULT_BUDGET_MS) -> None:
+        self.threshold = threshold
+        self.budget_ms = budget_ms
+        self._configs = configs
+
+    def request(self, graph_id: str, entries: dict[str, Entry], request: GraphRequest, *,
+                purpose: str, with_graph: bool, pair: tuple[str, str] | None = None,
+                attempt: int = 1) -> BenchRequest:
+        """Measure ``entries`` (tier -> artifact) on inputs like the graph's. ``with_graph``:
+        eager too, and (``purpose="compare"``) each tier's kernels, for a profile. ``pair``:
+        (serving, candidate) timed against each other; a later ``attempt`` measures longer."""
+        return BenchRequest(graph_id, _sendable(entries), request.inputs, request.grad_enabled,
+                            graph_bytes=request.graph_bytes if with_graph else b"",
+                            budget_ms=self.budget_ms * 2 ** (attempt - 1), purpose=purpose,
+                            breakdown=purpose == "compare", num_threads=request.num_threads,
+                            configs=self._configs, pair=pair or ())

@@ -1,0 +1,378 @@
+"""The coordinator's use of the artifact cache: keys, reads, writes and compile claims.
+
+    Coordinator ---keys()----> one key per (graph, tier), from the graph, inputs and tier config
+                ---get()-----> a verified entry or None (a refused entry counts in cache_rejects)
+                ---fetch()---> the fleet store's entry (off the user's thread), written here too
+                ---claim()---> this process compiles key; others wait_for_holder(), then re-read
+                ---store()---> entries of artifacts that loaded here; gate verdicts beside them
+
+Opened lazily on the first graph (the stamp needs the graph's devices); a cache that cannot be
+opened (unwritable directory, say) is logged once and hotswap runs without one. Locks held by
+this process live in ``_claims``: taken in the user's call, released on the loader thread.
+
+With a fleet store (``cache_url``, fleet/store.py) the local directory is a read-through tier
+in front of it, and a claim is two: this machine's file lock, then the fleet's expiring Redis
+claim. A store that fails (Redis down) is warned of once and left alone for
+``_REMOTE_RETRY_S``: the process serves on from its local cache; entries stored meanwhile are
+sent once it answers again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import filelock
+import torch
+
+from hotswap.cache import VERDICT_TIER, ArtifactCache
+from hotswap.cache.stores import RemoteStore, open_local, open_remote
+from hotswap.counting import bump
+from hotswap.engine import threads
+from hotswap.engine.options import Tier
+from hotswap.engine.shipping.keys import environment_stamp, tier_key, verdict_key
+from hotswap.engine.shipping.wire import CachedEntry
+from hotswap.system import proctree
+from hotswap.system.starvation import STOPPED_GRACE_S
+
+__all__ = ["STOPPED_GRACE_S", "CacheAccess"]
+
+_POLL_S = 0.5
+_REMOTE_RETRY_S = 30.0
+# Entries a fleet store missed while it was down, per store URL, in this process (every
+# coordinator's): key -> (tier, origin, local cache root). Sent with the next entry it takes.
+_unsent: dict[str, dict[str, tuple[str, str, str]]] = {}
+_unsent_lock = threading.Lock()
+
+log = logging.getLogger("hotswap")
+
+# Notes of use under way are waited for at exit, briefly: the interpreter stops a daemon thread
+# wherever it is, and one stopped between its temporary file and the rename left a .tmp- file
+# in the cache.
+_TOUCH_THREAD = "hotswap-cache-touch"
+_TOUCH_EXIT_WAIT_S = 2.0
+atexit.register(threads.join_all, _TOUCH_EXIT_WAIT_S, name=_TOUCH_THREAD)
+
+
+class CacheAccess:
+    def __init__(self, cache_dir: str | None, timeout_s: float | None,
+                 cache_url: str | None = None) -> None:
+        self._cache_dir = cache_dir
+        self._timeout_s = timeout_s
+        self._cache: ArtifactCache | None = None
+        self._url = cache_url
+        self._remote: RemoteStore | None = None
+        self._remote_down_until = 0.0
+        self._failed = False
+        self._lock = threading.Lock()
+        self._claims: dict[str, filelock.FileLock] = {}
+        self._notes: dict[str, str] = {}  # what failed -> its first message (status, log)
+
+    @property
+    def note(self) -> str:
+        """What went wrong with the cache in this process ("" when nothing did)."""
+        with self._lock:
+            return "; ".join(self._notes.values())
+
+    @property
+    def enabled(self) -> bool:
+        return self._cache is not None
+
+    @property
+    def shared(self) -> bool:
+        """Whether a fleet store stands behind the local cache."""
+        return self._remote is not None
+
+    def keys(self, gm: torch.fx.GraphModule, inputs: tuple[Any, ...], grad_enabled: bool,
+             wanted: list[Tier], num_threads: int | None = None) -> dict[str, str]:
+        """Cache key per tier; opens the cache on first use. No cache, no keys."""
+        with self._lock:
+            if self._cache is None and not self._failed:
+                devices = {m.device for m in inputs}
+                try:
+                    self._cache = open_local(self._cache_dir, environment_stamp(devices))
+                except (OSError, ValueError) as e:
+                    self._failed = True
+                    self._notes["open"] = f"artifact cache disabled: {e}"
+                    log.warning("hotswap: %s", self._notes["open"])
+                if self._cache is not None and self._url is not None:
+                    self._open_remote(self._cache.stamp)
+        if self._cache is None or self._cache.stamp is None:
+            return {}
+        stamp = self._cache.stamp
+        return {t.name: tier_key(gm, inputs, grad_enabled, t.load_config, stamp, num_threads)
+                for t in wanted}
+
+    def get(self, key: str | None) -> bytes | None:
+        """An entry, if the cache has a valid one; a refused entry counts in cache_rejects."""
+        if self._cache is None or key is None:
+            return None
+        rejected = self._cache.rejected
+        try:
+            entry = self._cache.get(key, touch=False)
+        except OSError as e:  # unreadable, a directory, ...: a miss, never the user's error
+            self._warn_once("read", e)
+            return None
+        if self._cache.rejected != rejected:
+            bump("cache_rejects")
+        if entry is not None:  # the index notes the use off the user's path (best effort)
+            threads.start(self._cache.touch, name=_TOUCH_THREAD, args=(key,))
+        return entry
+
+    def _open_remote(self, stamp: dict[str, Any] | None) -> None:
+        """The fleet store behind the local cache; without the fleet key, none (said once)."""
+        assert self._url is not None
+        try:
+            self._remote = open_remote(self._url, stamp)
+        except ValueError as e:
+            self._notes["fleet"] = f"fleet store {self._url} not used: {e}"
+            log.warning("hotswap: %s", self._notes["fleet"])
+
+    def _fleet(self) -> RemoteStore | None:
+        """The fleet store, unless it failed less than _REMOTE_RETRY_S ago."""
+        if self._remote is None or time.monotonic() < self._remote_down_until:
+            return None
+        return self._remote
+
+    def _fleet_failed(self, error: OSError) -> None:
+        bump("fleet_store_errors")
+        self._remote_down_until = time.monotonic() + _REMOTE_RETRY_S
+        note = (f"fleet store unreachable ({error}); serving from the local cache at "
+                f"{self._cache.root if self._cache else self._cache_dir}, trying it again "
+                f"every {_REMOTE_RETRY_S:g} s")
+        with self._lock:
+            first = "fleet-down" not in self._notes
+            self._notes.setdefault("fleet-down", note)
+        if first:
+            log.warning("hotswap: %s", note)
+
+    def fetch(self, key: str, tier: str = "") -> bytes | None:
+        """The fleet store's entry for ``key`` (None: none, or the store is down), written to
+        the local cache too (labelled ``tier``). Blocks on the network: never in the user's
+        call."""
+        remote = self._fleet()
+        if remote is None:
+            return None
+        rejected = remote.rejected
+        try:
+            entry = remote.get(key)
+        except OSError as e:
+            self._fleet_failed(e)
+            return None
+        if remote.rejected != rejected:
+            bump("cache_rejects")
+        if entry is not None:
+            if tier != VERDICT_TIER:
+                bump("remote_cache_hits")
+            self._put(key, entry, tier, local_only=True)
+        return entry
+
+    def fleet_verdict(self, key: str) -> bytes | None:
+        """The verdict stored under ``key`` (a tier key, or one with a suffix) in the fleet
+        store itself: another replica's decision (off the user's thread)."""
+        return self.fetch(verdict_key(key), VERDICT_TIER)
+
+    def claim_decision(self, key: str) -> bool:
+        """Take the fleet's claim on deciding ``key`` (one replica measures, the others take
+        its verdict). True also where no fleet store is there to share a decision through."""
+        remote = self._fleet()
+        if remote is None:
+            return True
+        try:
+            return remote.claim(verdict_key(key + "/deciding"))
+        except OSError as e:
+            self._fleet_failed(e)
+            return True
+
+    def release_decision(self, key: str) -> None:
+        if self._remote is not None:
+            self._remote.release(verdict_key(key + "/deciding"))
+
+    def _warn_once(self, what: str, error: OSError) -> None:
+        root = self._cache.root if self._cache is not None else self._cache_dir
+        note = (f"could not {what} the artifact cache at {root} ({type(error).__name__}: "
+                f"{error}); serving without it where it fails (check its permissions and free "
+                "space, or set HOTSWAP_CACHE_DIR)")
+        with self._lock:
+            first = what not in self._notes
+            self._notes.setdefault(what, note)
+        if first:
+            log.warning("hotswap: %s", note)
+
+    def verdict(self, key: str) -> bytes | None:
+        """The gate's verdict on ``key``'s tier in an earlier run, if any."""
+        if self._cache is None:
+            return None
+        try:
+            return self._cache.get(verdict_key(key), touch=False)
+        except OSError as e:
+            self._warn_once("read", e)
+            return None
+
+    def store(self, key: str | None, tier: str, entry: bytes | memoryview,
+              origin: str = "") -> CachedEntry | None:
+        """Store a tier's packed artifact (``artifacts.pack_entry``) under ``key``; where a
+        worker finds it, if it was stored. ``origin`` labels it in ``hotswap cache ls``."""
+        if key is not None and self._put(key, entry, tier, origin):
+            return self.ref(key)
+        return None
+
+    def ref(self, key: str | None) -> CachedEntry | None:
+        """Where a worker reads the entry stored under ``key`` (None without a cache)."""
+        if self._cache is None or key is None:
+            return None
+        return CachedEntry(str(self._cache.root), key)
+
+    def store_verdict(self, key: str, verdict: bytes, label: str = "") -> None:
+        """The gate's verdict on ``key``'s tier; ``label`` shows in ``hotswap cache ls``."""
+        self._put(verdict_key(key), verdict, VERDICT_TIER, label)
+
+    def _put(self, key: str, payload: bytes | memoryview, tier: str, origin: str = "", *,
+             local_only: bool = False) -> bool:
+        if self._cache is None:
+            return False
+        stored = True
+        try:
+            self._cache.put(key, payload, tier=tier, origin=origin)
+        except OSError as e:  # a full disk must not cost the user the tier they already have
+            self._warn_once("write", e)
+            stored = False
+        if self._remote is not None and not local_only:
+            self._send(key, payload, tier, origin)
+        return stored
+
+    def _send(self, key: str, payload: bytes | memoryview, tier: str, origin: str) -> None:
+        """Store in the fleet store too, with what it missed while it was down; what it
+        misses now is sent with a later entry (by any coordinator of this process)."""
+        assert self._url is not None and self._cache is not None
+        remote = self._fleet()
+        with _unsent_lock:
+            late = _unsent.setdefault(self._url, {})
+            late[key] = (tier, origin, str(self._cache.root))
+            todo = dict(late)
+        if remote is None:
+            return
+        try:
+            for todo_key, (todo_tier, todo_origin, root) in todo.items():
+                data = payload if todo_key == key else ArtifactCache(
+                    root, read_only=True).get(todo_key, touch=False)
+                if data is not None:
+                    remote.put(todo_key, data, tier=todo_tier, origin=todo_origin)
+                with _unsent_lock:
+                    late.pop(todo_key, None)
+        except OSError as e:
+            self._fleet_failed(e)
+
+    # ------------------------------------------------------------------ compile claims
+
+    def claim(self, key: str) -> bool:
+        """Take the cross-process compile lock for ``key`` without waiting; False if taken.
+
+        Callers re-check the cache after a successful claim: another process may have stored
+        the entry and released the lock between our miss and our claim.
+        """
+        assert self._cache is not None
+        try:
+            lock = self._cache.compile_lock(key)
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        except OSError as e:  # the locks folder cannot be written: compile, unclaimed
+            self._warn_once("lock", e)
+            return True
+        with self._lock:
+            self._claims[key] = lock
+        try:
+            self._cache.write_claim_owner(key, os.getpid())
+        except OSError:
+            pass  # waiters then cannot tell if we stop; the time limit still bounds them
+        remote = self._fleet()
+        if remote is not None:
+            try:
+                if not remote.claim(key):  # another replica compiles it: wait for that one
+                    self.release(key)
+                    return False
+            except OSError as e:  # compile, claimed on this machine only
+                self._fleet_failed(e)
+        return True
+
+    def claimed_hit(self, key: str) -> bytes | None:
+        """After a claim: the entry if it appeared meanwhile (the claim is then released)."""
+        cached = self.get(key)
+        if cached is None:  # None without a fleet store
+            cached = self.fetch(key)
+        if cached is not None:
+            self.release(key)
+        return cached
+
+    def release(self, key: str | None) -> None:
+        with self._lock:
+            lock = self._claims.pop(key, None) if key is not None else None
+        if lock is not None:
+            if self._remote is not None and key is not None:
+                self._remote.release(key)
+            if self._cache is not None and key is not None:
+                with contextlib.suppress(OSError):
+                    self._cache.remove_claim_owner(key)
+            lock.release()
+
+    def wait_for_holder(self, key: str) -> bool:
+        """Block until the process holding ``key``'s compile lock lets go. False (compile
+        here instead) after the time limit, or once the holder has been stopped (SIGSTOP,
+        Ctrl-Z) for ``STOPPED_GRACE_S``: a suspended process must not stall every other
+        process on the cache."""
+        assert self._cache is not None
+        try:
+            lock = self._cache.compile_lock(key)
+        except OSError as e:
+            self._warn_once("lock", e)
+            return False
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        stopped_since: float | None = None
+        while True:
+            try:
+                lock.acquire(timeout=_POLL_S)
+            except filelock.Timeout:  # before OSError: filelock.Timeout is a TimeoutError
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return False
+                holder = self._holder(key)
+                # A holder that is gone released its lock: the next acquire gets it.
+                if holder is None or not proctree.is_stopped(holder):
+                    stopped_since = None
+                    continue
+                stopped_since = stopped_since if stopped_since is not None else now
+                if now - stopped_since >= STOPPED_GRACE_S:
+                    log.warning("hotswap: process %d holds the compile claim on %s… but is "
+                                "stopped; compiling it here instead", holder, key[:16])
+                    return False
+                continue
+            except OSError as e:
+                self._warn_once("lock", e)
+                return False
+            lock.release()
+            return self._wait_for_fleet_holder(key, deadline)
+
+    def _wait_for_fleet_holder(self, key: str, deadline: float | None) -> bool:
+        """Block while another replica holds the fleet's claim on ``key`` (it expires if that
+        replica dies: fleet/store.py). True once it is let go, or the store is down."""
+        while (remote := self._fleet()) is not None:
+            try:
+                if not remote.held(key):
+                    return True
+            except OSError as e:
+                self._fleet_failed(e)
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+        return True
+
+    def _holder(self, key: str) -> int | None:
+        assert self._cache is not None
+        return self._cache.claim_owner(key)

@@ -1,0 +1,191 @@
+"""One tier of one graph, from the cache or a compile to a loaded callable: the lifecycle
+every mode shares (the background modes continue on the load thread, the blocking ones wait
+for it in the call).
+
+    start(journey, tier, cached=None) -> Future[Arrival]
+      hit ---------------------------------> load (load thread) --> Arrival(fn, "cache", entry)
+       |                                          '-- will not load: compiled, as a miss
+      miss here, a fleet store behind (cache_url): go on on a thread, its hit is a hit
+      miss: claim key --held elsewhere--> wait for its holder (a thread), then start again
+       |                                  (a hit now; or, past the limit, compile unclaimed)
+       '--claimed--> compile (retried once on a crashed worker) --> load --> store -->
+                     release --> Arrival(fn, "worker", entry)
+    (a claim is this machine's file lock, then, with a fleet store, the fleet's claim)
+
+This is the cached compiler of the worker modes: load-else-compile-then-store in one place
+(vLLM's ``CompilerManager``). ``InProcess`` (inprocess.py) keeps the same contract for
+compiles in the caller's process; a mode picks one, and whether the first call waits. The
+future resolves on the load thread; a failure resolves it with the error (a pool error, or a
+``TierError``), its claim released. What a failure means is the caller's to decide. The tier
+walks ``pending -> compiled`` here; the caller moves it on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hotswap.counting import bump
+from hotswap.engine import threads
+from hotswap.engine.journey import GraphJourney, TierState
+from hotswap.engine.options import Tier
+from hotswap.engine.recording import Recorder
+from hotswap.engine.shipping.wire import CachedEntry, CompileResult
+from hotswap.engine.sources.cache_access import CacheAccess
+from hotswap.engine.sources.compilers import CompileFuture
+
+__all__ = ["Arrival", "Dropped", "LoadFailed", "TierError", "TierLifecycle", "TierSource"]
+
+log = logging.getLogger("hotswap")
+
+# Runs ``fn(*args)`` on the load thread; ``args[0]`` is the graph's journey.
+OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
+# Loads a packed entry for a tier: (journey, tier, entry, stage) -> callable; stage is the
+# span it is timed as ("load" for a fresh compile, "cache_load" for a hit).
+Load = Callable[[GraphJourney, Tier, Any, str], Any]
+Compile = Callable[[GraphJourney, Tier], CompileFuture]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    fn: Any                                  # the loaded tier
+    path: str                                # "cache" or "worker"
+    entry: bytes | memoryview | CachedEntry  # what a later benchmark of the tier loads
+
+
+class TierError(Exception):
+    """A tier did not come in; ``str(error)`` is the reason its status shows."""
+
+
+class LoadFailed(TierError):
+    """A compiled artifact did not load in this process."""
+
+
+class Dropped(TierError):
+    """The graph was let go (``torch.compiler.reset()``): its tier ends without loading."""
+
+
+class TierSource(Protocol):
+    """Brings one tier of one graph in: the contract every mode composes."""
+
+    def start(self, journey: GraphJourney, tier: Tier, *,
+              cached: bytes | None = None) -> Future[Arrival]: ...
+
+
+class TierLifecycle:
+    def __init__(self, cache: CacheAccess, compile: Compile, load: Load, on_loader: OnLoader,
+                 recorder: Recorder) -> None:
+        self._cache, self._compile_fn, self._load = cache, compile, load
+        self._on_loader, self._recorder = on_loader, recorder
+
+    def start(self, journey: GraphJourney, tier: Tier, *,
+              cached: bytes | None = None) -> Future[Arrival]:
+        """Bring ``tier`` in: from ``cached`` (an entry the caller already read), the cache,
+        or a compile. In the caller's thread a miss costs one stat() and a lock try."""
+        out: Future[Arrival] = Future()
+        self._begin(out, journey, tier, journey.keys.get(tier.name), cached)
+        return out
+
+    def _begin(self, out: Future[Arrival], journey: GraphJourney,
+               tier: Tier, key: str | None, cached: bytes | None, *,
+               off_caller: bool = False) -> None:
+        if cached is None and self._cache.enabled and key is not None:
+            cached = self._cache.get(key)
+            if cached is None and self._cache.shared:
+                if not off_caller:  # the fleet store is a network away: not in the call
+                    threads.start(self._begin, name="hotswap-fleet",
+                                  args=(out, journey, tier, key, None),
+                                  kwargs={"off_caller": True})
+                    return
+                cached = self._cache.fetch(key)
+            if cached is None:
+                if not self._cache.claim(key):
+                    threads.start(self._await_holder, name="hotswap-wait",
+                                  args=(out, journey, tier, key))
+                    return
+                cached = self._cache.claimed_hit(key)
+        if cached is None:
+            self._compile(out, journey, tier, key)
+            return
+        bump("cache_hits")
+        self._on_loader(self._load_cached, (journey, out, tier, key, cached))
+
+    def _await_holder(self, out: Future[Arrival], journey: GraphJourney,
+                      tier: Tier, key: str) -> None:
+        """Wait until the process compiling ``key`` lets go, then start again (its entry is a
+        hit now; if it failed, this process compiles)."""
+        if self._cache.wait_for_holder(key):
+            self._begin(out, journey, tier, key, None, off_caller=True)
+        else:
+            self._compile(out, journey, tier, None)  # too slow: compile here
+
+    def _load_cached(self, journey: GraphJourney, out: Future[Arrival], tier: Tier,
+                     key: str | None, entry: bytes) -> None:
+        if journey.forgotten:
+            _resolve(out, error=Dropped("the graph was reset"))
+            return
+        journey.to(tier.name, TierState.COMPILED)
+        try:
+            fn = self._load(journey, tier, entry, "cache_load")
+        except Exception as e:  # compiled again; its result replaces the entry
+            log.warning("hotswap: cached artifact of graph %s tier %r failed to load (%s: %s); "
+                        "compiling it again", journey.graph_id, tier.name, type(e).__name__, e)
+            journey.to(tier.name, TierState.PENDING)
+            self._compile(out, journey, tier, key)
+            return
+        _resolve(out, Arrival(fn, "cache", self._cache.ref(key) or entry))
+
+    def _compile(self, out: Future[Arrival], journey: GraphJourney,
+                 tier: Tier, key: str | None) -> None:
+        if journey.forgotten:  # reset while its claim or the fleet store was awaited
+            _resolve(out, error=Dropped("the graph was reset"))
+            self._cache.release(key)
+            return
+        submitted = time.monotonic()
+        future = self._compile_fn(journey, tier)
+        future.add_done_callback(lambda f: self._on_loader(self._compiled, (
+            journey, out, tier, f, submitted, time.monotonic(), key)))
+
+    def _compiled(self, journey: GraphJourney, out: Future[Arrival], tier: Tier,
+                  future: CompileFuture, submitted: float, done: float, key: str | None) -> None:
+        """Load thread: load a finished compile and store it, or pass its failure on."""
+        try:
+            if journey.forgotten or future.cancelled():  # a reset cancelled it: load nothing
+                _resolve(out, error=Dropped("the graph was reset"))
+                return
+            error = future.exception()
+            if error is not None:
+                _resolve(out, error=error)
+                return
+            self._recorder.worker_job(journey, tier.name, future.stage_events, submitted, done)
+            result = CompileResult.from_wire(future.result())
+            bump("worker_compiles")
+            journey.to(tier.name, TierState.COMPILED)
+            try:
+                fn = self._load(journey, tier, result.entry, "load")
+            except Exception as e:
+                _resolve(out, error=LoadFailed(
+                    f"artifact failed to load: {type(e).__name__}: {e}"))
+                return
+            # only ones that loaded
+            stored = self._cache.store(key, tier.name, result.entry, journey.origin)
+            _resolve(out, Arrival(fn, "worker", stored or result.entry))
+        except Exception as e:  # never leave a tier pending: wait() would hang
+            _resolve(out, error=LoadFailed(f"internal error: {type(e).__name__}: {e}"))
+        finally:
+            self._cache.release(key)  # processes waiting on us may go on
+
+
+def _resolve(out: Future[Arrival], result: Arrival | None = None, *,
+             error: BaseException | None = None) -> None:
+    try:
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:
+        pass

@@ -1,0 +1,210 @@
+"""The compile job (``wire.COMPILE_JOB``), run inside a worker: a ``CompileRequest``'s graph
+rebuilt on inputs made from its metadata, compiled by inductor, its artifact packed with the
+files it needs (wire.py says what travels). Also the workers' warm-up steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hotswap.engine.shipping.wire import CompileRequest, CompileResult, InputMeta
+from hotswap.workers import emit_stage, stage
+
+__all__ = ["compile_graph", "landed", "real_inputs", "warm_compile", "warm_device"]
+
+
+# Ship cache files written after this time with the next result (set by warm_device).
+_files_since_s: float | None = None
+
+
+def warm_device(_: Any = None) -> None:
+    """A worker's first warm-up step, run after it reports ready unless a job is already
+    waiting (a job pays what it needs itself): the per-process costs of a first compile on
+    this machine's device. CUDA: the context and inductor's compile pool. CPU: inductor's
+    vector-ISA probe, which builds and loads a C++ program per ISA (8.3 s one after another
+    on our 2-core box, 5.1 s with the ISAs probed side by side, as here).
+
+    On our H200 machine the probe took 53 s with an empty inductor cache, so a GPU machine's
+    worker leaves it to its first CPU graph, as an in-process compile would."""
+    global _files_since_s
+    _files_since_s = time.time() - 1.0  # the first job also ships what warming up compiled
+    import torch
+    import torch._inductor.codecache
+    import torch._inductor.graph
+    import torch._inductor.lowering
+
+    from hotswap.engine.loading.load_guard import probe_vec_isa, record_precompiled_headers
+
+    record_precompiled_headers()
+    if not torch.cuda.is_available():
+        probe_vec_isa()
+    else:
+        torch.cuda.init()  # type: ignore[no-untyped-call]
+        torch.empty(1, device="cuda")
+        import torch._inductor.codegen.triton
+        import torch._inductor.runtime.triton_heuristics
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+
+
+def warm_compile(_: Any = None) -> None:
+    """A worker's last warm-up step (skipped when a job is waiting): one tiny compile."""
+    import torch
+
+    _compile_once("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _compile_once(device: str) -> None:
+    """One tiny compile end to end (graph -> AOTAutograd -> inductor -> kernels). The first
+    compile in a process pays lazy set-up that imports do not (decomposition tables, fake
+    tensor and codegen machinery): 0.5 s of AOTAutograd alone in a first real job (CPU and
+    H200), now paid before the worker reports ready."""
+    import torch
+
+    from hotswap import compat
+
+    def tiny(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + 1).relu()
+
+    with torch.no_grad():
+        compat.standalone_compile(torch.fx.symbolic_trace(tiny),
+                                  [torch.randn(64, device=device)], {})
+
+
+def _make_input(meta: InputMeta) -> Any:
+    import torch
+
+    dtype = getattr(torch, meta.dtype)
+    t = torch.empty_strided(meta.shape, meta.stride, dtype=dtype, device=meta.device)
+    # Values only matter to autotuning benchmarks; integers stay 0 so they are valid indices.
+    if dtype.is_floating_point or dtype.is_complex:
+        t.normal_()
+    else:
+        t.zero_()
+    return t.requires_grad_(meta.requires_grad)
+
+
+def real_inputs(metas: tuple[InputMeta, ...]) -> list[Any]:
+    """Tensors (and ints) at the example sizes: what autotuning and benchmarks run on."""
+    return [_make_input(m) if m.is_tensor else m.hint if m.symbol is not None else m.value
+            for m in metas]
+
+
+def _make_symbolic_inputs(metas: tuple[InputMeta, ...]) -> tuple[list[Any], Any]:
+    """Fake inputs whose dynamic dims are the coordinator's symbols, in one fresh ShapeEnv."""
+    import torch
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    symbols: dict[str, Any] = {}
+    for meta in metas:
+        for name, hint in meta.symbols:
+            if name not in symbols:
+                source = ConstantSource(name)
+                expr = shape_env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+                symbols[name] = shape_env.create_symintnode(expr, hint=hint, source=source)
+    inputs: list[Any] = []
+    with mode:
+        for meta in metas:
+            if meta.symbol is not None:
+                inputs.append(symbols[meta.symbol])
+                continue
+            if not meta.is_tensor:
+                inputs.append(meta.value)
+                continue
+            names = meta.sizes or (None,) * len(meta.shape)
+            sizes = [symbols[n] if n else h for n, h in zip(names, meta.shape, strict=True)]
+            dtype = getattr(torch, meta.dtype)
+            if meta.strides:
+                strides = [_evaluate(e, symbols) if e else h
+                           for e, h in zip(meta.strides, meta.stride, strict=True)]
+                t = torch.empty_strided(sizes, strides, dtype=dtype, device=meta.device)
+            else:
+                t = torch.empty(sizes, dtype=dtype, device=meta.device)
+            inputs.append(t.requires_grad_(meta.requires_grad))
+    return inputs, mode
+
+
+def _evaluate(expr: str, symbols: dict[str, Any]) -> Any:
+    """A stride expression (sympy's text: sums, products, powers of symbols and integers) over
+    the worker's SymInts."""
+    import sympy
+
+    def walk(node: Any) -> Any:
+        if node.is_Integer:
+            return int(node)
+        if node.is_Symbol:
+            return symbols[str(node)]
+        parts = [walk(arg) for arg in node.args]
+        if node.is_Add:
+            return sum(parts[1:], parts[0])
+        if node.is_Mul:
+            product = parts[0]
+            for part in parts[1:]:
+                product = product * part
+            return product
+        if node.is_Pow and node.exp.is_Integer and int(node.exp) > 0:
+            return parts[0] ** int(node.exp)
+        raise ValueError(f"stride expression {expr!r} has a term hotswap cannot rebuild: {node}")
+
+    return walk(sympy.sympify(expr))
+
+
+def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[Any], bool]:
+    """The shipped graph rebuilt, with inputs to compile it for (fake ones with the
+    coordinator's symbols where it is dynamic), and whether it is."""
+    from hotswap.engine.shipping.transport import land_graph
+
+    dynamic = any(m.symbols for m in metas)
+    if dynamic:
+        inputs, mode = _make_symbolic_inputs(metas)
+    else:
+        inputs, mode = real_inputs(metas), None
+    return land_graph(graph_bytes, inputs, mode), inputs, dynamic
+
+
+def _cpu_graph(metas: tuple[InputMeta, ...]) -> bool:
+    devices = {m.device.split(":")[0] for m in metas if m.is_tensor}
+    return "cpu" in devices and len(devices) == 1
+
+
+def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from hotswap import compat
+    from hotswap.engine.loading import kernel_files
+    from hotswap.engine.loading.artifacts import pack_entry
+    from hotswap.engine.loading.load_guard import (
+        cpp_sources,
+        probe_vec_isa,
+        probes,
+        record_precompiled_headers,
+    )
+
+    request = CompileRequest.from_wire(wire)
+    record_precompiled_headers()  # where warm_device did not run
+    with stage("graph_unpickle", tier=request.tier):
+        gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
+    if _cpu_graph(request.inputs):  # a job that came before warm_device did: probe side by side
+        with stage("vec_isa_probe", tier=request.tier):
+            probe_vec_isa()  # answered from inductor's caches once probed
+    global _files_since_s
+    started = time.time() - 1.0  # mtime granularity
+    with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,
+          torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
+          compat.intra_op_threads(request.num_threads),
+          compat.under_compile_id(request.compile_id)):
+        data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
+    for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
+        emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
+    with stage("collect_files", tier=request.tier):
+        since = started if _files_since_s is None else min(started, _files_since_s)
+        files = kernel_files.compile_outputs(sources, since)
+        entry = pack_entry(data, files, probes())
+    _files_since_s = None
+    return CompileResult(request.graph_id, request.tier, entry).to_wire()

@@ -1,0 +1,1 @@
+"""The benchmarks behind hotswap bench: from-process-start rows, reports and the fleet bench."""

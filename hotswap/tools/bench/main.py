@@ -1,0 +1,283 @@
+"""``hotswap bench``: hotswap's modes vs torch.compile and PyTorch's own subprocess modes.
+
+Every row runs in a fresh process with empty inductor, triton and hotswap caches (cold), and
+every time is on the user's clock, from that process's start, with nothing left out. It
+builds a zoo or corpus model and serves it until the final tier serves, with a busy caller
+(a call every --interval-ms) or an idle one (--caller idle: the first call, then none):
+  ready             process start -> the first call (imports, the model's construction)
+  prepare           with --prepare: hotswap.prepare() (no wait) before the model is built, as
+                    the README advises (the call's own time; inside ready)
+  first out         process start -> the first call's output
+  1st call          the first call's latency (dynamo trace + eager run, or + compile)
+  compiled          process start -> the final tier serves (torch rows: the first call's end)
+  largest call      the slowest call after the first one (did a compile or a swap stall a call?)
+  steady            median latency once final (CPU: wall-clock median; CUDA: do_bench)
+  eager             the eager model's median latency, timed after everything else
+  RSS               peak of the row's process plus its compile workers, sampled every 50 ms
+  final MiB         resident memory once the final tier serves: the serving process, the
+                    processes it started (compile workers, idle now) and theirs
+  idle MiB          the same once idle workers have exited (rows run with
+                    HOTSWAP_WORKER_IDLE_EXIT_S=2 unless set; the default is 300 s)
+--warm runs each row a second time on every cache its first run left; --replica runs each
+hotswap row a second time on its hotswap cache alone (fresh inductor and triton caches: one
+more replica of a service).
+PyTorch's modes run with the cache switches their tests use (fx_graph_cache,
+autotune_local_cache and autograd cache off). ``torch:eager-backend`` (dynamo trace + eager
+call) is the baseline for first output. ``machine:busy-eager`` compiles nothing: it serves the
+eager model for --floor-s seconds while one spinning process per core runs at the compile
+workers' priority, so its largest call is what the machine alone does to a call while a
+background compile keeps its cores busy (on some VMs the host takes a busy vCPU away for
+~100 ms, whatever runs on it).
+
+Targets: first output <= 1.1x dynamo trace + eager call; async compiled code serving <= 0.9x
+torch.compile's first call with an idle caller, <= 1.2x with a busy one; a replica's compiled
+code <= 0.3x its cold run and <= 1.2x dynamo + eager first output; largest call <= 2x eager +
+10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us; memory once the
+idle workers exit <= 1.3x torch.compile's once compiled; async compiled on a cluster <= 1.0x
+torch.compile's first call; progressive autotuned on cuda:1 reaches its final tier <= 1.0x
+in-process max-autotune. The @cluster rows use --cluster (default: a one-worker LocalCluster
+on this machine, started and warmed before the rows: on one box it competes for the caller's
+cores, a simulation of a compile machine). The table and the targets go to stdout, progress
+to stderr; --check makes a missed target exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from hotswap.tools.bench.report import machine, missed, report, write_markdown
+from hotswap.tools.bench.row import BENCH_MODELS, dispatch_overhead, is_bench_model, run_row
+from hotswap.tools.common import cuda_available, standalone, subcommand
+
+ROWS = {
+    "hotswap:async": "eager at once, then the default tier",
+    "hotswap:progressive": "eager, default, then max-autotune",
+    "hotswap:async@cluster": "async, compiled on a Dask cluster (--cluster)",
+    "hotswap:progressive@gpu1": "progressive, workers compile and autotune on cuda:1",
+    "hotswap:subprocess": "first call waits for the worker",
+    "hotswap:inprocess": "inductor in this process",
+    "torch:default": "torch.compile()",
+    "torch:max-autotune": "torch.compile(mode='max-autotune-no-cudagraphs')",
+    "torch:eager-backend": "torch.compile(backend='eager'): dynamo trace + eager call",
+    "pytorch:async+subprocess": "TORCHINDUCTOR_FX_COMPILE_MODE",
+    "pytorch:progressive+subprocess": "TORCHINDUCTOR_FX_COMPILE_MODE",
+    "machine:busy-eager": "eager calls while every core runs a spinner at the workers' priority",
+}
+
+
+def cold_env(root: str) -> dict[str, str]:
+    """This process's environment with inductor's, triton's and hotswap's caches in empty
+    directories under ``root``: what a fresh process of a benchmark row starts with."""
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+            "HOTSWAP_CACHE_DIR": os.path.join(root, "hotswap"),
+            # idle workers exit after 2 s (default 300): the row measures memory after that
+            "HOTSWAP_WORKER_IDLE_EXIT_S": os.environ.get("HOTSWAP_WORKER_IDLE_EXIT_S", "2")}
+
+
+def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one row in a fresh process with empty inductor, triton and hotswap caches. With
+    ``again``, run it a second time and report that run: ``"warm"`` on every cache the first
+    left, ``"replica"`` on its hotswap cache only (fresh inductor and triton caches: another
+    replica of a service). ``env`` overrides (e.g. a HOTSWAP_CACHE_DIR shared by rows)."""
+    overrides = env or {}
+    label = f"{row} ({again})" if again else row
+    with tempfile.TemporaryDirectory(prefix="hotswap-bench-") as cache:
+        env = {**cold_env(cache), **overrides}
+        if row.startswith("pytorch:"):
+            env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
+        if row.endswith("@cluster"):
+            env["HOTSWAP_EXECUTOR"] = args.cluster
+        if row.endswith("@gpu1"):
+            env["HOTSWAP_WORKER_DEVICES"] = "cuda:1"
+        cmd = [sys.executable, "-m", "hotswap.tools.bench.main", "--row", row, "--model", args.model,
+               "--device", args.device, "--timeout-s", str(args.timeout_s), "--interval-ms",
+               str(args.interval_ms), "--floor-s", str(args.floor_s), "--caller", args.caller] + (
+                   ["--threads", str(args.threads)] if args.threads else []) + (
+                   ["--workers", str(args.workers)] if args.workers else []) + (
+                   ["--prepare"] if args.prepare else [])
+        for run in range(2 if again else 1):
+            if run == 1 and again == "replica":
+                fresh = cold_env(os.path.join(cache, "replica"))
+                env.update({k: fresh[k] for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")})
+            try:
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                     timeout=args.timeout_s + 120)
+            except subprocess.TimeoutExpired:
+                return {"row": label, "error": f"no result within {args.timeout_s + 120:g} s"}
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"row": label, "error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    result: dict[str, Any] = json.loads(lines[-1])
+    result["row"] = label
+    return result
+
+
+def _local_cluster() -> tuple[Any, str, float]:
+    """A one-worker Dask cluster on this machine, warmed (torch imported, a first compile's
+    set-up paid) before any row starts: a fleet's cluster runs before a replica starts. On
+    one box it shares the caller's cores: a simulation of a compile machine, not one."""
+    from hotswap.fleet import LocalCluster
+
+    start = time.monotonic()
+    cluster = LocalCluster(1)
+    took = time.monotonic() - start
+    print(f"  Dask cluster {cluster.scheduler_address}: 1 worker, started and warmed in "
+          f"{took:.1f} s (before the rows, on no row's clock)", file=sys.stderr)
+    return cluster, cluster.scheduler_address, took
+
+
+def _timed_row(row: str, args: argparse.Namespace, *, again: str = "") -> dict[str, Any]:
+    label = f"{row} ({again})" if again else row
+    print(f"  running {label} ...", end="", flush=True, file=sys.stderr)
+    start = time.monotonic()
+    result = spawn_row(row, args, again=again)
+    print(f" {time.monotonic() - start:.0f} s{' (failed)' if 'error' in result else ''}",
+          flush=True, file=sys.stderr)
+    return result
+
+
+QUICK = {"models": "matmul-relu", "timeout_s": 45.0,
+         "rows": "hotswap:async,hotswap:progressive,torch:eager-backend,torch:default,"
+                 "torch:max-autotune,pytorch:async+subprocess,pytorch:progressive+subprocess"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default="mlp",
+                        help=f"comma list of zoo models (default mlp); one of {list(BENCH_MODELS)}, "
+                             "or corpus:NAME for a real model of hotswap.tools.corpus")
+    parser.add_argument("--rows", default=",".join(r for r in ROWS if "@" not in r),
+                        help="comma list of rows (default all but the @ ones, which need the "
+                             "fleet extra or a second GPU): " + ", ".join(ROWS))
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="hotswap pool size (default: hotswap's, one per two cores)")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="per row (default 300)")
+    parser.add_argument("--caller", choices=("busy", "idle"), default="busy",
+                        help="busy (default): a call every --interval-ms until the final tier "
+                             "serves; idle: the first call, then none until it serves")
+    parser.add_argument("--interval-ms", type=float, default=5.0,
+                        help="pause between a busy caller's calls (default 5)")
+    parser.add_argument("--prepare", action="store_true",
+                        help="hotswap rows call hotswap.prepare() (no wait) before building the "
+                             "model, as the README advises (its own column, inside 'ready')")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads in each row's process (default: torch's, "
+                             "one per core)")
+    parser.add_argument("--floor-s", type=float, default=20.0,
+                        help="how long the machine:busy-eager row serves (default 20)")
+    parser.add_argument("--warm", action="store_true",
+                        help="also run each hotswap and torch row a second time on the caches "
+                             "its first run left (rows marked 'warm')")
+    parser.add_argument("--replica", action="store_true",
+                        help="also run each hotswap row a second time on its hotswap cache "
+                             "with fresh inductor and triton caches (rows marked 'replica')")
+    parser.add_argument("--quick", action="store_true",
+                        help="the GPU-in-10-minutes preset: " + ", ".join(
+                            f"{k}={v}" for k, v in QUICK.items()))
+    parser.add_argument("--no-dispatch", dest="dispatch", action="store_false",
+                        help="skip the dispatch-overhead measurement (a process of its own)")
+    parser.add_argument("--json", default=None, help="also write all results to this file")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a target it measured was missed or a row failed "
+                             "(for CI); targets of rows not run are not checked")
+    parser.add_argument("--write-md", default=None, metavar="PATH",
+                        help="write the tables into PATH (e.g. BENCHMARKS.md), replacing the "
+                             "earlier section of this device and caller (and --threads)")
+    parser.add_argument("--cluster", default="local",
+                        help="the @cluster rows' Dask scheduler (dask://host:port), or 'local' "
+                             "(default): one LocalCluster worker process on this machine, "
+                             "started and warmed before the rows, off every row's clock")
+    parser.add_argument("--row", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.device is None:
+        args.device = "cuda" if cuda_available() else "cpu"
+    if args.row == "hotswap:dispatch":
+        print(json.dumps(dispatch_overhead(args)))
+        return 0
+    if args.row:
+        print(json.dumps(run_row(args)))
+        return 0
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if args.workers is not None and args.workers < 1:
+        raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    if args.floor_s <= 0:
+        raise SystemExit(f"--floor-s must be > 0, got {args.floor_s:g}")
+    if args.quick:
+        args.models, args.rows, args.timeout_s = QUICK["models"], QUICK["rows"], QUICK["timeout_s"]
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if not is_bench_model(m)]
+    if bad:
+        raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)} or "
+                         "corpus:NAME (hotswap.tools.corpus)")
+    everything: dict[str, Any] = {"machine": machine(), "rows": [], "dispatch": {}}
+    cluster = None
+    if any(r.endswith("@cluster") for r in rows) and args.cluster == "local":
+        cluster, args.cluster, everything["cluster_start_s"] = _local_cluster()
+    sections: list[tuple[str, list[str]]] = []
+    for model in models:
+        args.model = model
+        print(f"\n== {model} on {args.device} (each row a fresh process, cold caches) ==",
+              file=sys.stderr)
+        results = []
+        for row in rows:
+            results.append(_timed_row(row, args))
+            if args.warm and row.split(":")[0] in ("hotswap", "torch"):
+                results.append(_timed_row(row, args, again="warm"))
+            if args.replica and row.startswith("hotswap:") and not row.endswith("inprocess"):
+                results.append(_timed_row(row, args, again="replica"))
+        dispatch = spawn_row("hotswap:dispatch", args) if args.dispatch else {"error": "skipped"}
+        lines = report(results, dispatch if "error" not in dispatch else None)
+        print("\n" + "\n".join(lines))
+        sections.append((f"{model} ({args.device})", lines))
+        everything["rows"] += results
+        everything["dispatch"][model] = dispatch
+    if cluster is not None:
+        cluster.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(everything, f, indent=2)
+    if args.write_md:
+        command = "hotswap bench " + " ".join(
+            a for a in sys.argv[1:] if not a.startswith("--write-md") and a != args.write_md)
+        # a run with its own thread count keeps a section of its own beside the default one
+        section = (f"{args.device}, {args.caller} caller from process start"
+                   + (f", threads={args.threads}" if args.threads else ""))
+        write_markdown(args.write_md, section, sections, everything["machine"],
+                       command.replace("hotswap bench bench", "hotswap bench"))
+        print(f"\nwrote the {section} section of {args.write_md}", file=sys.stderr)
+    misses = [line for _, lines in sections for line in missed(lines)]
+    if args.check and misses:
+        print(f"\nhotswap bench --check: {len(misses)} target(s) missed or row(s) failed:\n  "
+              + "\n  ".join(misses), file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    subcommand(sub, "bench", "hotswap's modes vs torch.compile and PyTorch's modes", __doc__,
+               add_arguments, run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone("hotswap bench", __doc__, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""What runs inside one ``hotswap bench`` row's process (bench.py spawns it, cold): build the
+model, compile it the row's way, serve it with the row's caller until the final tier serves,
+and print one JSON record of the user's clock (from this process's start)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hotswap.tools.rss import PeakRss
+
+__all__ = ["BENCH_MODELS", "build", "dispatch_overhead", "is_bench_model", "run_row", "spinners"]
+
+BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "pointwise")
+
+
+def is_bench_model(name: str) -> bool:
+    from hotswap.tools import zoo
+
+    return name in BENCH_MODELS or (name.startswith("corpus:") and zoo.known(name))
+
+
+def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
+    """A zoo model in inference (bf16 on CUDA, float32 on CPU) and its inputs."""
+    from hotswap.tools import zoo
+
+    if not is_bench_model(name):
+        raise SystemExit(f"unknown bench model {name!r}; choose from {list(BENCH_MODELS)} "
+                         "or corpus:NAME")
+    workload = zoo.make(name, device=device, dtype="bfloat16" if device == "cuda" else "float32")
+    return workload.target, workload.inputs(0)
+
+
+def _timer(fn: Any, device: str, budget_ms: float = 300.0) -> float:
+    """Median latency in ms: do_bench on CUDA, torch.utils.benchmark on CPU."""
+    from hotswap.profiles.bench import benchmark
+
+    return benchmark(fn, device=device, budget_ms=budget_ms).median_ms
+
+
+def _since_start() -> float:
+    """Seconds since this process started (the user's clock)."""
+    import psutil
+
+    return time.time() - float(psutil.Process().create_time())
+
+
+def run_row(args: argparse.Namespace) -> dict[str, Any]:
+    """Runs inside the row's own process. Times are from the process's start."""
+    import torch
+
+    row = args.row
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import hotswap
+
+    prepare_s = None
+    if args.prepare and row.startswith("hotswap:") and not row.endswith("inprocess"):
+        t = time.monotonic()  # its own column: as the README advises, first thing, no wait
+        hotswap.prepare(workers=args.workers, devices=[args.device])
+        prepare_s = time.monotonic() - t
+    model, inputs = build(args.model, args.device)
+    rss = PeakRss(lambda: [os.getpid()], name="hotswap-bench-rss")
+    compiled, is_final, spinners = _compiled(row, model, args)
+    before = hotswap.counters()
+    ready_s = _since_start()
+    idle = args.caller == "idle" and row != "machine:busy-eager"
+    sync: Any = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    with torch.no_grad():
+        try:
+            served = _serve(compiled, inputs, is_final, sync, args, idle=idle,
+                            floor=row == "machine:busy-eager")
+        finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
+        peak_rss = rss.stop()  # its sampling thread takes the GIL: not during the steady timing
+        if served.final_s is not None:
+            compiled(*inputs)  # an idle caller's first compiled call (a tier's first call
+            sync()             # is checked against eager): not part of the steady timing
+        steady_ms = (_timer(lambda: compiled(*inputs), args.device)
+                     if served.final_s is not None else None)
+        # Timed last: a warm-up before the first call would be a phase the row leaves out.
+        eager_ms = _timer(lambda: model(*inputs), args.device, 100.0)
+    memory: dict[str, float] = {}
+    if served.final_s is not None:
+        memory = memory_parts()
+        if row.startswith("hotswap:"):  # once the idle workers have gone (runtime.py)
+            deadline = time.monotonic() + 30
+            while hotswap.runtime().worker_pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            memory["idle_total_mib"] = memory_parts()["steady_total_mib"]
+    statuses = hotswap.status(compiled) if row.startswith("hotswap:") else []
+    return {
+        "row": row, "model": args.model, "device": args.device, "eager_ms": eager_ms,
+        "caller": "idle" if idle else "busy", "prepare_s": prepare_s, "ready_s": ready_s,
+        "first_call_s": served.durations[0], "first_output_s": ready_s + served.durations[0],
+        "to_final_s": served.final_s, **served.calls(eager_ms),
+        # hotswap rows: process start -> every graph serves compiled code (any tier)
+        "to_compiled_s": _compiled_at[0] if _compiled_at else served.final_s,
+        "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20, **memory,
+        "timings_s": {k: v for s in statuses for k, v in s.timings_s.items()},
+        "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
+        "tiers": [s.tier for s in statuses],
+    }
+
+
+def memory_parts() -> dict[str, float]:
+    """Resident memory once the final tier serves, by part: this (serving) process, the
+    processes it started (hotswap's compile workers; PyTorch's subprocess compiler) and what
+    they started in turn (inductor's compile pool, a C++ compiler)."""
+    import psutil
+
+    from hotswap.system.proctree import tree_rss_bytes
+
+    def rss(proc: psutil.Process) -> int:
+        try:
+            return int(proc.memory_info().rss)
+        except psutil.Error:
+            return 0
+
+    me = psutil.Process()
+    serving = rss(me) / 2**20
+    workers = sum(rss(child) for child in me.children()) / 2**20
+    # the whole tree, less what was counted above (read a moment earlier)
+    theirs = max(0.0, tree_rss_bytes(me.pid) / 2**20 - serving - workers)
+    return {"steady_serving_mib": serving, "steady_workers_mib": workers,
+            "steady_their_children_mib": theirs, "steady_total_mib": serving + workers + theirs}
+
+
+# When a hotswap row's graphs all served compiled code first (one row per process).
+_compiled_at: list[float] = []
+
+
+def _compiled(row: str, model: Any, args: argparse.Namespace
+              ) -> tuple[Any, Callable[[], bool], list[subprocess.Popen[bytes]]]:
+    """The row's callable, how to tell its final code serves, and CPU spinners it started."""
+    import torch
+
+    import hotswap
+
+    if row.startswith("hotswap:"):
+        mode = row.split(":")[1].split("@")[0]  # "@cluster", "@gpu1": bench.py's env
+        tiers = ["default", "max-autotune-no-cudagraphs"] if mode == "progressive" else None
+        compiled = hotswap.compile(model, mode=mode, tiers=tiers, workers=args.workers)
+
+        def is_final() -> bool:
+            statuses = hotswap.status(compiled)
+            if not _compiled_at and statuses and all(s.tier != "eager" for s in statuses):
+                _compiled_at.append(_since_start())  # every graph serves compiled code
+            return bool(statuses) and all(s.final for s in statuses)
+
+        return compiled, is_final, []
+    if row == "torch:eager-backend":
+        return torch.compile(model, backend="eager"), lambda: True, []
+    if row.startswith("torch:"):
+        torch_mode = "max-autotune-no-cudagraphs" if row.endswith("max-autotune") else None
+        return torch.compile(model, mode=torch_mode), lambda: True, []
+    if row == "machine:busy-eager":
+        return model, lambda: False, spinners(os.cpu_count() or 1)
+    from torch._inductor import compile_fx_async
+
+    torch._inductor.config.fx_graph_cache = False
+    torch._inductor.config.autotune_local_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    if row.startswith("pytorch:async"):
+        stats: Any = compile_fx_async._AsyncFxCompile
+        stats._reset_stats()
+        return torch.compile(model), lambda: bool(stats._stat_compiled_runs > 0), []
+    stats = compile_fx_async._ProgressiveFxCompile
+    stats._reset_stats()
+    return torch.compile(model), lambda: bool(stats._stat_optimized_runs > 0), []
+
+
+class _Served:
+    """The calls a row served until its final code was in (or its time was up)."""
+
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+        self.offsets: list[float] = []  # s after the first call
+        self.final_s: float | None = None
+        self.served_s = 0.0
+
+    def calls(self, eager_ms: float) -> dict[str, Any]:
+        later = sorted(self.durations[1:])
+        limit_s = (2 * eager_ms + 10) / 1e3
+        slowest = sorted(range(1, len(self.durations)), key=self.durations.__getitem__)[-5:][::-1]
+        return {
+            "largest_call_ms": max(later, default=0.0) * 1e3, "calls": len(self.durations),
+            "served_s": self.served_s,
+            "p99_call_ms": later[int(0.99 * (len(later) - 1))] * 1e3 if later else 0.0,
+            "calls_over_limit": sum(d > limit_s for d in later),
+            # when the slowest calls started (s after the first call) and took (ms): matched
+            # against the stage timings, they say what stalled them
+            "slowest_calls": [(round(self.offsets[i], 3), round(self.durations[i] * 1e3, 2))
+                              for i in slowest],
+        }
+
+
+def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Callable[[], Any],
+           args: argparse.Namespace, *, idle: bool, floor: bool) -> _Served:
+    """Call as the row's caller does (busy: every ``interval_ms``; idle: once) until the final
+    code serves or the row's time is up."""
+    served = _Served()
+    start = time.perf_counter()
+    deadline = start + (args.floor_s if floor else args.timeout_s)
+    try:
+        while time.perf_counter() < deadline:
+            if not idle or not served.durations:
+                t = time.perf_counter()
+                compiled(*inputs)
+                sync()
+                served.durations.append(time.perf_counter() - t)
+                served.offsets.append(t - start)
+            if is_final():
+                served.final_s = _since_start()
+                break
+            time.sleep(args.interval_ms / 1e3 if not idle else 0.01)
+    finally:
+        served.served_s = time.perf_counter() - start
+    return served
+
+
+def spinners(count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` processes that spin at the priority hotswap's compile workers run at (same
+    niceness, session niceness and ``SCHED_IDLE`` settings)."""
+    import hotswap
+
+    nice, idle = hotswap.runtime().worker_priority
+    code = (f"from hotswap.workers.child import lower_priority\n"
+            f"lower_priority({nice}, {idle})\nwhile True: pass")
+    return [subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+            for _ in range(count)]
+
+
+def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """ns per call through GraphRunner over calling the loaded artifact directly."""
+    import timeit
+
+    import torch
+
+    import hotswap
+
+    backend = hotswap.backend(mode="async", workers=args.workers)
+    compiled = torch.compile(lambda a: a + 1, backend=backend)
+    x = torch.zeros(1)
+    compiled(x)
+    hotswap.wait(backend, timeout_s=300)
+    compiled(x)  # graduates the artifact from its first-call probation
+    runner = backend.runners[0]
+    direct = runner.serving
+    n = 200_000
+    via = min(timeit.repeat(lambda: runner(x), number=n, repeat=5)) / n
+    raw = min(timeit.repeat(lambda: direct(x), number=n, repeat=5)) / n
+    return {"row": "hotswap:dispatch", "runner_ns": via * 1e9, "direct_ns": raw * 1e9,
+            "overhead_ns": (via - raw) * 1e9}

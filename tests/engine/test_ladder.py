@@ -1,0 +1,448 @@
+"""Modes, ladders and the gate with a compiler that compiles nothing (hotswap.testing.fake):
+every part of hotswap but inductor and the worker processes, in milliseconds per test."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+
+import hotswap
+from hotswap.cache import VERDICT_TIER, ArtifactCache
+from hotswap.engine.coordinator import Coordinator
+from hotswap.engine.options import Options, Plan
+from hotswap.engine.policy.gate import MAX_CONTENDED
+from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CachedEntry
+from hotswap.profiles import TierBench
+from hotswap.profiles.records import BenchResult, GateDecision, Paired
+from hotswap.testing import audit
+from hotswap.testing.fake import FakeCompiler
+from tests.engine.models import tier_failure
+
+LADDER = ("default", "max-autotune")
+FAST_TOP = {"eager": 2.0, "default": 1.0, "max-autotune": 0.5}
+SLOW_TOP = {"eager": 2.0, "default": 1.0, "max-autotune": 1.5}
+GATED = ["default", {"name": "no-fusion", "config": {"max_fusion_size": 1}}]
+
+
+def _model() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 4)), (torch.randn(3, 8),)
+
+
+def _fake(**kwargs: Any) -> FakeCompiler:
+    """A fake whose compiles wait for ``_run``'s first calls: those are served eagerly."""
+    return FakeCompiler(hold=True, **kwargs)
+
+
+def _run(fake: FakeCompiler, mode: str = "progressive", *, calls_before_wait: int = 1,
+         **options: Any) -> tuple[Coordinator, hotswap.GraphStatus, dict[str, int]]:
+    """Compile the model with ``fake``, call it, wait for its ladder, call it again; every
+    output equals eager's. Returns the coordinator, the graph's status and the counters' delta."""
+    model, inputs = _model()
+    expected = model(*inputs)
+    coordinator = Coordinator(Options.create(mode=mode, **options), compiler=fake,
+                              measure=fake.measure)
+    if coordinator.options.plan.waits:
+        fake.release()  # the first call waits for its tier
+    compiled = torch.compile(model, backend=coordinator)
+    with hotswap.counters_delta() as d:
+        for _ in range(calls_before_wait):
+            torch.testing.assert_close(compiled(*inputs), expected)
+        fake.release()
+        [status] = coordinator.wait(timeout_s=30)
+        torch.testing.assert_close(compiled(*inputs), expected)
+    assert d["internal_errors"] == 0
+    return coordinator, status, dict(d)
+
+
+@pytest.mark.parametrize(("mode", "plan"), [
+    ("inprocess", Plan(here=True, waits=True, climbs=False, gated=False)),
+    ("subprocess", Plan(here=False, waits=True, climbs=False, gated=False)),
+    ("async", Plan(here=False, waits=False, climbs=False, gated=False)),
+    ("progressive", Plan(here=False, waits=False, climbs=True, gated=True)),
+])
+def test_each_mode_is_a_composition(mode: str, plan: Plan) -> None:
+    assert Options.create(mode=mode).plan == plan
+    assert not Options.create(mode=mode, gate=False).plan.gated
+
+
+def test_progressive_climbs_and_the_gate_adopts_a_faster_top_tier() -> None:
+    fake = _fake(delay_s={"max-autotune": 0.2}, medians=FAST_TOP)
+    _, status, d = _run(fake)
+    assert status.tier == "max-autotune" and status.final and not status.failures
+    assert status.states == (("default", "replaced"), ("max-autotune", "serving"))
+    assert sorted(t for _, t in fake.compiles) == sorted(LADDER)
+    # The first tier swapped in at once, then measured against eager (it held); the second
+    # measured against the first.
+    assert [b.pair for b in fake.benches] == [("default", "eager"), ("default", "max-autotune")]
+    assert [sorted(b.entries) for b in fake.benches] == [["default"], sorted(LADDER)]
+    assert fake.benches[0].graph_bytes and not fake.benches[1].graph_bytes
+    assert (d["worker_compiles"], d["swaps"], d["gate_benchmarks"], d["eager_checks"],
+            d["gate_kept"], d["eager_calls"]) == (2, 2, 1, 1, 0, 1)
+    assert fake.calls["max-autotune"] == 1  # the call after wait()
+
+
+def test_the_gate_keeps_a_slower_tier_out_and_a_warm_process_neither_compiles_nor_loads_it(
+        tmp_path: Any) -> None:
+    cache = str(tmp_path / "cache")
+    fake = _fake(delay_s={"max-autotune": 0.2}, medians=SLOW_TOP)
+    _, status, d = _run(fake, cache_dir=cache)
+    assert status.tier == "default" and status.final
+    [(tier, why)] = status.kept
+    assert tier == "max-autotune" and why.startswith("gate: 1.5000 ms vs 1.0000 ms")
+    assert status.states == (("default", "serving"), ("max-autotune", "kept"))
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (1, 1, 1)
+
+    warm = _fake(medians=SLOW_TOP)
+    _, status, d = _run(warm, cache_dir=cache)
+    # Neither compiled nor measured again: the kept tier's verdict and the served tier's
+    # check against eager are on file.
+    assert warm.compiles == [] and warm.benches == []
+    assert status.tier == "default" and status.path == "cache"
+    assert status.kept[0][1].startswith("gate (earlier run, confident): 1.5000 ms vs 1.0000 ms")
+    assert (d["cache_hits"], d["worker_compiles"]) == (1, 0)
+
+
+def test_a_tier_below_the_serving_one_is_measured_against_it() -> None:
+    """The top tier came first and replaced eager unmeasured; the lower one arrives later and
+    must beat it (it does not: kept out, the top one serves)."""
+    fake = _fake(delay_s={"default": 0.3}, medians=FAST_TOP)
+    _, status, d = _run(fake)
+    assert status.tier == "max-autotune"
+    assert status.states == (("default", "kept"), ("max-autotune", "serving"))
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (1, 1, 1)
+
+
+def test_a_tier_the_benchmark_cannot_run_is_kept_and_a_failed_benchmark_adopts_by_rank(
+        tmp_path: Any) -> None:
+    fake = _fake(delay_s={"max-autotune": 0.2}, medians={"default": 1.0})
+    _, status, _ = _run(fake)
+    assert status.tier == "default"
+    assert status.kept == (("max-autotune", "gate: could not benchmark it (max-autotune: "
+                                            "no median)"),)
+
+    def broken(request: Any) -> Any:
+        raise RuntimeError("benchmark worker unavailable")
+
+    fake = FakeCompiler(delay_s={"max-autotune": 0.2})
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode="progressive", cache_dir=str(tmp_path)),
+                              compiler=fake, measure=broken)
+    compiled = torch.compile(model, backend=coordinator)
+    compiled(*inputs)
+    [status] = coordinator.wait(timeout_s=30)
+    assert status.tier == "max-autotune" and not status.kept
+
+
+@pytest.mark.parametrize("mode", ["async", "subprocess"])
+def test_one_tier_modes_compile_the_top_tier_alone(mode: str) -> None:
+    fake = _fake()
+    _, status, d = _run(fake, mode, tiers=list(LADDER))
+    assert [t for _, t in fake.compiles] == ["max-autotune"] and fake.benches == []
+    assert status.tier == "max-autotune" and status.states == (("max-autotune", "serving"),)
+    # subprocess: the first call waited for the tier; async: it ran eagerly
+    assert d["eager_calls"] == (1 if mode == "async" else 0)
+    assert d["swaps"] == (1 if mode == "async" else 0)
+
+
+def test_a_crashed_compile_is_retried_once_then_fails_its_tier(tmp_path: Any) -> None:
+    fake = _fake(crashes={"default": 1})
+    _, status, d = _run(fake, "async")
+    assert status.tier == "default" and not status.failures
+    assert (d["worker_crashes"], d["worker_compiles"]) == (1, 1)
+    assert len(fake.compiles) == 2
+
+    fake = _fake(crashes={"default": 2})
+    _, status, d = _run(fake, "async", cache_dir=str(tmp_path))  # not the entry just stored
+    assert status.tier == "eager" and status.final
+    assert status.failures[0][1].startswith("WorkerCrashed: worker 0 died (signal SIGKILL)")
+    assert status.states == (("default", "failed"),)
+    assert (d["worker_crashes"], d["fallbacks"], d["eager_calls"]) == (2, 1, 2)
+
+
+def test_a_failed_tier_leaves_the_lower_one_serving() -> None:
+    fake = _fake(fail={"max-autotune": "no kernel"}, medians=FAST_TOP)
+    _, status, _ = _run(fake)
+    assert status.tier == "default"
+    assert status.failures == (("max-autotune", "CompileFailed: compile raised RuntimeError: "
+                                                "no kernel"),)
+
+
+def test_on_failure_raise_when_the_first_call_waits() -> None:
+    fake = FakeCompiler(fail={"default": "no kernel"})
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode="subprocess", on_failure="raise"),
+                              compiler=fake, measure=fake.measure)
+    compiled = torch.compile(model, backend=coordinator)
+    with pytest.raises(Exception) as info:
+        compiled(*inputs)
+    failed = tier_failure(info.value)
+    assert failed is not None and failed.tier == "default" and "no kernel" in failed.reason
+
+
+def test_a_graph_lets_go_of_its_shipped_form_once_final() -> None:
+    import gc
+
+    from hotswap.engine.shipping.request import GraphRequest
+
+    def shipped() -> int:  # type(), not isinstance: gc lists weak proxies too
+        return sum(type(o) is GraphRequest for o in gc.get_objects())
+
+    before = shipped()
+    fake = _fake(delay_s={"max-autotune": 0.1}, medians=FAST_TOP)
+    _, status, _ = _run(fake)
+    assert status.final
+    # wait() returns after the load thread's last step (earlier tests' requests may be
+    # collected meanwhile: no more than before, not exactly as many)
+    assert shipped() <= before
+
+
+# The gate's cases as they ran with real workers and inductor (tests/profiles before): the
+# same assertions, on the fake compiler.
+
+def _fake_measure(medians: dict[str, float] | None, seen: list[BenchRequest]) -> Any:
+    def measure(request: BenchRequest) -> Future[BenchReply]:
+        seen.append(request)
+        if medians is None:
+            raise RuntimeError("benchmark worker unavailable")
+        future: Future[BenchReply] = Future()
+        future.set_result(BenchReply([
+            TierBench(request.graph_id, tier, BenchResult(medians[tier], medians[tier],
+                                                          medians[tier], 10, "fake"),
+                      purpose=request.purpose) for tier in request.entries if tier in medians]))
+        return future
+
+    return measure
+
+
+def _between_tiers(seen: list[BenchRequest]) -> list[BenchRequest]:
+    """The gate's measurements of one tier against another (not a tier against eager)."""
+    return [r for r in seen if "eager" not in r.pair]
+
+
+def _gated(medians: dict[str, float] | None, seen: list[BenchRequest],
+           cache_dir: str | None = None) -> tuple[Any, Any]:
+    model, inputs = _model()
+    expected = model(*inputs)
+    # The lower tier compiles faster: the gate meets the tiers in ladder order.
+    options = Options.create(mode="progressive", tiers=GATED, cache_dir=cache_dir)
+    coordinator = Coordinator(options, compiler=FakeCompiler(delay_s={"no-fusion": 0.2}),
+                              measure=_fake_measure(medians, seen))
+    compiled = torch.compile(model, backend=coordinator)
+    torch.testing.assert_close(compiled(*inputs), expected)
+    [status] = coordinator.wait(timeout_s=240)
+    torch.testing.assert_close(compiled(*inputs), expected)
+    return coordinator, status
+
+
+def test_gate_keeps_a_slower_tier_out_and_a_warm_process_skips_it() -> None:
+    seen: list[BenchRequest] = []
+    with hotswap.counters_delta() as d:
+        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
+    assert status.tier == "default" and status.final and not status.failures
+    [(tier, why)] = status.kept
+    assert tier == "no-fusion" and why.startswith("gate: 1.5000 ms vs 1.0000 ms for 'default'")
+    seen = _between_tiers(seen)
+    assert [sorted(r.entries) for r in seen] == [["default", "no-fusion"]]
+    # The benchmark worker reads both artifacts from the cache; their bytes do not travel.
+    assert all(isinstance(e, CachedEntry) for e in seen[0].entries.values())
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"], d["worker_compiles"]) == (1, 1, 1, 2)
+    # Another process (here: a fresh coordinator on the same cache) neither compiles nor
+    # benchmarks the kept tier again: the verdict is on file.
+    torch._dynamo.reset()
+    with hotswap.counters_delta() as d:
+        _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen)
+    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
+    assert "earlier run" in status.kept[0][1]
+    assert (d["worker_compiles"], d["cache_hits"], d["gate_benchmarks"], d["swaps"]) == (0, 1, 0, 1)
+
+
+def test_without_a_cache_the_gate_job_carries_the_entries_themselves(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")  # the cache cannot be opened here: hotswap runs without one
+    seen: list[BenchRequest] = []
+    _, status = _gated({"default": 1.0, "no-fusion": 1.5}, seen, cache_dir=str(not_a_dir))
+    assert status.tier == "default" and status.kept[0][0] == "no-fusion"
+    [request] = _between_tiers(seen)
+    entries = request.entries.values()
+    assert len(entries) == 2 and all(type(e) is bytes for e in entries)  # picklable, not views
+    pickle.dumps(request)
+
+
+@pytest.mark.parametrize("medians", [{"default": 1.5, "no-fusion": 1.0}, None],
+                         ids=["faster", "benchmark-fails"])
+def test_gate_adopts_a_faster_tier(medians: dict[str, float] | None) -> None:
+    seen: list[BenchRequest] = []
+    with hotswap.counters_delta() as d:
+        _, status = _gated(medians, seen)
+    assert status.tier == "no-fusion" and status.final and not status.kept
+    assert (d["swaps"], d["gate_benchmarks"], d["gate_kept"]) == (2, 1, 0)
+    assert len(_between_tiers(seen)) == 1
+
+
+def test_gate_off_swaps_without_measuring() -> None:
+    model, inputs = _model()
+    seen: list[BenchRequest] = []
+    coordinator = Coordinator(Options.create(mode="progressive", tiers=GATED, gate=False),
+                              compiler=FakeCompiler(), measure=_fake_measure({}, seen))
+    compiled = torch.compile(model, backend=coordinator)
+    compiled(*inputs)
+    [status] = coordinator.wait(timeout_s=240)
+    assert status.tier == "no-fusion" and seen == []
+
+
+# The gate's decisions on noisy measurements: scripted pairs, as measure_pair returns them.
+
+def _pair(ratio: float, low: float, high: float, contended: int = 0) -> Paired:
+    return Paired("", "", "", 1.0, ratio, ratio, low, high, 12, contended)
+
+
+STRADDLES = _pair(0.97, 0.95, 1.01)     # 3 % faster by the estimate, 1 % slower at worst
+CONTENDED = _pair(0.5, 0.45, 0.55, contended=8)
+FASTER = _pair(0.8, 0.78, 0.82)
+NOT_FASTER = _pair(1.0, 0.99, 1.01)
+HOLDS = _pair(2.0, 1.9, 2.1)            # eager against the tier: twice as slow
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_AFTER_S", 0.01)
+
+
+def test_an_undecided_gate_keeps_the_serving_tier_and_measures_again(quick_retries: None,
+                                                                     tmp_path: Path) -> None:
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[HOLDS, STRADDLES, CONTENDED, FASTER])
+    coordinator, status, d = _run(fake, cache_dir=str(tmp_path))
+    assert status.tier == "max-autotune" and status.final
+    gate = [b for b in fake.benches if "eager" not in b.pair]
+    # Straddling: measured again, longer; contended: measured again as long, after a pause.
+    assert [b.budget_ms for b in gate] == [200.0, 400.0, 400.0]
+    assert (d["gate_benchmarks"], d["gate_undecided"], d["swaps"]) == (3, 2, 2)
+    decisions = [r for r in coordinator.recorder.timeline.records()
+                 if isinstance(r, GateDecision) and r.candidate == "max-autotune"]
+    assert [(r.outcome, r.attempt) for r in decisions] == [
+        ("undecided", 1), ("undecided", 2), ("adopt", 2)]
+    assert "contended: 8 of 12 rounds preempted" in decisions[1].reason
+
+
+def test_a_gate_that_never_measures_free_of_contention_keeps_the_serving_tier(
+        quick_retries: None) -> None:
+    fake = _fake(delay_s={"max-autotune": 0.1},
+                 pairs=[HOLDS] + [CONTENDED] * (MAX_CONTENDED + 1))
+    _, status, d = _run(fake)
+    assert status.tier == "default" and status.final
+    assert d["gate_undecided"] == MAX_CONTENDED
+    [(tier, why)] = status.kept
+    assert tier == "max-autotune" and "keep (low: contended: 8 of 12 rounds" in why
+
+
+def test_a_low_confidence_verdict_is_stored_with_its_conditions_and_measured_again(
+        quick_retries: None, tmp_path: Path) -> None:
+    # 3 % faster by the estimate, the interval from 1 % slower to 5 % faster, three times:
+    # the last attempt keeps the serving tier, weakly.
+    cache = str(tmp_path)
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[HOLDS, STRADDLES, STRADDLES, STRADDLES])
+    _, status, d = _run(fake, cache_dir=cache, gate_threshold=0.05)
+    assert d["gate_undecided"] == 2
+    assert status.tier == "default"
+    [(tier, why)] = status.kept
+    assert tier == "max-autotune" and "keep (low:" in why and "+3.0%" in why
+    [stored] = [e for e in ArtifactCache(cache).entries()
+                if e.tier == VERDICT_TIER and "kept for" in e.origin]
+    assert stored.origin == "max-autotune kept for default: +3.0%, low"
+    verdict = msgpack.unpackb(ArtifactCache(cache).get(stored.key), raw=False)
+    assert verdict["device"] == "cpu" and verdict["confidence"] == "low"
+    assert (verdict["gain_low"], verdict["gain_high"]) == pytest.approx((-0.01, 0.05))
+    assert verdict["rounds"] == 12 and time.time() - verdict["date_unix_s"] < 60
+    # A warm process does not take a low-confidence verdict as final: it loads the tier
+    # from the cache and measures it again (confidently not faster now: kept, for good).
+    torch._dynamo.reset()
+    warm = _fake(pairs=[NOT_FASTER])
+    _, status, d = _run(warm, cache_dir=cache, gate_threshold=0.05)
+    assert warm.compiles == [] and d["gate_remeasured"] == 1
+    assert [b.pair for b in warm.benches] == [("default", "max-autotune")]
+    assert status.tier == "default" and "keep (confident" in status.kept[0][1]
+    torch._dynamo.reset()
+    again = _fake()
+    _, status, d = _run(again, cache_dir=cache, gate_threshold=0.05)
+    assert again.benches == [] and d["gate_remeasured"] == 0
+    assert "gate (earlier run, confident)" in status.kept[0][1]
+
+
+def test_a_tier_slower_than_eager_gives_way_to_eager(tmp_path: Path) -> None:
+    cache = str(tmp_path)
+    slower = {"eager": 0.5, "default": 1.0, "max-autotune": 0.8}
+    fake = _fake(delay_s={"max-autotune": 0.1}, medians=slower)
+    _, status, d = _run(fake, cache_dir=cache)
+    # Each compiled tier served at once, was measured against eager, and gave way.
+    assert status.tier == "eager" and status.final
+    assert status.states == (("default", "kept"), ("max-autotune", "kept"))
+    assert all(why.startswith("slower than eager: 0.5000 ms vs") for _, why in status.kept)
+    assert (d["eager_checks"], d["gate_kept"], d["swaps"]) == (2, 2, 2)
+    # A warm process serves eager and neither compiles nor loads either tier.
+    torch._dynamo.reset()
+    warm = _fake(medians=slower)
+    _, status, d = _run(warm, cache_dir=cache)
+    assert status.tier == "eager" and warm.compiles == [] and warm.benches == []
+    assert d["swaps"] == 0 and d["cache_hits"] == 0
+
+
+def test_force_tier_serves_that_tier_unmeasured() -> None:
+    fake = _fake(delay_s={"max-autotune": 0.1}, medians=SLOW_TOP)
+    _, status, d = _run(fake, force_tier="max-autotune")
+    assert status.tier == "max-autotune" and not status.kept
+    assert d["gate_benchmarks"] == 0
+    with pytest.raises(ValueError, match="force_tier must name a tier"):
+        Options.create(force_tier="nope")
+
+
+def test_the_audit_measures_each_final_decision_again_and_scores_its_regret() -> None:
+    # The gate: max-autotune "not faster" (kept) on a noisy measurement; the reference says
+    # it was 10 % faster: that decision cost 1 / 0.9 - 1 = 11 %.
+    fake = _fake(delay_s={"max-autotune": 0.1},
+                 pairs=[HOLDS, NOT_FASTER, HOLDS, _pair(0.9, 0.88, 0.92)])
+    model, inputs = _model()
+    backend = Coordinator(Options.create(mode="progressive"), compiler=fake,
+                          measure=fake.measure, retain_artifacts=True)
+    compiled = torch.compile(model, backend=backend)
+    compiled(*inputs)
+    fake.release()
+    [status] = backend.wait(timeout_s=30)
+    assert status.tier == "default" and status.final
+    made = audit.decisions(backend)
+    assert [(d.serving, d.candidate, d.outcome) for d in made] == [
+        ("default", "eager", "keep"), ("default", "max-autotune", "keep")]
+    rows = audit.reference(backend, budget_ms=50, rounds=10)
+    assert [r["regret"] for r in rows] == [0.0, pytest.approx(1 / 0.9 - 1)]
+    reference = fake.benches[-1]
+    assert (reference.pair, reference.budget_ms, reference.rounds) == (
+        ("default", "max-autotune"), 50, 10)
+    assert audit.regret(True, 1.2) == pytest.approx(0.2) and audit.regret(True, 0.8) == 0.0
+
+
+def test_gate_audit_report_holds_decisions_to_the_regret_targets() -> None:
+    from hotswap.tools.gate_audit import summarize
+
+    def row(regret: float) -> dict[str, Any]:
+        return {"graph": "g1", "serving": "default", "candidate": "max-autotune",
+                "outcome": "keep", "confidence": "confident", "gain": 0.0, "gain_low": -0.01,
+                "gain_high": 0.01, "ref_gain": 0.0, "ref_gain_low": -0.01,
+                "ref_gain_high": 0.01, "regret": regret}
+
+    model = {"model": "mlp", "final": True, "final_s": 9.0, "undecided": 1, "eager_ms": 1.0,
+             "largest_ms": 30.0, "largest_gate_ms": 5.0}
+    lines, missed = summarize([{**model, "rows": [row(0.0)] * 19 + [row(0.04)]}])
+    assert missed == [] and "regret <= 2%: 95.0% (target >= 95%) met" in lines[-1]
+    _, missed = summarize([{**model, "rows": [row(0.0), row(0.06)], "largest_gate_ms": 13.0},
+                           {"model": "convnet", "error": "boom"}])
+    assert missed == ["mlp: a call beside a gate measurement took 13.0 ms > 12.0 ms",
+                      "convnet: failed", "regret <= 2% in 50.0% of decisions",
+                      "largest regret 6.0%"]

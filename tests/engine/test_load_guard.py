@@ -1,0 +1,232 @@
+"""The serving process loads artifacts without building anything, and no kill poisons it.
+
+The end-to-end cases run in fresh processes: the test process has probed and compiled in
+earlier tests, which would hide a probe or a compile the load itself starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgpack
+import pytest
+
+from hotswap.engine.loading import load_guard
+from hotswap.engine.loading.artifacts import _unpack, pack_entry
+
+# Serve a zoo model in this (fresh) process until its tier lands; print what happened.
+_SERVE = r"""
+import json, sys, threading, time
+import psutil, torch, hotswap
+from hotswap.tools import zoo
+
+def storm(seconds):
+    # Kill every process this one started (workers, their compilers), again and again.
+    me, end, kills = psutil.Process(), time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        for child in me.children(recursive=True):
+            try:
+                child.kill(); kills += 1
+            except psutil.Error:
+                pass
+        time.sleep(0.02)
+    return kills
+
+storm_s, device, tiers, model = float(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+mode = "progressive" if len(tiers) > 1 else "async"
+dtype = "bfloat16" if device == "cuda" else "float32"
+kills = 0
+if storm_s:
+    early = zoo.make("convnet", device=device, dtype=dtype)
+    first = hotswap.compile(early.target, mode="async", tiers=["default"], workers=1)
+    with torch.no_grad():
+        early.step(first, 0)  # its graph ships while the workers start and die
+    kills = storm(storm_s)
+w = zoo.make(model, device=device, dtype=dtype)
+m = hotswap.compile(w.target, mode=mode, tiers=tiers, workers=1, gate=False)
+with hotswap.counters_delta() as d, torch.no_grad():
+    w.step(m, 0)
+    statuses = hotswap.wait(m, timeout_s=240)
+    err = w.error(w.step(m, 1), 1)
+print(json.dumps({"tiers": [s.tier for s in statuses], "paths": [s.path for s in statuses],
+                  "failures": [f for s in statuses for f in s.failures],
+                  "delta": dict(d), "err": err, "tol": w.tolerance, "kills": kills}))
+"""
+
+
+def serve_fresh(tmp_path: Path, inductor_dir: str, storm_s: float = 0.0,
+                device: str = "cpu", tiers: tuple[Any, ...] = ("default",),
+                model: str = "mlp") -> dict[str, Any]:
+    """Serve a zoo MLP in a fresh process on ``tmp_path``'s artifact cache and the inductor
+    cache ``inductor_dir`` (after a kill storm of ``storm_s``); what happened, as a dict."""
+    env = {**os.environ, "HOTSWAP_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor_dir),
+           "TRITON_CACHE_DIR": str(tmp_path / inductor_dir / "triton")}
+    done = subprocess.run([sys.executable, "-c", _SERVE, str(storm_s), device,
+                           json.dumps(list(tiers)), model], env=env,
+                          capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def check_fresh_loads_run_no_compiler(tmp_path: Path, device: str) -> None:
+    cold = serve_fresh(tmp_path, "inductor-cold", device=device)
+    assert cold["paths"] == ["worker"] and cold["tiers"] == ["default"], cold
+    assert cold["delta"]["worker_compiles"] == 1
+    assert cold["delta"]["load_compiler_runs"] == 0
+    assert cold["err"] <= cold["tol"]
+    # A warm replica: the same artifact cache, an inductor cache without the kernels.
+    warm = serve_fresh(tmp_path, "inductor-warm", device=device)
+    assert warm["paths"] == ["cache"] and warm["tiers"] == ["default"], warm
+    assert warm["delta"]["cache_hits"] == 1
+    assert warm["delta"]["worker_compiles"] == 0 and warm["delta"]["inprocess_compiles"] == 0
+    assert warm["delta"]["load_compiler_runs"] == 0
+    assert warm["err"] <= warm["tol"]
+
+
+def test_a_fresh_process_loads_cpu_artifacts_without_running_a_compiler(tmp_path: Path) -> None:
+    check_fresh_loads_run_no_compiler(tmp_path, "cpu")
+
+
+def test_a_tier_sharing_kernels_with_the_one_before_ships_them_too(tmp_path: Path) -> None:
+    # One worker compiles both tiers; ResNet's max-autotune tier finds most of its C++
+    # kernels built by the default one. Its entry must still carry them, or a replica builds
+    # them at load (it built ten).
+    tiers = ("default", "max-autotune-no-cudagraphs")
+    cold = serve_fresh(tmp_path, "inductor-cold", tiers=tiers, model="corpus:resnet")
+    assert cold["tiers"] == ["max-autotune-no-cudagraphs"], cold
+    replica = serve_fresh(tmp_path, "inductor-replica", tiers=tiers, model="corpus:resnet")
+    assert replica["paths"] == ["cache"] and replica["delta"]["worker_compiles"] == 0, replica
+    assert replica["delta"]["load_compiler_runs"] == 0
+    assert replica["err"] <= replica["tol"]
+
+
+def test_a_kill_storm_during_warmup_leaves_later_graphs_compiling(tmp_path: Path) -> None:
+    after = serve_fresh(tmp_path, "inductor", storm_s=4.0)
+    assert after["kills"] > 0
+    assert after["tiers"] == ["default"] and after["paths"] == ["worker"], after
+    assert after["delta"]["load_compiler_runs"] == 0
+    assert after["err"] <= after["tol"]
+
+
+def test_an_entry_carries_the_probes_and_malformed_ones_are_refused() -> None:
+    probes = {"vec_isa": [], "headers": [["h.h", "g++ -O3", "/nowhere/x.h"]]}
+    _, _, found = _unpack(pack_entry(b"artifact", {"a.so": b"1"}, probes))
+    assert found == probes
+    assert _unpack(pack_entry(b"artifact", {}))[2] == {}
+    with pytest.raises(ValueError, match="vec_isa"):
+        load_guard.adopt({"vec_isa": "avx512"})
+    with pytest.raises(ValueError, match="headers"):
+        load_guard.adopt({"headers": [["only", "two"]]})
+    with pytest.raises(ValueError, match="not a vector ISA record"):
+        load_guard.adopt({"vec_isa": [{"name": "avx2"}]})
+    with pytest.raises(ValueError, match="no vector ISA"):
+        load_guard.adopt({"vec_isa": [{"name": "avx9000", "bits": 1024, "flags": "-mavx9000",
+                                       "features": {}}]})
+
+
+class _RunsWhenUnpickled:
+    ran: ClassVar[list[str]] = []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_RunsWhenUnpickled.ran.append, ("unpickled",))
+
+
+def test_probes_travel_as_plain_values_and_a_pickle_among_them_is_never_loaded() -> None:
+    from torch._inductor import cpu_vec_isa
+
+    load_guard.probe_vec_isa()
+    found = load_guard.probes()
+    assert msgpack.unpackb(msgpack.packb(found), raw=False) == found  # no bytes, no pickle
+    mine = [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()]
+    assert [(r["name"], r["flags"]) for r in found.get("vec_isa", [])] == mine
+    load_guard.adopt(found)
+    assert [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()] == mine
+    # An entry of the old format carried the ISAs pickled: refused, never unpickled.
+    with pytest.raises(ValueError, match="vec_isa"):
+        load_guard.adopt({"vec_isa": pickle.dumps(_RunsWhenUnpickled())})
+    assert _RunsWhenUnpickled.ran == []
+
+
+def test_an_adopted_header_that_is_not_built_is_built_as_usual(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    from torch._inductor import codecache
+
+    built: list[str] = []
+
+    def real(header: str, cmd_line: str, **_: Any) -> str:
+        built.append(header)
+        return str(tmp_path / "built.h")
+
+    monkeypatch.setattr(codecache, "_precompile_header", real)
+    monkeypatch.setattr(load_guard, "_headers_hooked", False)
+    monkeypatch.setattr(load_guard, "_headers", {})
+    present = tmp_path / "present.h"
+    (tmp_path / "present.h.gch").write_bytes(b"pch")
+    load_guard.adopt({"headers": [["a.h", "cmd", str(present)],
+                                  ["b.h", "cmd", str(tmp_path / "missing.h")]]})
+    assert codecache._precompile_header("a.h", "cmd") == str(present)  # no preprocessor run
+    assert codecache._precompile_header("b.h", "cmd") == str(tmp_path / "built.h")
+    assert built == ["b.h"]
+
+
+def test_status_says_why_pending_tiers_wait_on_cpu(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    import torch
+
+    import hotswap
+    from hotswap import testing
+    from hotswap.workers import WorkerPool
+
+    note = "waiting on CPU: compile workers got 3% of a core for 2.0 s ..."
+    monkeypatch.setattr(WorkerPool, "cpu_note", lambda self: note)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    compiled = hotswap.compile(model, mode="async", tiers=["default"], workers=1,
+                               cache_dir=str(tmp_path))
+    with testing.inject(testing.FaultPlan({"slow": 1.0}, slow_s=3.0)):
+        compiled(torch.randn(4, 8))
+    [pending] = hotswap.status(compiled)
+    assert pending.pending == ("default",) and pending.waiting == note
+    [done] = hotswap.wait(compiled, timeout_s=240)
+    assert done.final and done.waiting == ""  # only pending graphs wait
+
+
+_CUT_SHORT = r"""
+import json
+from torch._inductor import cpu_vec_isa
+from hotswap.engine.loading import load_guard
+
+real, failed = cpu_vec_isa.VecISA.check_build, []
+
+def killed_once(self, code):
+    # The first build check of each ISA fails, as when its compiler is killed mid-build.
+    if str(self) not in failed:
+        failed.append(str(self))
+        return False
+    return real(self, code)
+
+cpu_vec_isa.VecISA.check_build = killed_once
+load_guard.probe_vec_isa()
+promised = [str(i) for i in load_guard._promised(cpu_vec_isa)]
+print(json.dumps({"found": [str(i) for i in cpu_vec_isa.valid_vec_isa_list()],
+                  "promised": promised, "failed": failed}))
+"""
+
+
+def test_a_probe_cut_short_by_a_kill_is_run_again(tmp_path: Path) -> None:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([sys.executable, "-c", _CUT_SHORT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["promised"]:
+        pytest.skip("not an x86 machine: inductor's ISA list is not probed by CPU flags here")
+    assert result["failed"]  # the first answers were "no"
+    assert result["found"] == result["promised"]  # and the second probe found them all

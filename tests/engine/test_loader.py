@@ -1,0 +1,89 @@
+"""The loader thread's manners: the quick GIL handoff while it works, low-priority helpers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from hotswap.engine.loading.loader import Loader, at_lowest_priority, gil_handoff_s, quick_gil_handoff
+
+
+@pytest.fixture(autouse=True)
+def users_interval() -> Iterator[float]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    yield 0.005
+    sys.setswitchinterval(before)
+
+
+def test_handoff_lowers_the_interval_and_the_last_one_out_restores_it() -> None:
+    with quick_gil_handoff:
+        assert sys.getswitchinterval() == pytest.approx(gil_handoff_s())
+        with quick_gil_handoff:  # a second loader at once
+            assert sys.getswitchinterval() == pytest.approx(gil_handoff_s())
+        assert sys.getswitchinterval() == pytest.approx(gil_handoff_s())
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+    assert not quick_gil_handoff.active
+
+
+def test_handoff_keeps_a_value_the_user_set_meanwhile() -> None:
+    with quick_gil_handoff:
+        sys.setswitchinterval(0.001)
+    assert sys.getswitchinterval() == pytest.approx(0.001)
+
+
+def test_handoff_never_raises_a_lower_user_value() -> None:
+    sys.setswitchinterval(1e-5)
+    with quick_gil_handoff:
+        assert sys.getswitchinterval() == pytest.approx(1e-5)
+    assert sys.getswitchinterval() == pytest.approx(1e-5)
+
+
+def test_interval_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_SWITCH_INTERVAL_S", "0.001")
+    assert gil_handoff_s() == 0.001
+    for bad in ("0", "-1", "2", "fast"):
+        monkeypatch.setenv("HOTSWAP_SWITCH_INTERVAL_S", bad)
+        with pytest.raises(ValueError, match="HOTSWAP_SWITCH_INTERVAL_S"):
+            gil_handoff_s()
+
+
+def test_loader_runs_tasks_in_order_under_the_handoff_then_restores() -> None:
+    seen: list[tuple[int, float]] = []
+    done = threading.Event()
+    loader = Loader()
+    release = threading.Event()
+    loader.submit(release.wait, 30)  # hold the loader so the next tasks queue up behind it
+    for i in range(3):
+        loader.submit(lambda i=i: seen.append((i, sys.getswitchinterval())))
+    loader.submit(_fails)  # logged; the loader goes on
+    loader.submit(done.set)
+    release.set()
+    assert done.wait(30)
+    assert [i for i, _ in seen] == [0, 1, 2]
+    assert all(v == pytest.approx(gil_handoff_s()) for _, v in seen)
+    for _ in range(200):  # the loader leaves the handoff once its queue is empty
+        if not quick_gil_handoff.active:
+            break
+        threading.Event().wait(0.01)
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+def _fails() -> None:
+    raise RuntimeError("a failing task")
+
+
+def test_lowest_priority_runs_on_an_idle_niced_thread_and_passes_results_and_errors() -> None:
+    me, my_nice = threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)
+    tid, nice, policy = at_lowest_priority(  # Linux: PRIO_PROCESS 0 is the calling thread
+        lambda: (threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0),
+                 os.sched_getscheduler(0)))
+    assert tid != me and nice == 19 and policy == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE
+    assert os.getpriority(os.PRIO_PROCESS, 0) == my_nice  # the caller is untouched
+    with pytest.raises(KeyError):
+        at_lowest_priority(lambda: {}["missing"])
