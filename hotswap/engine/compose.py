@@ -1,0 +1,65 @@
+"""A mode as a composition, made once per backend: ``compose(options, ...)`` is the only reader
+of the mode's plan (``Options.plan``), as torch's ``_AsyncFxCompile(scheme)`` wraps a scheme.
+
+    mode          a shipped graph's route                 a graph that cannot travel
+    ----          -------------------------               ---------------------------
+    async         Route(Cached(executor), waits=False)    Route(InProcess, waits, first rung)
+    progressive   the same, every tier, gated             the same
+    subprocess    Route(Cached(executor), waits=True)     the same
+    inprocess     Route(InProcess, waits=True)            the same
+
+``Cached(executor)`` is ``TierLifecycle`` (sources/tiers.py): the cache first, else a claim, a
+job through the executor, a load on the load thread, a store. ``InProcess`` is inductor in the
+backend call (sources/inprocess.py). A route that does not wait returns eager at once and swaps
+its tiers in as they arrive; one that waits serves its tier from the first call. Which tiers the
+ladder climbs (every tier, or the top one alone) and whether a gate weighs them is the plan's
+too. Nothing past this module reads the mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hotswap.engine.options import Options, Tier
+from hotswap.engine.policy.gate import Gate
+from hotswap.engine.recording import Recorder, profiled
+from hotswap.engine.sources.cache_access import CacheAccess
+from hotswap.engine.sources.inprocess import InProcess
+from hotswap.engine.sources.tiers import Compile, Load, OnLoader, TierLifecycle, TierSource
+
+__all__ = ["Composition", "Route", "compose"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a graph's tiers come from, whether its first call waits for one, and whether it
+    takes only the ladder's first start point (a graph compiled in the call, beside workers)."""
+
+    source: TierSource
+    waits: bool
+    first_only: bool = False
+
+
+@dataclass(frozen=True)
+class Composition:
+    tiers: list[Tier]          # what the ladder climbs, lowest first
+    gate: Gate | None          # what weighs a tier before it serves; None: adopted by rank
+    shipped: Route             # a graph that travels to the workers (or, inprocess, compiles here)
+    here: Route                # a graph that cannot travel: inductor in the backend call
+    remote: bool               # jobs go to workers: warm them as the backend is made
+
+
+def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: Load,
+            job: Compile, on_loader: OnLoader) -> Composition:
+    plan = options.plan
+    tiers: Sequence[Tier] = options.tiers if plan.climbs else options.tiers[-1:]
+    if recorder.profiling:  # kernels named for profilers
+        tiers = [profiled(t) for t in tiers]
+    gate = Gate(options.gate_threshold, {t.name: t.load_config for t in tiers})
+    inprocess = InProcess(cache, recorder, load)
+    here = Route(inprocess, waits=True, first_only=not plan.waits)
+    shipped = here if plan.here else Route(
+        TierLifecycle(cache, job, load, on_loader, recorder), waits=plan.waits)
+    return Composition(tiers=list(tiers), gate=gate if plan.gated else None,
+                       shipped=shipped, here=here, remote=not plan.here)
