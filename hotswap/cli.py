@@ -151,6 +151,50 @@ def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
     return 0
 
 
+def _service(args: argparse.Namespace) -> int:
+    """start, stop or status of this user's compile service for this build (no torch import).
+    Exit 0: it runs (start, status) or was stopped or not running (stop); 1: it is not
+    running, or cannot be used (the reason is printed)."""
+    from hotswap.service import control
+    from hotswap.service.place import authkey, find_place
+
+    try:
+        place = find_place(create=args.action == "start")
+        if args.action == "start":
+            status: dict[str, Any] | None = control.ensure(place)
+        elif args.action == "stop":
+            status = control.stop(place)
+        else:
+            status = control.probe(place, authkey(place, create=False))
+    except FileNotFoundError:
+        status = None
+    except (PermissionError, control.NotAnswering, control.OtherBuild,
+            control.StartFailed) as e:
+        print(json.dumps({"running": False, "refused": str(e)}) if args.json
+              else f"compile service not usable: {e}")
+        return 1
+    if args.json:
+        print(json.dumps({"running": status is not None and args.action != "stop",
+                          **(status or {})}))
+    elif status is None:
+        print("no compile service running for this build"
+              + (" (nothing to stop)" if args.action == "stop" else ""))
+    elif args.action == "stop":
+        print(f"stopped the compile service {status['stamp']} (pid {status['pid']}; it had "
+              f"served {status['jobs_served']} jobs)")
+    else:
+        workers = status["workers"]
+        print(f"compile service {status['stamp']} (pid {status['pid']}) in {status['dir']}\n"
+              f"uptime: {status['uptime_s']:.0f} s; exits after {status['idle_exit_s']:g} s "
+              f"without a job\n"
+              f"workers: {len(workers)} ({sum(w['ready'] for w in workers)} ready, "
+              f"{sum(w['busy'] for w in workers)} busy)\n"
+              f"jobs: {status['jobs_served']} served, {status['jobs_failed']} failed, "
+              f"{status['jobs_cancelled']} cancelled, {status['jobs_running']} running\n"
+              f"memory: {_size(status['rss_bytes'])} (the service and its workers)")
+    return 0 if status is not None or args.action == "stop" else 1
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -197,6 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--remove", action="store_true",
                        help="with verify: remove the entries that fail")
     cache.set_defaults(func=_cache)
+    service = sub.add_parser("service", help="start, stop or show this user's compile service")
+    service.add_argument("action", choices=["start", "stop", "status"],
+                         help="start: start it unless it runs (HOTSWAP_SERVICE=on starts it "
+                              "on demand too); stop: stop it now (its jobs fail over to "
+                              "their callers' local pools); status: its build stamp, workers, "
+                              "jobs served, uptime and memory")
+    service.add_argument("--json", action="store_true", help="print JSON instead of text")
+    service.set_defaults(func=_service)
     from hotswap.tools import corpus_cmd, gate_audit, profile_cmd, stress
     from hotswap.tools.bench import fleet as fleet_bench
     from hotswap.tools.bench import main as bench

@@ -37,6 +37,15 @@ on them at once rather than in a worker or a background thread.
                                                             loads, seconds in (0, 1]
     HOTSWAP_LOG                     info                    hotswap's default stderr lines: info,
                                                             warning (failures only) or off
+    HOTSWAP_SERVICE                 off                     on: compile in the machine's compile
+                                                            service (executor "service://") when
+                                                            no executor= or HOTSWAP_EXECUTOR says
+                                                            otherwise; off: the local pool
+    HOTSWAP_SERVICE_DIR             $XDG_RUNTIME_DIR/hotswap the service's private folder (socket,
+                                    or /tmp/hotswap-service- key, lock, log), mode 0700
+                                    <uid>
+    HOTSWAP_SERVICE_IDLE_EXIT_S     600                     the service exits after this long
+                                                            without a job, seconds > 0
 
 ``HOTSWAP_SCRATCH_DIR`` is no setting: a pool sets it for its workers (hotswap.workers.scratch).
 """
@@ -50,7 +59,8 @@ from typing import TypeVar
 
 __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check_all",
            "claim_ttl_s", "env_number", "executor", "gate_threshold", "log_level", "mode",
-           "profile_dir", "switch_interval_s", "tiers", "timeout_s", "worker_devices",
+           "profile_dir", "service", "service_dir", "service_idle_exit_s", "switch_interval_s",
+           "tiers", "timeout_s", "worker_devices",
            "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes", "workers"]
 
 T = TypeVar("T", int, float)
@@ -174,6 +184,26 @@ def worker_idle_exit_s() -> float | None:
     return value or None
 
 
+def service() -> bool:
+    """HOTSWAP_SERVICE: whether the compile service is the default executor."""
+    setting = os.environ.get("HOTSWAP_SERVICE", "").strip().lower() or "off"
+    if setting not in ("on", "off"):
+        raise ValueError(f"HOTSWAP_SERVICE must be 'on' or 'off', got {setting!r}")
+    return setting == "on"
+
+
+def service_dir() -> str | None:
+    """As set (None: the default, which ``hotswap.service.place`` chooses)."""
+    return _text("HOTSWAP_SERVICE_DIR")
+
+
+def service_idle_exit_s() -> float:
+    value = env_number("HOTSWAP_SERVICE_IDLE_EXIT_S", float, lambda v: 0 < v < float("inf"),
+                       "a number of seconds > 0", default=600.0)
+    assert value is not None
+    return value
+
+
 def switch_interval_s() -> float:
     value = env_number("HOTSWAP_SWITCH_INTERVAL_S", float, lambda v: 0 < v <= 1,
                        "a number of seconds in (0, 1]", default=_SWITCH_INTERVAL_S)
@@ -194,5 +224,6 @@ def check_all() -> None:
     malformed one), so that it fails at compile(), not in the first call or a background
     thread."""
     for read in (workers, worker_nice, worker_idle, worker_rss_limit_bytes, cache_max_bytes,
-                 switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s):
+                 switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s, service,
+                 service_idle_exit_s):
         read()

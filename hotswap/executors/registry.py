@@ -6,7 +6,8 @@
 
 ``check`` tells a valid ``executor=`` value from an invalid one without importing any
 executor (options check it at ``hotswap.compile``): None or "local" (the local worker pool),
-an address whose scheme is registered ("dask://host:8786", "tcp://..."), or a
+an address whose scheme is registered ("dask://host:8786", "tcp://...", "service://": the
+machine's compile service, also what None means under HOTSWAP_SERVICE=on), or a
 ``distributed.Client`` (recognised by its type's name: distributed is an optional extra).
 ``connect`` makes one executor per spec per process, importing its factory by name on first use
 (the Dask executor for the Dask schemes): the backend imports none. ``register`` adds a
@@ -19,12 +20,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from hotswap import settings
 from hotswap.executors.base import Executor, FallbackExecutor
 from hotswap.executors.local import LocalExecutor, pools
 from hotswap.plugins import Wrappers, load
 
 __all__ = [
     "SCHEMES",
+    "SERVICE",
     "Factory",
     "Middleware",
     "Spec",
@@ -47,9 +50,12 @@ Factory = Callable[[Spec], Executor]
 Middleware = Callable[[Executor], Executor]
 
 _DASK = "hotswap.executors.dask:DaskExecutor"
+# This user's machine-wide compile service (hotswap.service): "service://".
+SERVICE = "service://"
 # scheme -> a factory, or the "module:attribute" naming one (imported on first connect()).
 _factories: dict[str, Factory | str] = {
-    "dask": _DASK, "tcp": _DASK, "tls": _DASK, "inproc": _DASK}
+    "dask": _DASK, "tcp": _DASK, "tls": _DASK, "inproc": _DASK,
+    "service": "hotswap.executors.service:ServiceExecutor"}
 # (module prefix, type name) of client objects taken as specs -> the scheme that opens them.
 _clients: dict[tuple[str, str], str] = {("distributed", "Client"): "dask"}
 
@@ -82,8 +88,10 @@ def register(scheme: str, factory: Factory | str) -> None:
 
 def check(value: Any) -> Spec:
     """``executor=`` as given: None or "local" (the local pool), an address of a registered
-    scheme ("dask://host:8786", "tcp://host:8786"), or a ``distributed.Client``. ValueError
-    else."""
+    scheme ("dask://host:8786", "tcp://host:8786", "service://"), or a ``distributed.Client``.
+    None (nothing chosen) is the compile service when HOTSWAP_SERVICE=on. ValueError else."""
+    if value is None and settings.service():
+        return SERVICE
     if value is None or value == "local":
         return None
     if isinstance(value, str):

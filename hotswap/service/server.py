@@ -1,0 +1,263 @@
+"""The compile service: warm workers that every hotswap process of this user and build shares.
+
+    main thread       accept() on <dir>/<stamp>.sock (1 s ticks: idle exit, stop request)
+        --> one hotswap-service-conn thread per connection: SO_PEERCRED, the challenge,
+            one request (wire.py):
+              JobRequest   --> LocalExecutor.submit(RUN_PICKLED, (job, payload bytes))
+                               --> a warm worker unpickles and runs the job
+                               wait for: the job's end (a pipe its future's callback writes)
+                                     or the connection's end (the client died or cancelled:
+                                     the job is cancelled, its worker killed and replaced)
+                           <-- JobResult | JobFailed | Refused (another build)
+              StatusRequest <-- Status;  StopRequest <-- Status, then the service exits
+    the pool's manager thread (hotswap.workers) owns the workers; nothing here blocks it
+
+The service exits after ``idle_exit_s`` with no job, on a StopRequest, or on SIGTERM; it
+removes its socket and pid file only if they are still its own (a client may have replaced a
+socket it found stale). Its workers watch it and exit with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from hotswap.executors.local import LocalExecutor, LocalPools
+from hotswap.service.place import Place, authkey
+from hotswap.service.wire import PeerRefused, accept, decode, encode, error_to_wire
+from hotswap.system.proctree import tree_rss_bytes
+
+__all__ = ["RUN_PICKLED", "Service", "install_signals"]
+
+log = logging.getLogger("hotswap.service")
+
+# What the service's workers run: the client's job on the client's pickled payload.
+RUN_PICKLED = "hotswap.service.jobs:run_pickled"
+
+
+class _Signal:
+    """A pipe a future's callback writes once, so that a thread can wait for it and for a
+    connection together (``multiprocessing.connection.wait``)."""
+
+    def __init__(self) -> None:
+        self.r, self._w = os.pipe()
+        self._lock = threading.Lock()
+
+    def set(self, *_: object) -> None:
+        with self._lock:
+            if self._w >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self._w, b"\0")
+
+    def close(self) -> None:
+        with self._lock:
+            os.close(self.r)
+            os.close(self._w)
+            self._w = -1
+
+
+class Service:
+    """Serves jobs of clients of this uid on ``place.socket`` until idle for ``idle_exit_s``
+    or stopped. ``serve_forever()`` returns once it has stopped its workers."""
+
+    def __init__(self, place: Place, *, idle_exit_s: float, workers: int | None = None) -> None:
+        self.place = place
+        self.idle_exit_s = idle_exit_s
+        self._key = authkey(place, create=True)
+        self._pools = LocalPools()
+        self._executor = LocalExecutor(workers, (), shared=self._pools)
+        self._lock = threading.Lock()
+        self._running = 0
+        self._last_job = time.monotonic()
+        self._started = time.monotonic()
+        self.jobs_served = self.jobs_failed = self.jobs_cancelled = 0
+        self._stop = threading.Event()
+        self._inode = -1
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        listener = self._bind()
+        self._pools.pool(self._executor.size)  # warm workers before the first job
+        log.info("hotswap service %s (pid %d) serving %s", self.place.stamp, os.getpid(),
+                 self.place.socket)
+        listener.settimeout(min(1.0, max(0.05, self.idle_exit_s / 4)))
+        try:
+            while not self._stop.is_set():
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:
+                    if self._idle():
+                        log.info("hotswap service: no job for %g s; exiting", self.idle_exit_s)
+                        break
+                    continue
+                except OSError as e:
+                    log.warning("hotswap service: accept failed: %s", e)
+                    continue
+                threading.Thread(target=self._serve, args=(sock,), daemon=True,
+                                 name="hotswap-service-conn").start()
+        finally:
+            self._unbind(listener)
+            self._pools.shutdown(wait=True)
+            log.info("hotswap service %s (pid %d) stopped", self.place.stamp, os.getpid())
+
+    def status(self) -> dict[str, Any]:
+        pool = self._pools.running(self._executor.size)
+        workers = pool.workers_info() if pool is not None else []
+        with self._lock:
+            counts = {"jobs_served": self.jobs_served, "jobs_failed": self.jobs_failed,
+                      "jobs_cancelled": self.jobs_cancelled, "jobs_running": self._running}
+        return {"kind": "status", "stamp": self.place.stamp, "pid": os.getpid(),
+                "uid": os.geteuid(), "dir": str(self.place.dir),
+                "uptime_s": round(time.monotonic() - self._started, 3),
+                "idle_exit_s": self.idle_exit_s,
+                "workers": [{"pid": w.pid, "ready": w.ready, "busy": w.busy} for w in workers],
+                "rss_bytes": tree_rss_bytes(os.getpid()), **counts}
+
+    # ------------------------------------------------------------------ the socket
+
+    def _bind(self) -> socket.socket:
+        """Listen on a new name, then rename it over the socket's: a client finds the old
+        socket or this one, never none. Mode 0600 (the folder is 0700 too)."""
+        fresh = self.place.dir / f".{self.place.stamp}.{os.getpid()}.sock"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fresh)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        umask = os.umask(0o177)
+        try:
+            listener.bind(str(fresh))
+        finally:
+            os.umask(umask)
+        listener.listen(128)
+        os.rename(fresh, self.place.socket)
+        self._inode = os.lstat(self.place.socket).st_ino
+        fd = os.open(self.place.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                     0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return listener
+
+    def _unbind(self, listener: socket.socket) -> None:
+        """Remove the socket and pid file if they are still this service's."""
+        with contextlib.suppress(OSError):
+            if os.lstat(self.place.socket).st_ino == self._inode:
+                os.unlink(self.place.socket)
+        with contextlib.suppress(OSError, ValueError):
+            if int(self.place.pid_file.read_text()) == os.getpid():
+                os.unlink(self.place.pid_file)
+        listener.close()
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return self._running == 0 and time.monotonic() - self._last_job >= self.idle_exit_s
+
+    # ------------------------------------------------------------------ one connection
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            conn = accept(sock, self._key)
+        except (PeerRefused, AuthenticationError) as e:
+            log.warning("hotswap service: connection refused: %s", e)
+            return
+        except (OSError, EOFError) as e:
+            log.info("hotswap service: a client left during the challenge (%s)", e)
+            return
+        with conn:
+            try:
+                request = decode(conn.recv_bytes())
+            except (OSError, EOFError, ValueError) as e:
+                log.info("hotswap service: no request read (%s)", e)
+                return
+            kind = request["kind"]
+            if kind == "job":
+                self._run(conn, request)
+            elif kind in ("status", "stop"):
+                with contextlib.suppress(OSError):
+                    conn.send_bytes(encode(self.status()))
+                if kind == "stop":
+                    log.info("hotswap service: asked to stop")
+                    self._stop.set()
+            else:
+                log.warning("hotswap service: unknown request %r", kind)
+
+    def _run(self, conn: Connection[bytes, bytes], request: dict[str, Any]) -> None:
+        job = str(request.get("job", ""))
+        if request.get("stamp") != self.place.stamp:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(encode({"kind": "refused", "reason": (
+                    f"the compile service serves build {self.place.stamp}, not "
+                    f"{request.get('stamp')}")}))
+            return
+        with self._lock:
+            self._running += 1
+        done = _Signal()
+        try:
+            try:
+                future = self._executor.submit(RUN_PICKLED, (job, request["payload"]),
+                                               request.get("timeout_s"))
+            except Exception as e:  # the pool is closing, or the limit is malformed
+                with contextlib.suppress(OSError):
+                    conn.send_bytes(encode({"kind": "failed", "error": error_to_wire(e, job)}))
+                return
+            future.add_done_callback(done.set)
+            ready = wait([conn, done.r])
+            if done.r not in ready:  # the client closed its end: it died or cancelled
+                future.cancel()
+                with self._lock:
+                    self.jobs_cancelled += 1
+                return
+            reply = self._reply(future, job)
+            with contextlib.suppress(OSError):
+                conn.send_bytes(reply)
+        finally:
+            done.close()
+            with self._lock:
+                self._running -= 1
+                self._last_job = time.monotonic()
+
+    def _reply(self, future: Any, job: str) -> bytes:
+        events = [dataclasses.asdict(e) for e in getattr(future, "stage_events", [])]
+        error = future.exception()
+        if error is None:
+            try:
+                result = pickle.dumps(_with_bytes(future.result()),
+                                      protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                error = e
+            else:
+                with self._lock:
+                    self.jobs_served += 1
+                try:
+                    return encode({"kind": "result", "result": result, "events": events})
+                except (TypeError, ValueError):  # an event's attrs msgpack cannot carry
+                    return encode({"kind": "result", "result": result, "events": []})
+        with self._lock:
+            self.jobs_failed += 1
+        fields = error_to_wire(error, job)
+        if "job" in fields:  # the worker ran RUN_PICKLED; the client asked for ``job``
+            fields["job"] = job
+        return encode({"kind": "failed", "error": fields})
+
+
+def _with_bytes(result: Any) -> Any:
+    """A compile result's artifact as bytes (in the pool it is a view into a frame)."""
+    if isinstance(result, dict) and isinstance(result.get("entry"), pickle.PickleBuffer):
+        return {**result, "entry": bytes(result["entry"].raw())}
+    return result
+
+
+def install_signals(service: Service) -> None:
+    """SIGTERM and SIGINT stop the service as a StopRequest does."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: service.stop())
