@@ -15,8 +15,10 @@ the tier is faulty: it is dropped for the one before it, and eager's answer is r
 
 Tiers climb by rank (their place in the ladder); the benchmark gate decides before
 ``swap_in`` is called and may adopt a lower-ranked tier that measured faster
-(``measured=True``). What the runner does is told to its ``listener`` (the graph's journey,
-journey.py, which keeps the graph's status). ``ProfiledGraphRunner`` also records every call
+(``measured=True``). While the gate cannot decide (a busy machine), the faster-looking of two
+tiers serves, and ``give_way`` hands the graph back to the one it replaced. What the runner
+does is told to its ``listener`` (the graph's journey, journey.py, which keeps the graph's
+status). ``ProfiledGraphRunner`` also records every call
 and the tier that served it.
 """
 
@@ -165,16 +167,17 @@ class GraphRunner:
             self.listener.swapped(tier, previous_tier)
         return True
 
-    def back_to_eager(self, tier: str) -> bool:
-        """Serve eagerly again, if ``tier`` still serves (it measured slower than eager)."""
+    def give_way(self, tier: str) -> str | None:
+        """``tier`` served before the gate decided on it, and the tier it replaced measured
+        faster: that one serves again, as it did (its callables, eager's included). Returns
+        the tier now serving; None (nothing changes) if ``tier`` no longer serves."""
         with self._lock:
             if self.tier != tier:
-                return False
-            self._fn = self._eager
-            self._tier_fns = (self._eager,)
+                return None
+            self._tier_fns, self.tier, self._rank = self._fallback
+            self._fn = self._tier_fns[0]
             self._fallback = ((self._eager,), "eager", -1)
-            self.tier, self._rank = "eager", -1
-        return True
+            return self.tier
 
     def raise_next(self, error: TierFailed) -> None:
         """``on_failure="raise"``: the next call raises ``error``, later calls are served."""

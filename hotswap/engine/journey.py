@@ -3,18 +3,22 @@
 Each tier of the graph's ladder walks one state machine (``TierState``):
 
     pending --> compiled --> loaded --+--> serving --> replaced --> serving ...
-       |           |  \\               |      |            (a tier above it swapped in; it
-       |           |   '--> pending   +--> measuring --+--> serving     serves again if that
-       |           |   (a cached entry |                '--> kept        one is dropped)
-       |           |    did not load:  '--> kept
-       v           v    compiled again)
+       |           |  \\               |    ^    |  \\      (a tier above it swapped in; it
+       |           |   '--> pending   +--> measuring  '--> kept   serves again if that one
+       |           |   (a cached entry |       |       (gave way)  is dropped or gives way)
+       v           v    compiled again)'--> kept <--'
      kept       failed  <-- from any state before kept (a compile, a load or a call failed)
+
+With a gate, a loaded tier is ``measuring`` against the one serving (eager first) before it
+serves. While a busy machine leaves the gate undecided, the faster-looking of the two serves
+(``measuring <-> serving``, ``give_way``), and the graph is not final.
 
 ``kept``: ready or not needed, and not served (the gate kept it out, a better tier came from
 the cache, a tier above already serves). ``kept`` and ``failed`` are final; the graph is final
-when no tier is pending, compiled, loaded or measuring. Then the journey lets go of what only
-later compiles and benchmarks needed (the shipped graph, the artifacts): a process that
-compiles many graphs keeps only their callables and their status.
+when no tier is pending, compiled, loaded or measuring and the gate has nothing left to
+decide. Then the journey lets go of what only later compiles and benchmarks needed (the
+shipped graph, the artifacts): a process that compiles many graphs keeps only their
+callables and their status.
 
 The journey is the runner's listener (graph.py): swaps, first calls and drops come here, are
 recorded on the timeline and change the tiers' states. ``status()`` is built from it alone.
@@ -67,7 +71,8 @@ _NEXT: dict[TierState, frozenset[TierState]] = {
     S.COMPILED: frozenset({S.LOADED, S.PENDING, S.FAILED}),
     S.LOADED: frozenset({S.SERVING, S.MEASURING, S.KEPT, S.FAILED}),
     S.MEASURING: frozenset({S.SERVING, S.KEPT, S.FAILED}),
-    S.SERVING: frozenset({S.REPLACED, S.KEPT, S.FAILED}),  # kept: measured slower than eager
+    # measuring, kept: it served while the gate was undecided, and gave way
+    S.SERVING: frozenset({S.REPLACED, S.MEASURING, S.KEPT, S.FAILED}),
     S.REPLACED: frozenset({S.SERVING, S.FAILED}),
     S.KEPT: frozenset(),
     S.FAILED: frozenset(),
@@ -85,9 +90,11 @@ class GraphStatus:
     final graph's ``tier`` is the one that serves from then on. ``tier`` is "eager" until a tier
     swaps in, and again where eager was measured faster. ``pending`` names the tiers still
     compiling, loading or being measured; ``failures`` and ``kept`` hold (tier, reason) for the
-    tiers that failed or were kept out, the gate's numbers among the reasons. ``path``,
-    ``waiting``, ``cache``, ``states``, ``served_after_s`` and ``timings_s`` are described
-    where they are declared; docs/compile.md has them in a table.
+    tiers that failed or were kept out, the gate's numbers among the reasons. ``gate`` says
+    what the gate is doing: "measuring ..." while a measurement runs, "deciding ...: why"
+    while a busy machine leaves it undecided (then the graph is not final; it is measured
+    again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s`` and
+    ``timings_s`` are described where they are declared; docs/compile.md has them in a table.
     """
 
     graph_id: str
@@ -111,6 +118,9 @@ class GraphStatus:
     states: tuple[tuple[str, str], ...] = ()
     # When each tier began serving, in seconds after the graph reached hotswap.
     served_after_s: tuple[tuple[str, float], ...] = ()
+    # What the gate is doing for this graph now ("" when nothing): "measuring 'b' against
+    # 'a'", or "deciding 'b' against 'a': <why not yet>; ..." (contended figures say so).
+    gate: str = ""
 
     def summary(self) -> str:
         """One line: what serves, since when, and what is pending, kept or failed."""
@@ -119,9 +129,15 @@ class GraphStatus:
             head += " | served " + " -> ".join(f"{tier} at {s:.1f} s"
                                                 for tier, s in self.served_after_s)
         parts = [head]
-        if self.pending:
-            parts.append("pending " + ", ".join(self.pending)
+        states = dict(self.states)
+        # compiling or loading; a tier the gate is on is said by ``gate``
+        coming = [t for t in self.pending if states.get(t) in (None, "pending", "compiled",
+                                                                "loaded")]
+        if coming:
+            parts.append("pending " + ", ".join(coming)
                          + (f" ({self.waiting})" if self.waiting else ""))
+        if self.gate:
+            parts.append(self.gate)
         parts += [f"kept {tier}: {why}" for tier, why in self.kept]
         parts += [f"failed {tier}: {why}" for tier, why in self.failures]
         if self.cache:
@@ -155,9 +171,10 @@ class Candidate:
 
     tier: str                 # or "eager": the serving tier is measured against eager
     fn: Any
-    verdict_key: str | None   # where a verdict on the tier is stored (for "eager": the serving one's)
+    verdict_key: str | None   # where a verdict on the tier is stored
     attempt: int = 1          # the gate's measurement of it (undecided ones are measured again)
     contended: int = 0        # measurements too contended to decide on, so far
+    against: str = ""         # the tier it is weighed against ("eager" too), once measured
 
 
 class GraphJourney:
@@ -191,6 +208,8 @@ class GraphJourney:
         self._entries: dict[str, Entry] = {}     # what a later benchmark of a tier loads
         self._waiting: list[Candidate] = []      # loaded tiers queued for the gate
         self._measuring = False
+        self._gate = ""                          # what the gate does now (status().gate)
+        self._deciding = ""                      # the tier it is deciding on, serving or not
         self._local = False                      # a tier of it compiles here (local.py)
         self._forgotten = False                  # torch.compiler.reset() let go of it
         runner.listener = self
@@ -290,13 +309,27 @@ class GraphJourney:
         if self._raise_failures:
             self.runner.raise_next(TierFailed(self.graph_id, tier, reason))
 
-    def back_to_eager(self, tier: str, reason: str) -> bool:
-        """``tier`` measured slower than eager: eager serves again and the tier is kept out
-        (False if it no longer serves)."""
-        if not self.runner.back_to_eager(tier) or not self._mark_kept(tier, reason):
+    def give_way(self, tier: str, reason: str | None = None) -> bool:
+        """``tier`` served before the gate decided on it, and the tier it replaced measured
+        faster: that one serves again. ``reason``: the gate kept ``tier`` out, and why; None:
+        it is still being decided. False (nothing changes) if ``tier`` no longer serves."""
+        back = self.runner.give_way(tier)
+        if back is None:
             return False
-        log.info("graph %s: tier %r kept out, eager serves again: %s", self.graph_id, tier, reason)
-        self.recorder.timeline.add(Swap(self.graph_id, tier, "eager", time.monotonic(), "kept"))
+        with self._lock:
+            if back in self._states and self._states[back] is S.REPLACED:
+                self._move(back, S.SERVING)
+            self._served_after.append((back, time.monotonic() - self._born_s))
+            ok = self._move(tier, S.MEASURING if reason is None else S.KEPT)
+            if ok and reason is not None:
+                self._kept.append((tier, reason))
+        if not ok:
+            self.fail(tier, f"internal error: gave way from {self.state(tier).value}",
+                      level=logging.ERROR)
+        log.info("graph %s: tier %r gave way to %r%s", self.graph_id, tier, back,
+                 f": {reason}" if reason else " while the gate decides")
+        self.recorder.timeline.add(Swap(self.graph_id, tier, back, time.monotonic(),
+                                        "kept" if reason is not None else "swap"))
         return True
 
     # ------------------------------------------------------------------ the runner's listener
@@ -345,9 +378,16 @@ class GraphJourney:
             self._measuring = True
             return True
 
+    def gate_doing(self, what: str, tier: str = "") -> None:
+        """What the gate does now, as ``status().gate`` says it; ``tier``: the one it is
+        deciding on (pending whether it serves meanwhile or not)."""
+        with self._lock:
+            self._gate, self._deciding = what, tier
+
     def next_for_gate(self) -> Candidate | None:
         """The gate is done with one candidate: the next one waiting, if any."""
         with self._lock:
+            self._gate, self._deciding = "", ""
             if self._waiting:
                 return self._waiting.pop(0)
             self._measuring = False
@@ -393,7 +433,8 @@ class GraphJourney:
                 graph_id=self.graph_id,
                 tier=serving,
                 final=self._final_locked(),
-                pending=tuple(t.name for t in self.tiers if self._states[t.name] in _UNDER_WAY),
+                pending=tuple(t.name for t in self.tiers if self._states[t.name] in _UNDER_WAY
+                              or t.name == self._deciding),
                 failures=tuple(self._failures),
                 kept=tuple(self._kept),
                 timings_s=dict(self._timings),
@@ -401,4 +442,5 @@ class GraphJourney:
                 path=self._paths.get(serving, "eager"),
                 states=tuple((t.name, self._states[t.name].value) for t in self.tiers),
                 served_after_s=tuple(self._served_after),
+                gate=self._gate,
             )

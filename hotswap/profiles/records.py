@@ -152,7 +152,10 @@ class Paired(_Record):
     Each round times four blocks of ``calls_per_block`` back-to-back calls, A B B A (the
     order flips round to round); ``ratio`` is the median over rounds of candidate / serving,
     and ``ratio_low``/``ratio_high`` its 95 % distribution-free interval. A round in which
-    this process waited for a CPU is ``contended`` and left out."""
+    this process waited for a CPU is ``contended`` and left out of the ratio and its interval;
+    ``round_low``/``round_high`` bound every round's ratio, contended rounds included (their
+    fastest blocks): the direction contention cannot fake when all rounds agree by a wide
+    margin (None: not known, a record from medians)."""
 
     type: ClassVar[str] = "paired"
     graph_id: str
@@ -168,6 +171,8 @@ class Paired(_Record):
     calls_per_block: int = 1
     device: str = ""
     benchmarker: str = ""
+    round_low: float | None = None
+    round_high: float | None = None
 
     @property
     def clean(self) -> int:

@@ -6,12 +6,13 @@ contended counts, the threshold and the time its record carries."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 
 from hotswap.engine.policy.gate import (
     MAX_ATTEMPTS,
-    MAX_CONTENDED,
+    RETRY_CAP_S,
     Action,
     Decision,
     Measurement,
@@ -27,8 +28,11 @@ SERVING, CANDIDATE = "default", "max-autotune"
 
 
 def _pair(ratio: float, low: float, high: float, *, contended: int = 0, rounds: int = 12,
-          serving: str = SERVING, candidate: str = CANDIDATE) -> Paired:
-    return Paired("g", serving, candidate, 1.0, ratio, ratio, low, high, rounds, contended)
+          serving: str = SERVING, candidate: str = CANDIDATE,
+          every: tuple[float, float] | None = None) -> Paired:
+    """``every``: the least and greatest ratio of any round, contended ones included."""
+    return Paired("g", serving, candidate, 1.0, ratio, ratio, low, high, rounds, contended,
+                  round_low=every[0] if every else None, round_high=every[1] if every else None)
 
 
 def _medians(**medians: float) -> BenchReply:
@@ -36,22 +40,27 @@ def _medians(**medians: float) -> BenchReply:
                        for tier, ms in medians.items()])
 
 
-def _of(reply: BenchReply | BaseException, candidate: str = CANDIDATE) -> Measurement:
-    return Measurement("g", SERVING, candidate, reply)
+def _of(reply: BenchReply | BaseException, serving: str = SERVING,
+        candidate: str = CANDIDATE) -> Measurement:
+    return Measurement("g", serving, candidate, reply)
 
 
 def _measured(action: Action, pair: Paired, words: str, *, retry: Retry | None = None,
-              threshold: float = 0.02, attempt: int = 1) -> Decision:
+              threshold: float = 0.02, attempt: int = 1, meanwhile: str = "") -> Decision:
     """The Decision on ``pair``: ``words`` is its record's reason, as status shows it."""
     outcome = {Action.ADOPT: "adopt", Action.KEEP: "keep", Action.RETRY: "undecided"}[action]
     confidence = ("" if action is Action.RETRY
                   else "low" if "still undecided" in words else "confident")
+    inf = math.isinf(pair.ratio_low)
     record = GateDecision("g", pair.candidate, pair.serving, action is Action.ADOPT, words,
                           pair.candidate_ms, pair.serving_ms, threshold, NOW_S, outcome,
-                          confidence, 1 - pair.ratio, 1 - pair.ratio_high, 1 - pair.ratio_low,
-                          pair.rounds, pair.contended, attempt)
+                          confidence, 1 - pair.ratio, None if inf else 1 - pair.ratio_high,
+                          None if inf else 1 - pair.ratio_low, pair.rounds, pair.contended,
+                          attempt)
     reason = words if action is Action.ADOPT else f"gate: {words}"
-    return Decision(action, reason, record, retry)
+    if action is Action.RETRY and not meanwhile:
+        meanwhile = pair.serving
+    return Decision(action, reason, record, retry, meanwhile)
 
 
 FASTER = _pair(0.8, 0.78, 0.82)
@@ -63,15 +72,29 @@ AT_THRESHOLD = _pair(0.75, 0.5, 0.9)         # gain = threshold, slow end still 
 SLOW_END_ZERO = _pair(0.75, 0.5, 1.0)        # gain = threshold, slow end gains nothing
 FAST_END_AT = _pair(0.875, 0.75, 1.0)        # fast end gains exactly the threshold
 FAST_END_BELOW = _pair(0.875, 0.8125, 1.0)   # fast end gains less than the threshold
-EAGER_HOLDS = _pair(2.0, 1.9, 2.1, candidate="eager")
+BEATS_EAGER = _pair(0.5, 0.45, 0.55, serving="eager", candidate="default")
+# Every round preempted, and every round says the same wide gap (contended rounds by their
+# fastest blocks): contention cannot fake that.
+INF = math.inf
+SWEPT_SLOWER = _pair(10.0, -INF, INF, rounds=24, contended=24, every=(8.0, 12.0))
+SWEPT_FASTER = _pair(0.1, -INF, INF, rounds=24, contended=24, every=(0.08, 0.12))
+# ... but one round of 24 says the other way: not decided.
+SPLIT = _pair(0.1, -INF, INF, rounds=24, contended=24, every=(0.08, 1.2))
 
-_FASTER_WORDS = ("0.8000 ms vs 1.0000 ms for 'default': +20.0% (95% interval +18.0% to "
-                 "+22.0%), 12 of 12 rounds clean; adopts at >= 2.0% faster: adopt "
-                 "(confident: faster)")
-_STRADDLES = ("0.9700 ms vs 1.0000 ms for 'default': +3.0% (95% interval -1.0% to +5.0%), 12 "
-              "of 12 rounds clean; adopts at >= 2.0% faster: ")
-_CONTENDED = ("0.5000 ms vs 1.0000 ms for 'default': +50.0% (95% interval +45.0% to +55.0%), "
-              "4 of 12 rounds clean; adopts at >= 2.0% faster: ")
+_PER_CALL = "per call 'max-autotune' {:.4f} ms, 'default' 1.0000 ms"
+_FASTER_WORDS = ("'max-autotune' is 20.0% faster than 'default'; adopted 'max-autotune' "
+                 "(median of 12 paired rounds, 95% interval +18.0% to +22.0%; 12 of 12 rounds "
+                 "clean; " + _PER_CALL.format(0.8) + "; adopts at >= 2.0% faster; confident: "
+                 "faster)")
+_STRADDLES = ("'max-autotune' is 3.0% faster than 'default'{} (median of 12 paired rounds, "
+              "95% interval -1.0% to +5.0%; 12 of 12 rounds clean; " + _PER_CALL.format(0.97)
+              + "; adopts at >= 2.0% faster; ")
+_STRADDLES_AGAIN = _STRADDLES.format(" so far; deciding") + "the interval straddles the threshold)"
+_CONTENDED = ("'max-autotune' is 2.0x faster than 'default' so far; deciding (median of 4 "
+              "paired rounds; 4 of 12 rounds clean, 8 contended; " + _PER_CALL.format(0.5)
+              + " (contended); adopts at >= 2.0% faster; contended: 8 of 12 rounds preempted)")
+_SWEPT = ("median of 24 contended rounds, their fastest blocks; 0 of 24 rounds clean, 24 "
+          "contended; " + _PER_CALL + " (contended); adopts at >= 2.0% faster; ")
 
 # (measurement, attempt, contended, threshold, the Decision)
 CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
@@ -81,78 +104,96 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
                                   _measured(Action.ADOPT, FASTER, _FASTER_WORDS,
                                             attempt=MAX_ATTEMPTS)),
     "keep": (_of(BenchReply([], pairs=[NOT_FASTER])), 1, 0, 0.02, _measured(
-        Action.KEEP, NOT_FASTER, "1.0000 ms vs 1.0000 ms for 'default': +0.0% (95% interval "
-        "-1.0% to +1.0%), 12 of 12 rounds clean; adopts at >= 2.0% faster: keep (confident: "
-        "not faster)")),
+        Action.KEEP, NOT_FASTER, "'max-autotune' and 'default' measured the same; kept "
+        "'default' (median of 12 paired rounds, 95% interval -1.0% to +1.0%; 12 of 12 rounds "
+        "clean; " + _PER_CALL.format(1.0) + "; adopts at >= 2.0% faster; confident: not "
+        "faster)")),
     "straddles, first attempt: again, longer, after 1 s": (
         _of(BenchReply([], pairs=[STRADDLES])), 1, 0, 0.02, _measured(
-            Action.RETRY, STRADDLES, _STRADDLES + "undecided (the interval straddles the "
-            "threshold)", retry=Retry(1.0, 2, 0))),
+            Action.RETRY, STRADDLES, _STRADDLES_AGAIN, retry=Retry(1.0, 2, 0))),
     "straddles, second attempt: again after 2 s": (
         _of(BenchReply([], pairs=[STRADDLES])), 2, 1, 0.02, _measured(
-            Action.RETRY, STRADDLES, _STRADDLES + "undecided (the interval straddles the "
-            "threshold)", retry=Retry(2.0, 3, 1), attempt=2)),
+            Action.RETRY, STRADDLES, _STRADDLES_AGAIN, retry=Retry(2.0, 3, 1), attempt=2)),
     "straddles at the last attempt: kept, low": (
         _of(BenchReply([], pairs=[STRADDLES])), MAX_ATTEMPTS, 0, 0.02, _measured(
-            Action.KEEP, STRADDLES, _STRADDLES + "keep (low: the interval straddles the "
-            "threshold; still undecided at attempt 3: the serving tier stays)", attempt=3)),
+            Action.KEEP, STRADDLES, _STRADDLES.format("; kept 'default'") + "low: the interval "
+            "straddles the threshold; still undecided at attempt 3: the serving tier stays)",
+            attempt=3)),
     "straddles past the last attempt: kept, low": (
         _of(BenchReply([], pairs=[STRADDLES])), MAX_ATTEMPTS + 1, 0, 0.02, _measured(
-            Action.KEEP, STRADDLES, _STRADDLES + "keep (low: the interval straddles the "
-            "threshold; still undecided at attempt 4: the serving tier stays)", attempt=4)),
-    "contended: as long again, after 1 s": (
+            Action.KEEP, STRADDLES, _STRADDLES.format("; kept 'default'") + "low: the interval "
+            "straddles the threshold; still undecided at attempt 4: the serving tier stays)",
+            attempt=4)),
+    "contended: as long again, after 1 s, the faster median serving meanwhile": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 0, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED + "undecided (contended: 8 of 12 rounds "
-            "preempted)", retry=Retry(1.0, 1, 1))),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1), meanwhile=CANDIDATE)),
     "contended at the last attempt: pauses double, attempts do not count": (
         _of(BenchReply([], pairs=[CONTENDED])), MAX_ATTEMPTS, 2, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED + "undecided (contended: 8 of 12 rounds "
-            "preempted)", retry=Retry(4.0, MAX_ATTEMPTS, 3), attempt=MAX_ATTEMPTS)),
-    "contended, the last pause": (
-        _of(BenchReply([], pairs=[CONTENDED])), 1, MAX_CONTENDED - 1, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED + "undecided (contended: 8 of 12 rounds "
-            "preempted)", retry=Retry(32.0, 1, MAX_CONTENDED))),
-    "contended once too often: kept, low": (
-        _of(BenchReply([], pairs=[CONTENDED])), 1, MAX_CONTENDED, 0.02, _measured(
-            Action.KEEP, CONTENDED, _CONTENDED + "keep (low: contended: 8 of 12 rounds "
-            "preempted; still undecided at attempt 1: the serving tier stays)")),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(4.0, MAX_ATTEMPTS, 3),
+            attempt=MAX_ATTEMPTS, meanwhile=CANDIDATE)),
+    "contended: the pause stops growing at its cap": (
+        _of(BenchReply([], pairs=[CONTENDED])), 1, 5, 0.02, _measured(
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 6),
+            meanwhile=CANDIDATE)),
+    "contended a hundred times: still measured again, never frozen": (
+        _of(BenchReply([], pairs=[CONTENDED])), 1, 100, 0.02, _measured(
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 101),
+            meanwhile=CANDIDATE)),
+    "every round contended, every round 10x slower: keep": (
+        _of(BenchReply([], pairs=[SWEPT_SLOWER])), 1, 0, 0.02, _measured(
+            Action.KEEP, SWEPT_SLOWER, "'default' is 10.0x faster than 'max-autotune'; kept "
+            "'default' (" + _SWEPT.format(10.0) + "confident: at least 1.5x slower in every one "
+            "of 24 rounds, 24 of them contended)")),
+    "every round contended, every round 10x faster: adopt": (
+        _of(BenchReply([], pairs=[SWEPT_FASTER])), 1, 0, 0.02, _measured(
+            Action.ADOPT, SWEPT_FASTER, "'max-autotune' is 10.0x faster than 'default'; "
+            "adopted 'max-autotune' (" + _SWEPT.format(0.1) + "confident: at least 1.5x faster "
+            "in every one of 24 rounds, 24 of them contended)")),
+    "every round contended, one round the other way: again, the faster median meanwhile": (
+        _of(BenchReply([], pairs=[SPLIT])), 1, 0, 0.02, _measured(
+            Action.RETRY, SPLIT, "'max-autotune' is 10.0x faster than 'default' so far; "
+            "deciding (" + _SWEPT.format(0.1) + "contended: 24 of 24 rounds preempted)",
+            retry=Retry(1.0, 1, 1), meanwhile=CANDIDATE)),
     "gain at the threshold, surely faster: adopt": (
         _of(BenchReply([], pairs=[AT_THRESHOLD])), 1, 0, 0.25, _measured(
-            Action.ADOPT, AT_THRESHOLD, "0.7500 ms vs 1.0000 ms for 'default': +25.0% (95% "
-            "interval +10.0% to +50.0%), 12 of 12 rounds clean; adopts at >= 25.0% faster: "
-            "adopt (confident: faster)", threshold=0.25)),
+            Action.ADOPT, AT_THRESHOLD, "'max-autotune' is 25.0% faster than 'default'; "
+            "adopted 'max-autotune' (median of 12 paired rounds, 95% interval +10.0% to "
+            "+50.0%; 12 of 12 rounds clean; " + _PER_CALL.format(0.75) + "; adopts at >= "
+            "25.0% faster; confident: faster)", threshold=0.25)),
     "gain at the threshold, slow end gains nothing: again": (
         _of(BenchReply([], pairs=[SLOW_END_ZERO])), 1, 0, 0.25, _measured(
-            Action.RETRY, SLOW_END_ZERO, "0.7500 ms vs 1.0000 ms for 'default': +25.0% (95% "
-            "interval +0.0% to +50.0%), 12 of 12 rounds clean; adopts at >= 25.0% faster: "
-            "undecided (the interval straddles the threshold)", retry=Retry(1.0, 2, 0),
-            threshold=0.25)),
+            Action.RETRY, SLOW_END_ZERO, "'max-autotune' is 25.0% faster than 'default' so "
+            "far; deciding (median of 12 paired rounds, 95% interval +0.0% to +50.0%; 12 of 12 "
+            "rounds clean; " + _PER_CALL.format(0.75) + "; adopts at >= 25.0% faster; the "
+            "interval straddles the threshold)", retry=Retry(1.0, 2, 0), threshold=0.25)),
     "fast end at the threshold: again": (
         _of(BenchReply([], pairs=[FAST_END_AT])), 1, 0, 0.25, _measured(
-            Action.RETRY, FAST_END_AT, "0.8750 ms vs 1.0000 ms for 'default': +12.5% (95% "
-            "interval +0.0% to +25.0%), 12 of 12 rounds clean; adopts at >= 25.0% faster: "
-            "undecided (the interval straddles the threshold)", retry=Retry(1.0, 2, 0),
-            threshold=0.25)),
+            Action.RETRY, FAST_END_AT, "'max-autotune' is 12.5% faster than 'default' so far; "
+            "deciding (median of 12 paired rounds, 95% interval +0.0% to +25.0%; 12 of 12 "
+            "rounds clean; " + _PER_CALL.format(0.875) + "; adopts at >= 25.0% faster; the "
+            "interval straddles the threshold)", retry=Retry(1.0, 2, 0), threshold=0.25)),
     "fast end below the threshold: keep": (
         _of(BenchReply([], pairs=[FAST_END_BELOW])), 1, 0, 0.25, _measured(
-            Action.KEEP, FAST_END_BELOW, "0.8750 ms vs 1.0000 ms for 'default': +12.5% (95% "
-            "interval +0.0% to +18.8%), 12 of 12 rounds clean; adopts at >= 25.0% faster: "
-            "keep (confident: not faster)", threshold=0.25)),
-    "eager measured slower than the tier: keep": (
-        _of(BenchReply([], pairs=[EAGER_HOLDS]), "eager"), 1, 0, 0.02, _measured(
-            Action.KEEP, EAGER_HOLDS, "2.0000 ms vs 1.0000 ms for 'default': -100.0% (95% "
-            "interval -110.0% to -90.0%), 12 of 12 rounds clean; adopts at >= 2.0% faster: "
-            "keep (confident: not faster)")),
+            Action.KEEP, FAST_END_BELOW, "'max-autotune' is 12.5% faster than 'default'; kept "
+            "'default' (median of 12 paired rounds, 95% interval +0.0% to +18.8%; 12 of 12 "
+            "rounds clean; " + _PER_CALL.format(0.875) + "; adopts at >= 25.0% faster; "
+            "confident: not faster)", threshold=0.25)),
+    "a tier against eager, twice as fast: adopt": (
+        _of(BenchReply([], pairs=[BEATS_EAGER]), "eager", "default"), 1, 0, 0.02, _measured(
+            Action.ADOPT, BEATS_EAGER, "'default' is 2.0x faster than eager; adopted 'default' "
+            "(median of 12 paired rounds, 95% interval 1.8x to 2.2x; 12 of 12 rounds clean; "
+            "per call 'default' 0.5000 ms, eager 1.0000 ms; adopts at >= 2.0% faster; "
+            "confident: faster)")),
     "the measurement failed: by order": (
         _of(RuntimeError("benchmark worker unavailable")), 1, 0, 0.02, Decision(Action.BY_ORDER)),
     "medians alone: a pair known exactly": (
         _of(_medians(default=2.0, max_autotune=1.0)), 1, 0, 0.02, Decision(
-            Action.ADOPT, "1.0000 ms vs 2.0000 ms for 'default': +50.0% (95% interval +50.0% "
-            "to +50.0%), 8 of 8 rounds clean; adopts at >= 2.0% faster: adopt (confident: "
-            "faster)", GateDecision(
-                "g", CANDIDATE, SERVING, True, "1.0000 ms vs 2.0000 ms for 'default': +50.0% "
-                "(95% interval +50.0% to +50.0%), 8 of 8 rounds clean; adopts at >= 2.0% "
-                "faster: adopt (confident: faster)", 1.0, 2.0, 0.02, NOW_S, "adopt",
+            Action.ADOPT, _MEDIANS_WORDS := (
+                "'max-autotune' is 2.0x faster than 'default'; adopted 'max-autotune' (median "
+                "of 8 paired rounds, 95% interval 2.0x to 2.0x; 8 of 8 rounds clean; per call "
+                "'max-autotune' 1.0000 ms, 'default' 2.0000 ms; adopts at >= 2.0% faster; "
+                "confident: faster)"), GateDecision(
+                "g", CANDIDATE, SERVING, True, _MEDIANS_WORDS, 1.0, 2.0, 0.02, NOW_S, "adopt",
                 "confident", 0.5, 0.5, 0.5, 8, 0, 1))),
     "no median for the candidate: kept, saying why": (
         _of(BenchReply([], errors={CANDIDATE: "no median"})), 1, 0, 0.02,
@@ -184,3 +225,33 @@ def test_decide_logs_nothing_and_gives_the_same_decision_twice(
                                     now_s=NOW_S) for _ in range(2))
             assert first == second
     assert caplog.records == []
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.5, 0.9, 0.97, 0.99, 1.0, 1.01, 1.03, 1.1, 2.0, 20.0])
+def test_the_words_follow_the_statistic_that_decides(ratio: float) -> None:
+    """One statistic, the paired ratio, gives the faster tier named, its margin and the
+    verdict: never a number whose sign disagrees with the words."""
+    pair = _pair(ratio, ratio * 0.99, ratio * 1.01, rounds=24)
+    decision = decide(_of(BenchReply([], pairs=[pair])), attempt=MAX_ATTEMPTS, contended=0,
+                      threshold=0.02, now_s=NOW_S)
+    words = decision.reason.removeprefix("gate: ")
+    if ratio < 1:
+        assert words.startswith("'max-autotune' is ") and " faster than 'default'" in words
+    elif ratio > 1:
+        assert words.startswith("'default' is ") and " faster than 'max-autotune'" in words
+        assert decision.action is Action.KEEP and "; kept 'default' (" in words
+    if decision.action is Action.ADOPT:
+        assert ratio < 1 and "; adopted 'max-autotune' (" in words
+
+
+def test_medians_that_disagree_with_the_paired_ratio_are_said_to() -> None:
+    # As a busy machine measured them: the per-call medians have the candidate faster, the
+    # median of the paired rounds' ratios has it 2.6 % slower, and the ratio decides.
+    pair = Paired("g", SERVING, CANDIDATE, 1.6058, 1.5928, 1.026, 1.01, 1.04, 24, 0)
+    decision = decide(_of(BenchReply([], pairs=[pair])), attempt=1, contended=0,
+                      threshold=0.02, now_s=NOW_S)
+    assert decision.action is Action.KEEP
+    assert decision.reason.startswith("gate: 'default' is 2.5% faster than 'max-autotune'; "
+                                      "kept 'default' (")
+    assert ("per call 'max-autotune' 1.5928 ms, 'default' 1.6058 ms (these medians point the "
+            "other way; the paired rounds decide)") in decision.reason

@@ -36,8 +36,8 @@ class Turn(enum.Enum):
 
 @dataclass(frozen=True)
 class Taken:
-    """Another replica's verdict on a decision: ``won`` (the candidate beat what served: for
-    eager, the tier is slower than eager), and why, as status shows it."""
+    """Another replica's verdict on a decision: ``won`` (the candidate beat what served,
+    eager too), and why, as status shows it."""
 
     won: bool
     reason: str
@@ -111,8 +111,8 @@ def _fleet_ids(journey: GraphJourney, candidate: Candidate, serving: str) -> _Fl
     key = candidate.verdict_key
     if key is None:
         return None
-    if candidate.tier == EAGER:  # eager "wins": the tier is slower than eager
-        return _FleetIds(key + "/vs-eager-check", key, key + HELD_SUFFIX)
+    if serving == EAGER:  # as a warm process reads them: beat eager, or kept out for it
+        return _FleetIds(key + "/vs-eager-check", key + HELD_SUFFIX, key)
     other = journey.keys.get(serving)
     if other is None:
         return None

@@ -5,14 +5,18 @@
     decide(measurement, attempt=, contended=, threshold=, now_s=)
                        -> a Decision: adopt (surely faster by the threshold), keep out (surely
                           not), retry later (the interval straddles the threshold, or contention
-                          left too few clean rounds: measured again, and when), or adopt by
-                          ladder order (nothing to measure against, or the measurement failed)
+                          left too few clean rounds: measured again, when, and which of the two
+                          serves meanwhile), or adopt by ladder order (the measurement failed)
 
+Eager is a tier like the others: a compiled tier replaces it only once it measured faster.
 A decision needs no contention-free machine: rounds in which another task preempted the
 benchmark are seen and left out, and the decision rests on a 95 % interval of the rounds'
-ratios, not on one median each. An undecided measurement is retried up to MAX_ATTEMPTS
-(MAX_CONTENDED more when contention spoiled it); after the last, the serving tier stays,
-marked "low" confidence.
+ratios, not on one median each; where too few rounds were clean, a gap that every round shows
+by a wide margin still decides (bench.DECISIVE). An interval across the threshold is measured
+again up to MAX_ATTEMPTS times, then the serving tier stays, marked "low" confidence. A
+measurement contention spoiled decides nothing: it is measured again for as long as it takes,
+after pauses that double up to RETRY_CAP_S, and the tier with the faster median serves
+meanwhile; the graph is not final until then.
 
 ``decide`` is a function of what it is handed: it logs nothing, reads no clock and owns no
 graph's state. The ladder (ladder.py) measures, logs, applies the decision, starts its retry
@@ -40,20 +44,20 @@ from hotswap.profiles.bench import (
 )
 from hotswap.profiles.records import GateDecision, Paired
 
-__all__ = ["EAGER", "HELD_SUFFIX", "Action", "Decision", "Gate", "Measurement", "Retry",
-           "StoredVerdict", "decide", "pack_verdict", "verdict_label"]
+__all__ = ["EAGER", "HELD_SUFFIX", "MAX_ATTEMPTS", "RETRY_CAP_S", "Action", "Decision", "Gate",
+           "Measurement", "Retry", "StoredVerdict", "decide", "pack_verdict", "verdict_label"]
 
 EAGER = "eager"
-# Suffix of a tier's key under which a confident "not slower than eager" is stored.
+# Suffix of a tier's key under which a confident "faster than eager" is stored: a warm
+# process serves the tier without weighing it against eager again.
 HELD_SUFFIX = "/vs-eager"
-# An undecided gate measures again, longer (Gate.request doubles the budget), after a pause
-# that lets a burst of load pass; after the last attempt the serving tier stays. A machine
-# too busy to measure on (a compile of another tier, a caller using every core) is waited
-# out: up to MAX_CONTENDED times more, each pause twice the last (about a minute in all).
+# An interval across the threshold is measured again, longer (Gate.request doubles the
+# budget), after a pause; after MAX_ATTEMPTS the serving tier stays. A machine too busy to
+# measure on (a compile of another tier, a caller using every core) is waited out, as long as
+# it takes: each pause twice the last, none longer than RETRY_CAP_S.
 MAX_ATTEMPTS = 3
-MAX_CONTENDED = 6
 RETRY_AFTER_S = 1.0
-
+RETRY_CAP_S = 30.0
 
 def pack_verdict(decision: GateDecision, device: str, date_unix_s: float) -> bytes:
     """A verdict as the cache stores it: what it decided and what it was measured under."""
@@ -81,10 +85,9 @@ class StoredVerdict:
 def verdict_label(decision: GateDecision) -> str:
     """How ``hotswap cache ls`` shows a stored verdict."""
     gain = "" if decision.gain is None else f" {100 * decision.gain:+.1f}%"
-    if decision.candidate == EAGER:
-        what = ("kept: slower than eager" if decision.adopt
-                else "not slower than eager")
-        return f"{decision.serving} {what} (eager{gain}), {decision.confidence or 'undecided'}"
+    if decision.serving == EAGER:
+        what = "beats eager" if decision.adopt else "kept for eager"
+        return f"{decision.candidate} {what}:{gain}, {decision.confidence or 'undecided'}"
     return (f"{decision.candidate} kept for {decision.serving}:{gain}, "
             f"{decision.confidence or 'undecided'}")
 
@@ -121,12 +124,15 @@ class Retry:
 class Decision:
     """What one measurement decided. ``reason``: why, as status shows a kept tier;
     ``record``: the measured comparison (the timeline's and the stored verdict's), None where
-    nothing was measured; ``retry``: set exactly when ``action`` is RETRY."""
+    nothing was measured; ``retry``: set exactly when ``action`` is RETRY, and then
+    ``meanwhile`` names which of the two serves until the pair is decided (the candidate
+    where a contended measurement's median has it faster by the threshold)."""
 
     action: Action
     reason: str = ""
     record: GateDecision | None = None
     retry: Retry | None = None
+    meanwhile: str = ""
 
 
 def decide(measurement: Measurement, *, attempt: int, contended: int, threshold: float,
@@ -148,27 +154,25 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
             return Decision(Action.BY_ORDER)
         pair = paired_from_medians(m.graph_id, m.serving, results[m.serving].median_ms,
                                    m.candidate, results[m.candidate].median_ms)
-    retry = _retry(pair, attempt, contended)
     record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
-                           last_attempt=retry is None)
+                           last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS)
     if record.outcome == "undecided":
-        return Decision(Action.RETRY, f"gate: {record.reason}", record, retry)
+        retry = _retry(pair, attempt, contended)
+        busy = pair.clean < MIN_CLEAN and record.gain is not None and record.gain >= threshold
+        return Decision(Action.RETRY, f"gate: {record.reason}", record, retry,
+                        m.candidate if busy else m.serving)
     if record.adopt:
         return Decision(Action.ADOPT, record.reason, record)
     return Decision(Action.KEEP, f"gate: {record.reason}", record)
 
 
-def _retry(pair: Paired, attempt: int, contended: int) -> Retry | None:
-    """The next measurement of the pair should this one be undecided; None: this is the last.
-    Too few clean rounds (the machine was busy) is measured again with the same budget after
-    a pause that doubles; an interval across the threshold, longer, up to MAX_ATTEMPTS."""
+def _retry(pair: Paired, attempt: int, contended: int) -> Retry:
+    """The next measurement of an undecided pair. Too few clean rounds (the machine was busy):
+    the same budget, after a pause that doubles up to RETRY_CAP_S, however many it takes; an
+    interval across the threshold: longer, after a pause that grows with the attempt."""
     if pair.clean < MIN_CLEAN:
-        if contended < MAX_CONTENDED:
-            return Retry(RETRY_AFTER_S * 2 ** contended, attempt, contended + 1)
-        return None
-    if attempt < MAX_ATTEMPTS:
-        return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended)
-    return None
+        return Retry(min(RETRY_AFTER_S * 2 ** contended, RETRY_CAP_S), attempt, contended + 1)
+    return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended)
 
 
 def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:

@@ -3,12 +3,14 @@
     start_points(journey, cache) -> the tiers to bring in (the best one the cache holds, and
                                     those above it); tiers below it, and tiers an earlier
                                     run's gate kept out, are kept
-    offer(journey, tier, fn)     -> no gate, or eager serving: swap it in by rank
-         (load thread)              gated: measure serving vs tier (a worker) --> gate.decide,
-                                    once per reply --> swap in, keep out (and store the
-                                    verdict), or measure again on a timer; one measurement
-                                    at a time per graph, the rest queue. With a fleet store,
-                                    one replica measures each decision (fleet_vote.py)
+    offer(journey, tier, fn)     -> no gate: swap it in by rank
+         (load thread)              gated: measure serving (eager too) vs tier (a worker) -->
+                                    gate.decide, once per reply --> swap in, keep out (and
+                                    store the verdict), or measure again on a timer, the
+                                    faster-looking of the two serving meanwhile; one
+                                    measurement at a time per graph, the rest queue. With a
+                                    fleet store, one replica measures each decision
+                                    (fleet_vote.py)
     compare(journey)             -> profiling runs, once the graph is final: every tier vs
                                     eager, and each tier's kernels, onto the timeline
 
@@ -59,6 +61,14 @@ Measure = Callable[[BenchRequest], "Future[BenchReply]"]
 # Runs ``fn(*args)`` on the load thread; ``args[0]`` is the graph's journey.
 OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
 
+
+
+def _name(tier: str) -> str:
+    return tier if tier == EAGER else repr(tier)
+
+
+def _held(key: str | None) -> str | None:
+    return None if key is None else key + HELD_SUFFIX
 
 
 class Ladder:
@@ -123,10 +133,8 @@ class Ladder:
     # ------------------------------------------------------------------ adoption
 
     def offer(self, journey: GraphJourney, tier: str, fn: Any) -> None:
-        """Load thread: ``tier`` is loaded; swap it in now, or once it has measured faster.
-        Compiled code replacing eager is not held back behind a benchmark: it swaps in, and
-        (gated ladders) is then measured against eager, which serves again if the tier is
-        surely slower."""
+        """Load thread: ``tier`` is loaded; swap it in now, or once it has measured faster
+        than what serves (eager included: no tier serves before it is weighed)."""
         if tier == self.force:
             journey.swap_in(tier, fn, measured=True)
             return
@@ -144,45 +152,48 @@ class Ladder:
         assert self.gate is not None
         if journey.forgotten:  # reset: nothing is measured for it any more
             return
+        if journey.state(candidate.tier) not in (TierState.LOADED, TierState.MEASURING,
+                                                 TierState.SERVING):
+            self._settle(journey, candidate, candidate.against, None)  # it failed meanwhile
+            return
         serving = journey.runner.tier
-        if serving == EAGER:
-            if candidate.tier == EAGER:  # the tier to check failed meanwhile
-                self._settle(journey, candidate, serving, None)
-                return
-            journey.swap_in(candidate.tier, candidate.fn)
-            if journey.runner.tier != candidate.tier or self._held_before(candidate.verdict_key):
-                self._settle(journey, candidate, serving, None)
-                return
-            serving = candidate.tier
-            candidate = Candidate(EAGER, None, candidate.verdict_key)
+        if candidate.against and serving in (candidate.against, candidate.tier):
+            serving = candidate.against  # the same pair, whichever of the two serves now
+        elif candidate.against:  # what it was weighed against failed: weighed anew
+            candidate = Candidate(candidate.tier, candidate.fn, candidate.verdict_key)
+        if serving == EAGER and self._held_before(candidate.verdict_key):
+            journey.swap_in(candidate.tier, candidate.fn)  # beat eager in an earlier run
+            self._settle(journey, candidate, serving, None)
+            return
+        candidate = dataclasses.replace(candidate, against=serving)
         if self._cache.shared and self._fleet_settles(journey, candidate, serving):
             return
         request = journey.request
-        tiers = (serving,) if candidate.tier == EAGER else (serving, candidate.tier)
+        tiers = tuple(t for t in (serving, candidate.tier) if t != EAGER)
         entries = journey.entries(tiers)
         if len(entries) < len(tiers) or request is None:  # nothing to measure against
             self._settle(journey, candidate, serving, Decision(Action.BY_ORDER))
             return
-        if candidate.tier == EAGER:
-            bump("eager_checks")
-        else:
-            if journey.state(candidate.tier) is not TierState.MEASURING:
-                journey.to(candidate.tier, TierState.MEASURING)
-            bump("gate_benchmarks")
+        bump("eager_checks" if serving == EAGER else "gate_benchmarks")
+        if journey.state(candidate.tier) is TierState.LOADED:
+            journey.to(candidate.tier, TierState.MEASURING)
+        again = f" (attempt {candidate.attempt + candidate.contended})" if (
+            candidate.attempt + candidate.contended > 1) else ""
+        journey.gate_doing(f"measuring {_name(candidate.tier)} against {_name(serving)}{again}",
+                           candidate.tier)
         bench = self.gate.request(journey.graph_id, entries, request, purpose="gate",
-                                  with_graph=candidate.tier == EAGER or self._recorder.profiling,
+                                  with_graph=serving == EAGER or self._recorder.profiling,
                                   pair=(serving, candidate.tier), attempt=candidate.attempt)
         self._submit(bench, self._measured, journey, candidate, serving)
 
     def _measured(self, journey: GraphJourney, candidate: Candidate, serving: str,
                   future: Future[BenchReply], started: float) -> None:
         """Load thread: one gate decision per measurement reply, then apply it (or measure
-        the pair again later)."""
+        the pair again later, the faster-looking of the two serving meanwhile)."""
         assert self.gate is not None
         if journey.forgotten:
             return
-        track_tier = serving if candidate.tier == EAGER else candidate.tier
-        self._recorder.span(journey, track_tier, "gate_bench", started, time.monotonic(),
+        self._recorder.span(journey, candidate.tier, "gate_bench", started, time.monotonic(),
                             track="hotswap-gate")
         error = future.exception()
         reply: BenchReply | BaseException = error if error is not None else future.result()
@@ -190,30 +201,40 @@ class Ladder:
             for record in (*reply.benches, *reply.pairs):
                 self._recorder.timeline.add(record)
         else:
-            then = (f"{serving!r} keeps serving" if candidate.tier == EAGER
-                    else "adopting it by ladder order")
-            _log.warning("graph %s: benchmarking %r against %r failed (%s: %s); %s",
-                         journey.graph_id, candidate.tier, serving, type(reply).__name__, reply,
-                         then)
+            _log.warning("graph %s: benchmarking %r against %r failed (%s: %s); adopting it "
+                         "by ladder order", journey.graph_id, candidate.tier, serving,
+                         type(reply).__name__, reply)
         decision = decide(Measurement(journey.graph_id, serving, candidate.tier, reply),
                           attempt=candidate.attempt, contended=candidate.contended,
                           threshold=self.gate.threshold, now_s=time.monotonic())
         if decision.record is not None:
             self._recorder.timeline.add(decision.record)
         retry = decision.retry
-        if retry is not None:
-            bump("gate_undecided")
-            _log.debug("graph %s: %s; measuring again in %.0f s", journey.graph_id,
-                       decision.reason, retry.after_s)
-            again = dataclasses.replace(candidate, attempt=retry.attempt,
-                                        contended=retry.contended)
-            threads.start_timer(retry.after_s, self._on_loader, (self._measure_next, (journey, again)),
-                                name="hotswap-gate-retry")
+        if retry is None:
+            if decision.action is Action.ADOPT:
+                _log.info("graph %s: gate adopts %r: %s", journey.graph_id, candidate.tier,
+                          decision.reason)
+            self._settle(journey, candidate, serving, decision)
             return
-        if decision.action is Action.ADOPT:
-            _log.info("graph %s: gate adopts %r: %s", journey.graph_id, candidate.tier,
-                      decision.reason)
-        self._settle(journey, candidate, serving, decision)
+        bump("gate_undecided")
+        self._serve_meanwhile(journey, candidate, serving, decision.meanwhile)
+        why = decision.reason.removeprefix("gate: ")
+        journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
+                           f"measuring again in {retry.after_s:.0f} s, "
+                           f"{_name(journey.runner.tier)} serving meanwhile", candidate.tier)
+        _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %.0f s",
+                  journey.graph_id, candidate.tier, serving, why, retry.after_s)
+        again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended)
+        threads.start_timer(retry.after_s, self._on_loader, (self._measure_next, (journey, again)),
+                            name="hotswap-gate-retry")
+
+    def _serve_meanwhile(self, journey: GraphJourney, candidate: Candidate, serving: str,
+                         tier: str) -> None:
+        """The gate could not decide: ``tier``, of the pair, serves until it does."""
+        if tier == candidate.tier and journey.runner.tier == serving:
+            journey.swap_in(candidate.tier, candidate.fn, measured=True)
+        elif tier == serving and journey.runner.tier == candidate.tier:
+            journey.give_way(candidate.tier)
 
     def _fleet_settles(self, journey: GraphJourney, candidate: Candidate, serving: str) -> bool:
         """True when another replica's verdict settled ``candidate``, or when one is measuring
@@ -232,14 +253,13 @@ class Ladder:
     def _take(self, journey: GraphJourney, candidate: Candidate, serving: str,
               taken: Taken) -> None:
         """Apply another replica's verdict on this decision."""
-        if candidate.tier == EAGER:
-            if taken.won and journey.back_to_eager(serving, taken.reason):
+        if not taken.won:
+            if serving == EAGER:
                 bump("gate_kept")  # slower than eager, as another replica measured
-        elif not taken.won:
-            journey.keep(candidate.tier, taken.reason, on_timeline=True)
+            self._keep(journey, candidate, taken.reason)
         elif journey.runner.tier == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
-        else:
+        elif journey.runner.tier != candidate.tier:
             journey.swap_in(candidate.tier, candidate.fn)
         self._settle(journey, candidate, serving, None)
 
@@ -260,32 +280,37 @@ class Ladder:
     def _apply(self, journey: GraphJourney, candidate: Candidate, serving: str,
                decision: Decision) -> None:
         record = decision.record
-        if candidate.tier == EAGER:  # the serving tier against eager
-            if decision.action is Action.ADOPT and record is not None:
-                if journey.back_to_eager(serving, f"slower than eager: {record.reason}"):
-                    bump("gate_kept")
-                    self._store_verdict(journey, candidate.verdict_key, record)
-            elif (record is not None and record.confidence == "confident"
-                  and candidate.verdict_key is not None):  # a warm process need not check it
-                self._store_verdict(journey, candidate.verdict_key + HELD_SUFFIX, record)
-            return
         if decision.action is Action.KEEP:
             if record is not None:
                 bump("gate_kept")
                 self._store_verdict(journey, candidate.verdict_key, record)
                 self._store_verdict(journey, self._vote.verdict_key(journey, candidate, serving,
                                                                     won=False), record)
-            journey.keep(candidate.tier, decision.reason, on_timeline=True)
+            reason = decision.reason
+            if serving == EAGER and record is not None:
+                reason = reason.replace("gate: ", "slower than eager: " if record.gain is not None
+                                        and record.gain < 0 else "not faster than eager: ", 1)
+            self._keep(journey, candidate, reason)
+            return
+        if journey.runner.tier == candidate.tier:  # it served meanwhile: it stays
+            pass
         elif decision.action is Action.ADOPT and journey.runner.tier == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
-            if record is not None:
-                self._store_verdict(journey, self._vote.verdict_key(journey, candidate, serving,
-                                                                    won=True), record)
         else:  # not measured, or the serving tier changed meanwhile (it failed): by rank
             journey.swap_in(candidate.tier, candidate.fn)
+        if decision.action is Action.ADOPT and record is not None:
+            if serving == EAGER and record.confidence == "confident":
+                self._store_verdict(journey, _held(candidate.verdict_key), record)
+            self._store_verdict(journey, self._vote.verdict_key(journey, candidate, serving,
+                                                                won=True), record)
+
+    def _keep(self, journey: GraphJourney, candidate: Candidate, reason: str) -> None:
+        """``candidate`` is kept out; if it served while the gate decided, it gives way."""
+        if not journey.give_way(candidate.tier, reason):
+            journey.keep(candidate.tier, reason, on_timeline=True)
 
     def _held_before(self, key: str | None) -> bool:
-        """An earlier run measured this tier confidently not slower than eager."""
+        """An earlier run measured this tier confidently faster than eager."""
         return key is not None and self._cache.verdict(key + HELD_SUFFIX) is not None
 
     def _store_verdict(self, journey: GraphJourney, key: str | None,
