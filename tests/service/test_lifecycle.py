@@ -1,0 +1,166 @@
+"""The service's life: started on demand and by the CLI, one per build however many processes
+ask at once, a stale socket replaced, idle exit, cancellation reaching the service."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hotswap import cli
+from hotswap.executors import registry
+from hotswap.executors.service import ServiceExecutor
+from hotswap.service import control
+from hotswap.service.place import Place, authkey, find_place, stamp
+from tests.conftest import gone
+from tests.service.conftest import wait_for
+
+ECHO = "hotswap.testing.faults:echo"
+SLEEP = "hotswap.testing.faults:sleep"
+
+
+def status_json(capsys: pytest.CaptureFixture[str], action: str = "status") -> tuple[int, Any]:
+    code = cli.main(["service", action, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def current_status() -> dict[str, Any] | None:
+    place = find_place(create=False)
+    return control.probe(place, authkey(place, create=False))
+
+
+def test_cli_start_status_stop(service_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["service", "status"]) == 1
+    assert "no compile service running" in capsys.readouterr().out
+    code, started = status_json(capsys, "start")
+    assert code == 0 and started["running"] and started["stamp"] == stamp()
+    assert started["uid"] == os.geteuid() and not gone(started["pid"])
+    assert (service_dir.stat().st_mode & 0o777) == 0o700
+    assert (service_dir / f"{stamp()}.sock").stat().st_mode & 0o077 == 0
+    assert (service_dir / "authkey").stat().st_mode & 0o777 == 0o600
+    code, again = status_json(capsys, "start")  # already running: the same service
+    assert code == 0 and again["pid"] == started["pid"]
+    assert cli.main(["service", "status"]) == 0
+    text = capsys.readouterr().out
+    assert f"compile service {stamp()} (pid {started['pid']})" in text
+    for field in ("uptime:", "workers:", "jobs: 0 served", "memory:"):
+        assert field in text
+    assert cli.main(["service", "stop"]) == 0
+    assert "stopped the compile service" in capsys.readouterr().out
+    wait_for(lambda: gone(started["pid"]), 15)
+    assert not (service_dir / f"{stamp()}.sock").exists()
+    assert not (service_dir / f"{stamp()}.pid").exists()
+    code, after = status_json(capsys)
+    assert code == 1 and after == {"running": False}
+
+
+def test_jobs_run_in_the_service_and_errors_come_back_whole(service_dir: Path) -> None:
+    executor = ServiceExecutor()
+    assert executor.submit(ECHO, {"x": 1}, 60).result(60) == {"x": 1}
+    failed = executor.submit("hotswap.testing.faults:raise_error", "boom", 60).exception(60)
+    assert type(failed).__name__ == "CompileFailed"
+    assert failed.job == "hotswap.testing.faults:raise_error"  # type: ignore[union-attr]
+    assert failed.remote_message == "boom"  # type: ignore[union-attr]
+    crashed = executor.submit("hotswap.testing.faults:sigkill", None, 60).exception(60)
+    assert type(crashed).__name__ == "WorkerCrashed"
+    assert crashed.signal_name == "SIGKILL"  # type: ignore[union-attr]
+    status = current_status()
+    assert status is not None
+    assert (status["jobs_served"], status["jobs_failed"]) == (1, 2)
+    assert executor.note == ""
+
+
+def test_a_cancelled_job_is_cancelled_in_the_service(service_dir: Path) -> None:
+    executor = ServiceExecutor()
+    assert executor.submit(ECHO, 0, 60).result(60) == 0  # started and warm
+    future = executor.submit(SLEEP, 60.0, 120)
+    wait_for(lambda: (current_status() or {}).get("jobs_running") == 1)
+    assert future.cancel()
+    wait_for(lambda: (current_status() or {}).get("jobs_cancelled") == 1, 15)
+    assert current_status()["jobs_running"] == 0  # type: ignore[index]
+
+
+def test_a_stale_socket_is_replaced(service_dir: Path) -> None:
+    place = find_place(create=True)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(place.socket))  # bound, never listened on, closed: nobody answers
+    stale.close()
+    assert control.probe(place, authkey(place, create=True)) is None
+    status = control.ensure(place)
+    assert status["stamp"] == place.stamp and not gone(status["pid"])
+    assert ServiceExecutor().submit(ECHO, "after", 60).result(60) == "after"
+
+
+def test_the_service_exits_when_idle(service_dir: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_SERVICE_IDLE_EXIT_S", "1")
+    executor = ServiceExecutor()
+    assert executor.submit(SLEEP, 1.5, 60).result(60) == 1.5  # longer than the idle limit
+    status = current_status()
+    assert status is not None and status["idle_exit_s"] == 1
+    wait_for(lambda: gone(status["pid"]), 20)
+    assert not find_place(create=False).socket.exists()
+
+
+def test_a_service_of_another_build_is_not_used(service_dir: Path) -> None:
+    """A service whose stamp differs (here: it sees other GPUs) is never asked for a job, even
+    when its socket sits where this build's would."""
+    other_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "7"}
+    folder = find_place(create=True).dir
+    other = subprocess.Popen([sys.executable, "-m", "hotswap.service", "--dir", str(folder)],
+                             env=other_env, start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        ours = find_place(create=False)
+        socks: list[Path] = []
+        wait_for(lambda: bool(socks.extend(p for p in folder.glob("*.sock")
+                                          if p != ours.socket) or socks))
+        theirs = Place(folder, socks[0].name.removesuffix(".sock"))
+        assert theirs.stamp != ours.stamp
+        os.rename(theirs.socket, ours.socket)  # as a stamp collision would put it
+        with pytest.raises(control.OtherBuild):
+            control.ensure(ours)
+        executor = registry.resolve("service://", workers=1)
+        assert executor.submit(ECHO, "here", 60).result(120) == "here"  # the local pool
+        link = registry.connect("service://").cluster  # type: ignore[attr-defined]
+        assert "serves build" in link.refused
+        reply = control.request(ours, authkey(ours, create=False), {"kind": "status"})
+        assert reply["stamp"] == theirs.stamp and reply["jobs_served"] == 0
+    finally:
+        other.kill()
+        other.wait()
+
+
+SUBMITTER = """
+import json, sys
+from hotswap.executors.service import ServiceExecutor
+executor = ServiceExecutor()
+n = int(sys.argv[1])
+futures = [executor.submit("hotswap.testing.faults:echo", [n, k], 120) for k in range(4)]
+results = [f.result(180) for f in futures]
+print(json.dumps({"results": results, "pid": executor.cluster.client(0).pid}))
+executor.shutdown()
+"""
+
+
+def test_sixteen_processes_at_once_share_one_service(service_dir: Path) -> None:
+    procs = [subprocess.Popen([sys.executable, "-c", SUBMITTER, str(n)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for n in range(16)]
+    outputs = []
+    t = time.monotonic()
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+        outputs.append(json.loads(out))
+    assert [o["results"] for o in outputs] == [[[n, k] for k in range(4)] for n in range(16)]
+    assert len({o["pid"] for o in outputs}) == 1, "more than one service was started"
+    status = current_status()
+    assert status is not None and status["pid"] == outputs[0]["pid"]
+    assert status["jobs_served"] == 64 and status["jobs_failed"] == 0, time.monotonic() - t
