@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import logging
 import os
 import pickle
@@ -231,8 +232,7 @@ class Service:
         error = future.exception()
         if error is None:
             try:
-                result = pickle.dumps(_with_bytes(future.result()),
-                                      protocol=pickle.HIGHEST_PROTOCOL)
+                result = _dumps(future.result())
             except Exception as e:
                 error = e
             else:
@@ -250,11 +250,20 @@ class Service:
         return encode({"kind": "failed", "error": fields})
 
 
-def _with_bytes(result: Any) -> Any:
-    """A compile result's artifact as bytes (in the pool it is a view into a frame)."""
-    if isinstance(result, dict) and isinstance(result.get("entry"), pickle.PickleBuffer):
-        return {**result, "entry": bytes(result["entry"].raw())}
-    return result
+class _ResultPickler(pickle.Pickler):
+    """A result from the pool holds its artifact as a view into the frame it came in; a view
+    travels on as bytes (copied once, into the pickle)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, memoryview):
+            return bytes, (pickle.PickleBuffer(obj.toreadonly()),)
+        return NotImplemented
+
+
+def _dumps(result: Any) -> bytes:
+    out = io.BytesIO()
+    _ResultPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+    return out.getvalue()
 
 
 def install_signals(service: Service) -> None:

@@ -1,0 +1,81 @@
+"""Real compiles through the service (CPU, inductor): the graph reaches its tier with outputs
+equal to eager, the counters show where it compiled, and a service killed mid-compile leaves
+the tier to the local pool."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.executors import registry
+from tests.engine.models import unseen_scale
+from tests.service.conftest import wait_for
+from tests.service.test_lifecycle import current_status
+
+
+class Scaled(torch.nn.Module):
+    """A small MLP times a constant no inductor cache has seen: its compile really runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                       torch.nn.Linear(64, 8))
+        self.scale = unseen_scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def compile_and_wait(model: torch.nn.Module, x: torch.Tensor, during: Any = None,
+                     **options: Any) -> hotswap.GraphStatus:
+    expected = model(x)
+    compiled = hotswap.compile(model, mode="async", **options)
+    torch.testing.assert_close(compiled(x), expected)
+    if during is not None:
+        during()
+    [status] = hotswap.wait(compiled, timeout_s=300)
+    torch.testing.assert_close(compiled(x), expected)
+    return status
+
+
+def test_service_on_compiles_in_the_service(service_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_SERVICE", "on")
+    assert registry.check(None) == "service://" and registry.check("local") is None
+    with hotswap.counters_delta() as d:
+        status = compile_and_wait(Scaled(), torch.randn(16, 32))
+    assert status.tier == "default" and status.final and not status.failures, status
+    assert d["remote_compiles"] == 1 and d["worker_compiles"] == 1
+    assert d["cluster_fallbacks"] == 0
+    served = current_status()
+    assert served is not None and served["jobs_served"] >= 1
+    assert hotswap.runtime().worker_pids() == []  # no local worker was started
+
+
+def test_killed_mid_compile_the_tier_still_arrives(service_dir: Path) -> None:
+    def kill_when_compiling() -> None:
+        wait_for(lambda: (current_status() or {}).get("jobs_running") == 1, 120)
+        pid = current_status()["pid"]  # type: ignore[index]
+        os.killpg(pid, signal.SIGKILL)
+
+    with hotswap.counters_delta() as d:
+        status = compile_and_wait(Scaled(), torch.randn(16, 32), during=kill_when_compiling,
+                                  executor="service://")
+    assert status.tier == "default" and status.final and not status.failures, status
+    assert d["cluster_fallbacks"] == 1 and d["remote_compiles"] == 0
+    assert d["worker_compiles"] == 1
