@@ -42,7 +42,7 @@ LAYERS: dict[str, int] = {
     "hotswap.errors": 0, "hotswap.settings": 0, "hotswap.plugins": 0, "hotswap.counting": 0,
     "hotswap.workers": 1, "hotswap.system": 1, "hotswap.cache": 1, "hotswap.profiles": 1,
     "hotswap.fleet.store": 2, "hotswap.compat": 2, "hotswap.engine.threads": 2,
-    "hotswap.executors": 3,
+    "hotswap.executors": 3, "hotswap.service": 3,
     "hotswap.engine.options": 4,
     "hotswap.engine.shipping": 5,
     "hotswap.engine.loading": 6,
