@@ -125,8 +125,15 @@ def _until(condition: Any, timeout_s: float = 30.0) -> None:
         time.sleep(0.005)
 
 
+@pytest.fixture
+def visible_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pauses long enough for a test to see the graph deciding between two measurements."""
+    monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_AFTER_S", 0.4)
+    monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_CAP_S", 0.4)
+
+
 def test_undecided_is_not_final_the_faster_median_serves_and_a_later_measurement_decides(
-        quick_retries: None) -> None:
+        visible_retries: None) -> None:
     model, inputs = _model()
     expected = model(*inputs)
     fake, scripted = FakeCompiler(), Scripted()
@@ -152,14 +159,15 @@ def test_undecided_is_not_final_the_faster_median_serves_and_a_later_measurement
         # so default serves on trial, and the graph is not final.
         scripted.answer(_contended(0.5))
         serves("default")
-        _until(lambda: backend.status()[0].gate.startswith("deciding"))
-        [status] = backend.status()
+        seen: list[hotswap.GraphStatus] = []
+        _until(lambda: (seen.extend(backend.status()) or seen[-1].gate.startswith("deciding")))
+        status = seen[-1]
         assert not status.final and status.pending == ("default",)
         assert status.gate.startswith(
             "deciding 'default' against eager: 'default' is 2.0x faster than eager so far; "
             "deciding (median of 4 paired rounds; 4 of 24 rounds clean, 20 contended; ")
         assert status.gate.endswith("contended: 20 of 24 rounds preempted); measuring again "
-                                    "in 0 s, 'default' serving meanwhile")
+                                    "in 0.4 s, 'default' serving meanwhile")
         assert "| deciding 'default' against eager: " in status.summary()
         assert backend.wait(timeout_s=0.2)[0].final is False
         # Measured again, still contended, now eager's median is faster: eager serves again.

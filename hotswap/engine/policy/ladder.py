@@ -220,9 +220,9 @@ class Ladder:
         self._serve_meanwhile(journey, candidate, serving, decision.meanwhile)
         why = decision.reason.removeprefix("gate: ")
         journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
-                           f"measuring again in {retry.after_s:.0f} s, "
+                           f"measuring again in {retry.after_s:g} s, "
                            f"{_name(journey.runner.tier)} serving meanwhile", candidate.tier)
-        _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %.0f s",
+        _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %g s",
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
         again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended)
         threads.start_timer(retry.after_s, self._on_loader, (self._measure_next, (journey, again)),
