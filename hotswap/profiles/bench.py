@@ -250,10 +250,11 @@ def paired_from_medians(graph_id: str, serving: str, serving_ms: float, candidat
                   round_high=ratio)
 
 
-# Contention slows whichever block it lands in, so contended rounds do not give a median; but
-# it cannot make every round say the same wide gap. With too few clean rounds, a pair is still
-# decided when, in every round (contended ones by their fastest blocks), the slower tier took
-# at least DECISIVE times the faster one's time: even the round most favourable to the loser.
+# Contention slows whichever block it lands in, so contended rounds do not give a median's
+# interval; but it cannot make every round agree. With too few clean rounds, a pair is still
+# decided when every round (contended ones by each tier's faster block) has the same tier ahead
+# by more than the threshold, even the round most favourable to the loser, and their median
+# puts it DECISIVE times ahead.
 DECISIVE = 1.5
 
 
@@ -293,12 +294,18 @@ def _every_round(pair: Paired, threshold: float) -> tuple[str, str, str]:
     """(outcome, confidence, why) of a pair with too few clean rounds."""
     low, high = pair.round_low, pair.round_high
     if low is not None and high is not None and pair.rounds >= MIN_CLEAN:
-        every = f"in every one of {pair.rounds} rounds, {pair.contended} of them contended"
-        if high * DECISIVE <= 1.0 and 1.0 - high >= threshold:
-            return "adopt", "confident", f"at least {DECISIVE:g}x faster {every}"
-        if low >= DECISIVE:
-            return "keep", "confident", f"at least {DECISIVE:g}x slower {every}"
-    return "undecided", "", f"contended: {pair.contended} of {pair.rounds} rounds preempted"
+        every = (f"in every one of {pair.rounds} rounds ({pair.contended} contended: "
+                 f"{_range(low, high)})")
+        if 1.0 - high >= threshold and pair.ratio * DECISIVE <= 1.0:
+            return "adopt", "confident", f"faster by more than the threshold {every}"
+        if 1.0 - 1.0 / low >= threshold and pair.ratio >= DECISIVE:
+            return "keep", "confident", f"slower by more than the threshold {every}"
+    return "undecided", "", (f"contended: {pair.contended} of {pair.rounds} rounds preempted"
+                             + (f"; rounds {_range(low, high)}" if low and high else ""))
+
+
+def _range(low: float, high: float) -> str:
+    return f"candidate / serving from {low:.2f} to {high:.2f}"
 
 
 def _name(tier: str) -> str:

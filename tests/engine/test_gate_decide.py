@@ -78,6 +78,7 @@ BEATS_EAGER = _pair(0.5, 0.45, 0.55, serving="eager", candidate="default")
 INF = math.inf
 SWEPT_SLOWER = _pair(10.0, -INF, INF, rounds=24, contended=24, every=(8.0, 12.0))
 SWEPT_FASTER = _pair(0.1, -INF, INF, rounds=24, contended=24, every=(0.08, 0.12))
+NARROW = _pair(0.8, -INF, INF, rounds=24, contended=24, every=(0.7, 0.9))
 # ... but one round of 24 says the other way: not decided.
 SPLIT = _pair(0.1, -INF, INF, rounds=24, contended=24, every=(0.08, 1.2))
 
@@ -142,18 +143,26 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
     "every round contended, every round 10x slower: keep": (
         _of(BenchReply([], pairs=[SWEPT_SLOWER])), 1, 0, 0.02, _measured(
             Action.KEEP, SWEPT_SLOWER, "'default' is 10.0x faster than 'max-autotune'; kept "
-            "'default' (" + _SWEPT.format(10.0) + "confident: at least 1.5x slower in every one "
-            "of 24 rounds, 24 of them contended)")),
+            "'default' (" + _SWEPT.format(10.0) + "confident: slower by more than the threshold in "
+            "every one of 24 rounds (24 contended: candidate / serving from 8.00 to 12.00))")),
     "every round contended, every round 10x faster: adopt": (
         _of(BenchReply([], pairs=[SWEPT_FASTER])), 1, 0, 0.02, _measured(
             Action.ADOPT, SWEPT_FASTER, "'max-autotune' is 10.0x faster than 'default'; "
-            "adopted 'max-autotune' (" + _SWEPT.format(0.1) + "confident: at least 1.5x faster "
-            "in every one of 24 rounds, 24 of them contended)")),
+            "adopted 'max-autotune' (" + _SWEPT.format(0.1) + "confident: faster by more than "
+            "the threshold in every one of 24 rounds (24 contended: candidate / serving from "
+            "0.08 to 0.12))")),
     "every round contended, one round the other way: again, the faster median meanwhile": (
         _of(BenchReply([], pairs=[SPLIT])), 1, 0, 0.02, _measured(
             Action.RETRY, SPLIT, "'max-autotune' is 10.0x faster than 'default' so far; "
-            "deciding (" + _SWEPT.format(0.1) + "contended: 24 of 24 rounds preempted)",
+            "deciding (" + _SWEPT.format(0.1) + "contended: 24 of 24 rounds preempted; "
+            "rounds candidate / serving from 0.08 to 1.20)",
             retry=Retry(1.0, 1, 1), meanwhile=CANDIDATE)),
+    "every round contended and agreeing, but by less than 1.5x: again": (
+        _of(BenchReply([], pairs=[NARROW])), 1, 0, 0.02, _measured(
+            Action.RETRY, NARROW, "'max-autotune' is 20.0% faster than 'default' so far; "
+            "deciding (" + _SWEPT.format(0.8) + "contended: 24 of 24 rounds preempted; rounds "
+            "candidate / serving from 0.70 to 0.90)", retry=Retry(1.0, 1, 1),
+            meanwhile=CANDIDATE)),
     "gain at the threshold, surely faster: adopt": (
         _of(BenchReply([], pairs=[AT_THRESHOLD])), 1, 0, 0.25, _measured(
             Action.ADOPT, AT_THRESHOLD, "'max-autotune' is 25.0% faster than 'default'; "
