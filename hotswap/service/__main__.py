@@ -22,10 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-exit-s", type=float, default=None,
                         help="exit after this long without a job (default "
                              "HOTSWAP_SERVICE_IDLE_EXIT_S, else 600)")
+    parser.add_argument("--stamp", default=None,
+                        help="the build stamp to serve (default: this environment's); the "
+                             "client that starts the service passes the one it computed, so "
+                             "that a source file changed meanwhile cannot part them")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(message)s")
-    place = Place(Path(os.path.abspath(args.dir)) if args.dir else default_dir(), stamp())
+    place = Place(Path(os.path.abspath(args.dir)) if args.dir else default_dir(),
+                  args.stamp or stamp())
     check_dir(place.dir, create=True)
     try:
         if probe(place, authkey(place, create=True)) is not None:

@@ -122,7 +122,7 @@ def _start(place: Place, key: bytes) -> dict[str, Any]:
     with open(place.log, "ab") as log:
         os.chmod(place.log, 0o600)
         proc = subprocess.Popen([sys.executable, "-m", "hotswap.service", "--dir",
-                                 str(place.dir)], cwd=place.dir, env=env,
+                                 str(place.dir), "--stamp", place.stamp], cwd=place.dir, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, close_fds=True)
     # Reap it when it exits (it outlives this process as often as not).
