@@ -175,6 +175,7 @@ class Candidate:
     attempt: int = 1          # the gate's measurement of it (undecided ones are measured again)
     contended: int = 0        # measurements too contended to decide on, so far
     against: str = ""         # the tier it is weighed against ("eager" too), once measured
+    evidence: float = 0.0     # contended measurements' log ratios, summed (gate.Retry)
 
 
 class GraphJourney:

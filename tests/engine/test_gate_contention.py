@@ -171,8 +171,9 @@ def test_undecided_is_not_final_the_faster_median_serves_and_a_later_measurement
                                     "'default' serving meanwhile")
         assert "| deciding 'default' against eager: " in status.summary()
         assert backend.wait(timeout_s=0.2)[0].final is False
-        # Measured again, still contended, now eager's median is faster: eager serves again.
-        scripted.answer(_contended(1.5))
+        # Measured again, still contended, now eager's median is 2x faster: over both
+        # measurements default is no longer ahead, and eager serves again.
+        scripted.answer(_contended(2.0))
         serves("eager")
         assert not backend.status()[0].final
         # A clean measurement decides: eager is faster; default is kept out, for good.

@@ -28,6 +28,7 @@ under), so a warm process does not serve it either; a low-confidence one it meas
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,11 +114,13 @@ class Measurement:
 @dataclass(frozen=True)
 class Retry:
     """Measure the pair again after ``after_s``, as attempt ``attempt`` (its budget grows
-    with it: Gate.request), with ``contended`` too-busy measurements behind it."""
+    with it: Gate.request), with ``contended`` too-busy measurements behind it and
+    ``evidence``, the sum of their log ratios (candidate / serving)."""
 
     after_s: float
     attempt: int
     contended: int
+    evidence: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,9 @@ class Decision:
     """What one measurement decided. ``reason``: why, as status shows a kept tier;
     ``record``: the measured comparison (the timeline's and the stored verdict's), None where
     nothing was measured; ``retry``: set exactly when ``action`` is RETRY, and then
-    ``meanwhile`` names which of the two serves until the pair is decided (the candidate
-    where a contended measurement's median has it faster by the threshold)."""
+    ``meanwhile`` names which of the two serves until the pair is decided: the candidate
+    where the contended measurements so far have it faster by the threshold (their medians'
+    geometric mean, so one lucky measurement on a very busy machine does not serve it)."""
 
     action: Action
     reason: str = ""
@@ -136,10 +140,11 @@ class Decision:
 
 
 def decide(measurement: Measurement, *, attempt: int, contended: int, threshold: float,
-           now_s: float) -> Decision:
+           now_s: float, evidence: float = 0.0) -> Decision:
     """Decide on one measurement: ``attempt`` and ``contended`` count the measurements of this
     pair so far (this one included in ``attempt``), ``threshold`` the gain to adopt at (0.02:
-    2 %), ``now_s`` the monotonic time the record carries. Pure: no logging, no clock."""
+    2 %), ``now_s`` the monotonic time the record carries, ``evidence`` the earlier contended
+    measurements' log ratios, summed (``Retry.evidence``). Pure: no logging, no clock."""
     m, reply = measurement, measurement.reply
     if isinstance(reply, BaseException):
         return Decision(Action.BY_ORDER)
@@ -157,22 +162,24 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
     record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
                            last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS)
     if record.outcome == "undecided":
-        retry = _retry(pair, attempt, contended)
-        busy = pair.clean < MIN_CLEAN and record.gain is not None and record.gain >= threshold
+        retry = _retry(pair, attempt, contended, evidence)
+        ahead = (pair.clean < MIN_CLEAN and pair.ratio > 0
+                 and retry.evidence / retry.contended <= math.log(1.0 - threshold))
         return Decision(Action.RETRY, f"gate: {record.reason}", record, retry,
-                        m.candidate if busy else m.serving)
+                        m.candidate if ahead else m.serving)
     if record.adopt:
         return Decision(Action.ADOPT, record.reason, record)
     return Decision(Action.KEEP, f"gate: {record.reason}", record)
 
 
-def _retry(pair: Paired, attempt: int, contended: int) -> Retry:
+def _retry(pair: Paired, attempt: int, contended: int, evidence: float) -> Retry:
     """The next measurement of an undecided pair. Too few clean rounds (the machine was busy):
     the same budget, after a pause that doubles up to RETRY_CAP_S, however many it takes; an
     interval across the threshold: longer, after a pause that grows with the attempt."""
     if pair.clean < MIN_CLEAN:
-        return Retry(min(RETRY_AFTER_S * 2 ** contended, RETRY_CAP_S), attempt, contended + 1)
-    return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended)
+        return Retry(min(RETRY_AFTER_S * 2 ** contended, RETRY_CAP_S), attempt, contended + 1,
+                     evidence + math.log(max(pair.ratio, 1e-9)))
+    return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended, evidence)
 
 
 def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:

@@ -206,7 +206,8 @@ class Ladder:
                          type(reply).__name__, reply)
         decision = decide(Measurement(journey.graph_id, serving, candidate.tier, reply),
                           attempt=candidate.attempt, contended=candidate.contended,
-                          threshold=self.gate.threshold, now_s=time.monotonic())
+                          threshold=self.gate.threshold, now_s=time.monotonic(),
+                          evidence=candidate.evidence)
         if decision.record is not None:
             self._recorder.timeline.add(decision.record)
         retry = decision.retry
@@ -224,7 +225,8 @@ class Ladder:
                            f"{_name(journey.runner.tier)} serving meanwhile", candidate.tier)
         _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %g s",
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
-        again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended)
+        again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
+                                    evidence=retry.evidence)
         threads.start_timer(retry.after_s, self._on_loader, (self._measure_next, (journey, again)),
                             name="hotswap-gate-retry")
 
