@@ -1,8 +1,8 @@
 """The coordinator: a torch.compile backend that answers each graph at once and compiles elsewhere.
 
-    user thread (dynamo)            pool manager thread            loader thread (one per coordinator,
-    --------------------            -------------------            while it has work: loader.py)
-                                                                   -----------------------------------
+    user thread (dynamo)            pool manager thread            scheduler thread (one per
+    --------------------            -------------------            process, threads.py)
+                                                                   -------------------------
     Coordinator(gm, inputs)
       a GraphJourney, the ladder's
       start points (cache first)
@@ -14,9 +14,10 @@
 A mode is a composition, fixed when the coordinator is made (compose.py): the route a graph's
 tiers take (where they come from, whether its first call waits), which tiers the ladder climbs
 and whether a gate weighs them (policy/). The coordinator reads no mode. Loading takes seconds,
-so it never runs on the pool's manager thread nor in the user's call (unless the call waits
-anyway). Its jobs go through ``WorkerJobs`` (sources/jobs.py); its graphs' registry, status and
-waits are ``Graphs`` (graphs.py).
+so it runs on the scheduler's thread, where every change of a graph's state runs, never on
+the pool's manager thread nor in the user's call (unless the call waits anyway). Its jobs go
+through ``WorkerJobs`` (sources/jobs.py); its graphs' registry, status and waits are
+``Graphs`` (graphs.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from hotswap.engine.compose import Route, compose
 from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.graphs import Graphs
 from hotswap.engine.journey import GraphJourney, GraphStatus
-from hotswap.engine.loading.loader import Loader
 from hotswap.engine.logs import setup_logging
 from hotswap.engine.options import Options, Tier
 from hotswap.engine.policy.ladder import Ladder, Measure
@@ -91,7 +91,6 @@ class Coordinator:
         self.options = options
         self._compiler = compiler
         self.graphs = Graphs()
-        self._loader = Loader()
         self.recorder = Recorder(options.profile_dir)
         self.cache = CacheAccess(options.cache_dir, options.limit_s(), options.cache_url)
         # Loads need no pool: they go on after a shutdown.
@@ -116,7 +115,7 @@ class Coordinator:
             else:  # connect now; the local pool starts only if the cluster is refused
                 runtime.cluster(options.executor)
             # The cache stamp's version lookups, off the user's first call.
-            threads.start(prepare_stamp, name="hotswap-stamp")
+            threads.io.submit(prepare_stamp)
 
     @property
     def compiler(self) -> Compiler:
@@ -216,7 +215,7 @@ class Coordinator:
         journey.serve_now(tier.name, arrival.fn)
 
     def _arrived(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
-        """Load thread: a tier is in: offer it to the ladder; or record why it is not."""
+        """Scheduler: a tier is in: offer it to the ladder; or record why it is not."""
         if journey.forgotten:  # reset: whatever came, nobody serves it
             return
         error = future.exception()
@@ -243,11 +242,11 @@ class Coordinator:
         return False
 
     def _on_loader(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        """Run ``fn(*args)`` (``args[0]``: its graph's journey) on the load thread."""
-        self._loader.submit(self._then_check, fn, args)
+        """Run ``fn(*args)`` (``args[0]``: its graph's journey) on the scheduler's thread."""
+        threads.scheduler.submit(self._then_check, fn, args)
 
     def _then_check(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        """Loader thread: run a load/swap/gate step; then see whether its graph is final."""
+        """Scheduler: run a load/swap/gate step; then see whether its graph is final."""
         try:
             fn(*args)
         finally:

@@ -18,7 +18,6 @@ from typing import Any
 
 from hotswap.counting import bump
 from hotswap.engine import threads
-from hotswap.engine.loading.loader import Loader
 from hotswap.engine.sources.compilers import Compiler, ExecutorCompiler
 from hotswap.executors import registry
 from hotswap.executors.local import (
@@ -119,9 +118,9 @@ class Runtime:
             return []
         deadline = time.monotonic() + timeout_s
         while True:
-            # Again each round: the pools' failed jobs queue their last steps on loaders
-            # (which then start a thread of their own again).
-            Loader.stop_all()
+            # Again each round: the pools' failed jobs queue their last steps on the
+            # scheduler (which then starts its thread again).
+            threads.stop_lanes()
             running = threads.join_all(min(0.2, max(0.0, deadline - time.monotonic())))
             if not running or time.monotonic() >= deadline:
                 break

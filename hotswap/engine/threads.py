@@ -1,21 +1,52 @@
-"""The threads hotswap starts beside the user's code, so that ``hotswap.shutdown()`` can wait
-for each of them.
+"""The backend's two threads, and the registry that lets ``hotswap.shutdown()`` wait for them.
 
-Every one is a daemon: none holds up the interpreter's exit. Each is started here, which keeps
-the set of those still running: loaders (loader.py, the warm-up's among them), the cache
-stamp's lookups, fleet lookups, gate measurements due later (timers), the runtime's idle-pool
-reaper. Those that loop end when idle or when told to (``Loader.stop_all``, the reaper's
-event); ``join_all`` waits for the rest, up to a deadline.
+    scheduler  ("hotswap-load":       every change of a graph's state: loads and swaps, the
+               the load thread)       gate's steps and its retries when due, the process's
+                                      load-path warm-up. In order, one at a time, with the
+                                      quick GIL handoff on while it works (below)
+    io         ("hotswap-io")         what waits on the disk, the network or another process:
+                                      the cache stamp's lookups, index touches, fleet store
+                                      reads, looks at another process's compile claim
+
+Each is a ``Lane``: one daemon thread at a time that runs the lane's tasks in order and its
+timers (``later``) when due, and ends once it has had nothing to do for ``idle_exit_s`` with no
+timer pending; the next task starts another. A process with many backends keeps no thread for
+each. ``at_lowest_priority`` (loading/loader.py) starts one more, short-lived, for the warm-up's
+source hashes. Every thread is a daemon: none holds up the interpreter's exit; ``join_all``
+waits for them, up to a deadline, and ``stop_lanes`` ends them once their queued tasks are done
+(their timers are dropped: nothing measures after a shutdown).
+
+The quick GIL handoff: a first load in a process is about a second of interpreter time on a
+thread of the user's process. Python hands its interpreter lock to a waiting thread only after
+the switch interval (5 ms by default), and every torch op a user call runs releases the GIL and
+takes it back: so while a load ran, each op could wait 5 ms, and an eager 9-op MLP call on CPU
+went from 1 ms to 60-250 ms. While the scheduler has work, hotswap lowers the process's switch
+interval (``HOTSWAP_SWITCH_INTERVAL_S``, default 0.2 ms) so a waiting caller gets the GIL back
+within that, and puts the user's value back once the scheduler is idle.
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
+import logging
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["join_all", "live", "start", "start_timer"]
+from hotswap import settings
+
+__all__ = ["Lane", "Timer", "gil_handoff_s", "io", "join_all", "live", "quick_gil_handoff",
+           "scheduler", "start", "start_timer", "stop_lanes"]
+
+log = logging.getLogger("hotswap")
+
+# A lane with no work and no timer for this long lets its thread end.
+IDLE_EXIT_S = 5.0
 
 _lock = threading.Lock()
 _live: set[threading.Thread] = set()
@@ -35,23 +66,6 @@ def start(target: Callable[..., Any], *, name: str, args: tuple[Any, ...] = (),
     thread = threading.Thread(target=run, name=name, daemon=True)
     _begin(thread)
     return thread
-
-
-class _Timer(threading.Timer):
-    def run(self) -> None:
-        try:
-            super().run()
-        finally:
-            _forget(self)
-
-
-def start_timer(delay_s: float, fn: Callable[..., Any], args: tuple[Any, ...], *,
-                name: str) -> threading.Timer:
-    """Run ``fn(*args)`` after ``delay_s`` on a daemon thread, counted until it ends."""
-    timer = _Timer(delay_s, fn, args)
-    timer.name, timer.daemon = name, True
-    _begin(timer)
-    return timer
 
 
 def _begin(thread: threading.Thread) -> None:
@@ -89,3 +103,178 @@ def join_all(timeout_s: float, *, name: str | None = None) -> list[str]:
         if remaining <= 0:
             return sorted(t.name for t in running)
         running[0].join(min(remaining, 0.1))
+
+
+def gil_handoff_s() -> float:
+    """The switch interval hotswap sets while the scheduler works (``HOTSWAP_SWITCH_INTERVAL_S``)."""
+    return settings.switch_interval_s()
+
+
+class _QuickHandoff:
+    """``with quick_gil_handoff:`` from any number of threads: the first one in lowers the
+    switch interval, the last one out puts the earlier value back, unless someone changed it
+    in between (their value stays)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved = self._ours = 0.0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, gil_handoff_s()))
+                self._ours = sys.getswitchinterval()
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0 and sys.getswitchinterval() == self._ours:
+                sys.setswitchinterval(self._saved)
+
+    @property
+    def active(self) -> bool:
+        return self._depth > 0
+
+
+quick_gil_handoff = _QuickHandoff()
+
+_Task = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class Timer:
+    """A task a lane runs when it is due, unless cancelled first."""
+
+    def __init__(self, due: float, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.due, self.fn, self.args = due, fn, args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Lane:
+    """Runs tasks in order on one daemon thread at a time, and timers when due. ``busy`` is
+    entered while the lane has work and left once its queue is empty.
+
+    Not a ThreadPoolExecutor: those threads are joined at interpreter exit, so exiting would
+    wait for a load nobody will use. A daemon thread is simply dropped.
+    """
+
+    def __init__(self, name: str, *, idle_exit_s: float = IDLE_EXIT_S,
+                 busy: contextlib.AbstractContextManager[Any] | None = None) -> None:
+        self.name, self._idle_exit_s = name, idle_exit_s
+        self._busy = busy or contextlib.nullcontext()
+        self._cond = threading.Condition()
+        self._tasks: deque[_Task] = deque()
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._running = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the lane's thread, after the tasks queued before it."""
+        with self._cond:
+            self._tasks.append((fn, args))
+            self._wake_locked()
+
+    def later(self, delay_s: float, fn: Callable[..., Any], *args: Any) -> Timer:
+        """Run ``fn(*args)`` on the lane's thread once ``delay_s`` has passed."""
+        timer = Timer(time.monotonic() + max(0.0, delay_s), fn, args)
+        with self._cond:
+            heapq.heappush(self._timers, (timer.due, next(self._order), timer))
+            self._wake_locked()
+        return timer
+
+    def here(self) -> bool:
+        """Whether the caller runs on this lane's thread (a task of it)."""
+        return self._thread is threading.current_thread()
+
+    def stop(self) -> None:
+        """End the thread once the tasks queued now are done; its timers are dropped (a later
+        task starts a new thread)."""
+        with self._cond:
+            self._timers.clear()
+            if self._thread is not None:
+                self._stopping = True
+                self._cond.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the tasks queued now (not the timers) to be done."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while (self._tasks or self._running) and not self.here():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.05))
+        return True
+
+    def _wake_locked(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = start(self._run, name=self.name)
+        else:
+            self._cond.notify_all()
+
+    def _next(self) -> _Task | None:
+        """The next task, once there is one; None: the thread ends."""
+        with self._cond:
+            idle_since = time.monotonic()
+            while True:
+                now = time.monotonic()
+                while self._timers and self._timers[0][0] <= now:
+                    timer = heapq.heappop(self._timers)[2]
+                    if not timer.cancelled:
+                        self._tasks.append((timer.fn, timer.args))
+                if self._tasks:
+                    self._running = True
+                    return self._tasks.popleft()
+                self._running = False
+                self._cond.notify_all()  # drain()
+                if self._stopping or (not self._timers
+                                      and now - idle_since >= self._idle_exit_s):
+                    self._thread, self._stopping = None, False
+                    return None
+                wait_s = self._idle_exit_s - (now - idle_since)
+                if self._timers:
+                    wait_s = self._timers[0][0] - now
+                self._cond.wait(max(wait_s, 0.0))
+
+    def _has_task(self) -> bool:
+        with self._cond:
+            return bool(self._tasks)
+
+    def _run(self) -> None:
+        while (task := self._next()) is not None:
+            with self._busy:
+                while task is not None:
+                    fn, args = task
+                    try:
+                        fn(*args)
+                    except Exception:  # tasks record their own failures; a last resort
+                        log.exception("hotswap %s task %r failed", self.name, fn)
+                    # Idle, this thread must not keep the last task's graph and artifact.
+                    task = fn = args = None  # type: ignore[assignment]
+                    if self._has_task():
+                        task = self._next()
+
+
+scheduler = Lane("hotswap-load", busy=quick_gil_handoff)
+io = Lane("hotswap-io")
+
+
+def start_timer(delay_s: float, fn: Callable[..., Any], args: tuple[Any, ...], *,
+                name: str = "") -> Timer:
+    """Run ``fn(*args)`` on the scheduler once ``delay_s`` has passed (``name``: for the
+    reader; timers run on the scheduler's thread)."""
+    return scheduler.later(delay_s, fn, *args)
+
+
+def stop_lanes() -> None:
+    """End both lanes' threads once their queued tasks are done (``hotswap.shutdown()``)."""
+    for lane in (scheduler, io):
+        lane.stop()

@@ -1,4 +1,5 @@
-"""The loader thread's manners: the quick GIL handoff while it works, low-priority helpers."""
+"""The load thread's manners: the quick GIL handoff while it works, timers in order, low-priority
+helpers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from hotswap.engine.loading.loader import Loader, at_lowest_priority, gil_handoff_s, quick_gil_handoff
+from hotswap.engine.loading.loader import at_lowest_priority
+from hotswap.engine.threads import Lane, gil_handoff_s, quick_gil_handoff
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +57,7 @@ def test_interval_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_loader_runs_tasks_in_order_under_the_handoff_then_restores() -> None:
     seen: list[tuple[int, float]] = []
     done = threading.Event()
-    loader = Loader()
+    loader = Lane("hotswap-load-test", busy=quick_gil_handoff)
     release = threading.Event()
     loader.submit(release.wait, 30)  # hold the loader so the next tasks queue up behind it
     for i in range(3):
@@ -87,3 +89,31 @@ def test_lowest_priority_runs_on_an_idle_niced_thread_and_passes_results_and_err
     assert os.getpriority(os.PRIO_PROCESS, 0) == my_nice  # the caller is untouched
     with pytest.raises(KeyError):
         at_lowest_priority(lambda: {}["missing"])
+
+
+def test_timers_run_on_the_lane_when_due_in_order_and_a_cancelled_one_never() -> None:
+    lane = Lane("hotswap-load-test", idle_exit_s=0.05)
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def note(what: str) -> None:
+        seen.append((what, threading.current_thread().name))
+
+    lane.later(0.3, note, "late")
+    lane.later(0.1, note, "early")
+    lane.later(0.2, note, "cancelled").cancel()
+    lane.submit(note, "now")
+    lane.later(0.4, done.set)
+    assert done.wait(10)
+    assert seen == [("now", "hotswap-load-test"), ("early", "hotswap-load-test"),
+                    ("late", "hotswap-load-test")]
+
+
+def test_a_pending_timer_keeps_the_lane_past_its_idle_time_and_drain_waits_for_tasks() -> None:
+    lane = Lane("hotswap-load-test", idle_exit_s=0.05)
+    fired = threading.Event()
+    lane.later(0.5, fired.set)  # ten times the idle time
+    assert fired.wait(10)
+    slow_done: list[bool] = []
+    lane.submit(lambda: (threading.Event().wait(0.3), slow_done.append(True)))
+    assert lane.drain(10) and slow_done == [True]

@@ -17,7 +17,6 @@ import torch
 import hotswap
 from hotswap.engine import threads
 from hotswap.engine.coordinator import Coordinator
-from hotswap.engine.loading.loader import Loader
 from hotswap.engine.options import Options
 from hotswap.testing.fake import FakeCompiler
 
@@ -151,7 +150,7 @@ def test_a_recompile_limit_hit_is_named_in_status(cause: str) -> None:
 
 
 def test_a_loader_thread_ends_when_idle_and_the_next_task_starts_another() -> None:
-    loader = Loader(name="hotswap-load-test", idle_exit_s=0.05)
+    loader = threads.Lane("hotswap-load-test", idle_exit_s=0.05)
     seen: list[int] = []
     for i in range(3):
         loader.submit(seen.append, i)
@@ -163,16 +162,19 @@ def test_a_loader_thread_ends_when_idle_and_the_next_task_starts_another() -> No
     assert done.wait(10) and seen == [0, 1, 2, 3]
 
 
-def test_shutdown_ends_an_idle_loader_at_once() -> None:
-    loader = Loader(name="hotswap-load-test", idle_exit_s=600)
+def test_shutdown_ends_the_idle_load_thread_at_once_and_drops_its_timers() -> None:
     done = threading.Event()
-    loader.submit(done.set)
-    assert done.wait(10) and "hotswap-load-test" in _hotswap_threads()
+    fired: list[int] = []
+    threads.scheduler.submit(done.set)
+    threads.scheduler.later(0.5, fired.append, 1)  # a gate retry due after the shutdown
+    assert done.wait(10) and "hotswap-load" in _hotswap_threads()
     hotswap.shutdown()
-    assert "hotswap-load-test" not in _hotswap_threads()
+    assert "hotswap-load" not in _hotswap_threads()
     again = threading.Event()
-    loader.submit(again.set)  # a loader works after a shutdown, on a new thread
+    threads.scheduler.submit(again.set)  # it works after a shutdown, on a new thread
     assert again.wait(10)
+    threading.Event().wait(1.0)
+    assert fired == []
 
 
 def _wait_until(condition: Any, timeout_s: float = 10.0) -> bool:

@@ -22,12 +22,12 @@ def fresh_warmup(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return ran
 
 
-def test_steps_run_once_each_on_the_warmup_thread(fresh_warmup: list[str]) -> None:
+def test_steps_run_once_each_on_the_load_thread(fresh_warmup: list[str]) -> None:
     assert warmup.wait_warmup(["cpu"], timeout_s=30)
     assert warmup.wait_warmup(["cpu", "cuda:0"], timeout_s=30)
     assert warmup.wait_warmup(["cuda:1"], timeout_s=30)
-    assert fresh_warmup == ["common@hotswap-warmup", "cpu@hotswap-warmup",
-                            "cuda@hotswap-warmup"]
+    assert fresh_warmup == ["common@hotswap-load", "cpu@hotswap-load",
+                            "cuda@hotswap-load"]
 
 
 def test_a_failing_step_is_logged_and_counts_as_done(fresh_warmup: list[str],

@@ -5,7 +5,7 @@ imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU)
 of torch's sources. (It used to pay inductor's CPU vector-ISA probe too; loads now take the
 worker's, load_guard.py.) Paid during the swap, that is seconds of delay; paid while the user's
 calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
-process, on a daemon thread of its own, in steps per device kind:
+process, on the scheduler's thread (threads.py), in steps per device kind:
 
     common   imports; then, at the lowest priority, the source hash
     cpu      the C++ loading machinery's imports (nothing is probed or built to load:
@@ -15,7 +15,8 @@ process, on a daemon thread of its own, in steps per device kind:
 
 ``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
 before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
-then), and loads wait for the step of their device so nothing runs twice.
+then), and loads wait for the step of their device so nothing runs twice. A load on the
+scheduler's thread does not wait for a step queued behind it: it runs the step itself.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from hotswap.engine import threads
 from hotswap.engine.loading.load_guard import count_compiler_runs
-from hotswap.engine.loading.loader import Loader, at_lowest_priority
+from hotswap.engine.loading.loader import at_lowest_priority
 
 __all__ = ["start_warmup", "wait_warmup"]
 
@@ -78,9 +80,7 @@ class _Warmup:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._done: dict[str, threading.Event] = {}
-        # Steps in order, on a thread that ends once they are done (a later device's step
-        # starts another).
-        self._loader = Loader(name="hotswap-warmup")
+        self._taken: set[str] = set()  # steps that started running (on whichever thread)
 
     def start(self, devices: Iterable[str]) -> list[threading.Event]:
         events = []
@@ -88,14 +88,21 @@ class _Warmup:
             for step in _steps_for(devices):
                 if step not in self._done:
                     self._done[step] = threading.Event()
-                    self._loader.submit(self._run, step)
+                    threads.scheduler.submit(self._run, step)
                 events.append(self._done[step])
+        if threads.scheduler.here():  # a step queued behind this task would never come
+            for step in _steps_for(devices):
+                self._run(step)
         return events
 
     def _run(self, step: str) -> None:
+        with self._lock:
+            if step in self._taken:
+                return
+            self._taken.add(step)
         t = time.monotonic()
         try:
-            with count_compiler_runs():  # the loader hands the GIL over quickly meanwhile
+            with count_compiler_runs():  # the scheduler hands the GIL over quickly meanwhile
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
             # Once the interpreter is exiting, steps fail for that reason alone.

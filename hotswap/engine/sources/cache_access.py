@@ -3,12 +3,13 @@
     Coordinator ---keys()----> one key per (graph, tier), from the graph, inputs and tier config
                 ---get()-----> a verified entry or None (a refused entry counts in cache_rejects)
                 ---fetch()---> the fleet store's entry (off the user's thread), written here too
-                ---claim()---> this process compiles key; others wait_for_holder(), then re-read
+                ---claim()---> this process compiles key; others look at its holder
+                               (HolderWait.look(), every POLL_S on the io lane), then re-read
                 ---store()---> entries of artifacts that loaded here; gate verdicts beside them
 
 Opened lazily on the first graph (the stamp needs the graph's devices); a cache that cannot be
 opened (unwritable directory, say) is logged once and hotswap runs without one. Locks held by
-this process live in ``_claims``: taken in the user's call, released on the loader thread.
+this process live in ``_claims``: taken in the user's call, released on the scheduler's thread.
 
 With a fleet store (``cache_url``, fleet/store.py) the local directory is a read-through tier
 in front of it, and a claim is two: this machine's file lock, then the fleet's expiring Redis
@@ -40,9 +41,12 @@ from hotswap.engine.shipping.wire import CachedEntry
 from hotswap.system import proctree
 from hotswap.system.starvation import STOPPED_GRACE_S
 
-__all__ = ["STOPPED_GRACE_S", "CacheAccess"]
+__all__ = ["STOPPED_GRACE_S", "CacheAccess", "HolderWait"]
 
-_POLL_S = 0.5
+# How often a process waiting for another's compile claim looks at it: this machine's lock (a
+# lock try), then the fleet's claim (a request to the store).
+POLL_S = 0.1
+FLEET_POLL_S = 0.5
 _REMOTE_RETRY_S = 30.0
 # Entries a fleet store missed while it was down, per store URL, in this process (every
 # coordinator's): key -> (tier, origin, local cache root). Sent with the next entry it takes.
@@ -51,12 +55,11 @@ _unsent_lock = threading.Lock()
 
 log = logging.getLogger("hotswap")
 
-# Notes of use under way are waited for at exit, briefly: the interpreter stops a daemon thread
-# wherever it is, and one stopped between its temporary file and the rename left a .tmp- file
-# in the cache.
-_TOUCH_THREAD = "hotswap-cache-touch"
+# Notes of use under way (on the io lane) are waited for at exit, briefly: the interpreter
+# stops a daemon thread wherever it is, and one stopped between its temporary file and the
+# rename left a .tmp- file in the cache.
 _TOUCH_EXIT_WAIT_S = 2.0
-atexit.register(threads.join_all, _TOUCH_EXIT_WAIT_S, name=_TOUCH_THREAD)
+atexit.register(threads.io.drain, _TOUCH_EXIT_WAIT_S)
 
 
 class CacheAccess:
@@ -121,7 +124,7 @@ class CacheAccess:
         if self._cache.rejected != rejected:
             bump("cache_rejects")
         if entry is not None:  # the index notes the use off the user's path (best effort)
-            threads.start(self._cache.touch, name=_TOUCH_THREAD, args=(key,))
+            threads.io.submit(self._cache.touch, key)
         return entry
 
     def _open_remote(self, stamp: dict[str, Any] | None) -> None:
@@ -321,58 +324,100 @@ class CacheAccess:
                     self._cache.remove_claim_owner(key)
             lock.release()
 
+    @property
+    def timeout_s(self) -> float | None:
+        """How long a wait on another process's claim may take (None: as long as it takes)."""
+        return self._timeout_s
+
+    def holder_wait(self, key: str) -> HolderWait:
+        """A look, one at a time, at the process holding ``key``'s compile claim."""
+        return HolderWait(self, key)
+
     def wait_for_holder(self, key: str) -> bool:
-        """Block until the process holding ``key``'s compile lock lets go. False (compile
-        here instead) after the time limit, or once the holder has been stopped (SIGSTOP,
-        Ctrl-Z) for ``STOPPED_GRACE_S``: a suspended process must not stall every other
-        process on the cache."""
+        """Block until the process holding ``key``'s compile claim lets go (``HolderWait``)."""
+        wait = self.holder_wait(key)
+        while (outcome := wait.look()) is None:
+            time.sleep(wait.next_look_s)
+        return outcome
+
+    def fleet_held(self, key: str) -> bool | None:
+        """Whether another replica holds the fleet's claim on ``key`` (it expires if that
+        replica dies: fleet/store.py); None without a fleet store, or with one that failed."""
+        if (remote := self._fleet()) is None:
+            return None
+        try:
+            return remote.held(key)
+        except OSError as e:
+            self._fleet_failed(e)
+            return None
+
+    def compile_lock(self, key: str) -> filelock.BaseFileLock | None:
         assert self._cache is not None
         try:
-            lock = self._cache.compile_lock(key)
+            return self._cache.compile_lock(key)
         except OSError as e:
             self._warn_once("lock", e)
-            return False
-        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
-        stopped_since: float | None = None
-        while True:
-            try:
-                lock.acquire(timeout=_POLL_S)
-            except filelock.Timeout:  # before OSError: filelock.Timeout is a TimeoutError
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    return False
-                holder = self._holder(key)
-                # A holder that is gone released its lock: the next acquire gets it.
-                if holder is None or not proctree.is_stopped(holder):
-                    stopped_since = None
-                    continue
-                stopped_since = stopped_since if stopped_since is not None else now
-                if now - stopped_since >= STOPPED_GRACE_S:
-                    log.warning("hotswap: process %d holds the compile claim on %s… but is "
-                                "stopped; compiling it here instead", holder, key[:16])
-                    return False
-                continue
-            except OSError as e:
-                self._warn_once("lock", e)
-                return False
-            lock.release()
-            return self._wait_for_fleet_holder(key, deadline)
+            return None
 
-    def _wait_for_fleet_holder(self, key: str, deadline: float | None) -> bool:
-        """Block while another replica holds the fleet's claim on ``key`` (it expires if that
-        replica dies: fleet/store.py). True once it is let go, or the store is down."""
-        while (remote := self._fleet()) is not None:
-            try:
-                if not remote.held(key):
-                    return True
-            except OSError as e:
-                self._fleet_failed(e)
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(_POLL_S)
-        return True
+    def warn_lock(self, error: OSError) -> None:
+        self._warn_once("lock", error)
 
-    def _holder(self, key: str) -> int | None:
+    def claim_holder(self, key: str) -> int | None:
+        """The pid holding ``key``'s compile claim on this machine, if it said so."""
         assert self._cache is not None
         return self._cache.claim_owner(key)
+
+
+class HolderWait:
+    """Waiting for the process (then the replica) that holds a key's compile claim, one look
+    at a time, so that no thread blocks on it: ``look()`` says True once the holder let go
+    (read the cache again), False to compile here instead (the time limit passed, the lock
+    failed, or the holder has been stopped, SIGSTOP or Ctrl-Z, for ``STOPPED_GRACE_S``: a
+    suspended process must not stall every other process on the cache), None to look again
+    in ``next_look_s``."""
+
+    def __init__(self, access: CacheAccess, key: str) -> None:
+        self._access, self._key = access, key
+        self._lock = access.compile_lock(key)
+        self._deadline = (None if access.timeout_s is None
+                          else time.monotonic() + access.timeout_s)
+        self._stopped_since: float | None = None
+        self._local_done = False
+
+    @property
+    def next_look_s(self) -> float:
+        return FLEET_POLL_S if self._local_done else POLL_S
+
+    def look(self) -> bool | None:
+        now = time.monotonic()
+        if not self._local_done:
+            if self._lock is None:
+                return False
+            try:
+                self._lock.acquire(timeout=0)
+            except filelock.Timeout:  # before OSError: filelock.Timeout is a TimeoutError
+                return self._still_held(now)
+            except OSError as e:
+                self._access.warn_lock(e)
+                return False
+            self._lock.release()
+            self._local_done = True
+        held = self._access.fleet_held(self._key)
+        if not held:
+            return True
+        return False if self._deadline is not None and now >= self._deadline else None
+
+    def _still_held(self, now: float) -> bool | None:
+        if self._deadline is not None and now >= self._deadline:
+            return False
+        holder = self._access.claim_holder(self._key)
+        # A holder that is gone released its lock: the next look gets it.
+        if holder is None or not proctree.is_stopped(holder):
+            self._stopped_since = None
+            return None
+        self._stopped_since = self._stopped_since if self._stopped_since is not None else now
+        if now - self._stopped_since >= STOPPED_GRACE_S:
+            log.warning("hotswap: process %d holds the compile claim on %s… but is "
+                        "stopped; compiling it here instead", holder, self._key[:16])
+            return False
+        return None

@@ -35,7 +35,7 @@ from hotswap.engine.journey import GraphJourney, TierState
 from hotswap.engine.options import Tier
 from hotswap.engine.recording import Recorder
 from hotswap.engine.shipping.wire import CachedEntry, CompileResult
-from hotswap.engine.sources.cache_access import CacheAccess
+from hotswap.engine.sources.cache_access import CacheAccess, HolderWait
 from hotswap.engine.sources.compilers import CompileFuture
 
 __all__ = ["Arrival", "Dropped", "LoadFailed", "TierError", "TierLifecycle", "TierSource"]
@@ -97,15 +97,13 @@ class TierLifecycle:
             cached = self._cache.get(key)
             if cached is None and self._cache.shared:
                 if not off_caller:  # the fleet store is a network away: not in the call
-                    threads.start(self._begin, name="hotswap-fleet",
-                                  args=(out, journey, tier, key, None),
-                                  kwargs={"off_caller": True})
+                    threads.io.submit(self._begin_off_caller, out, journey, tier, key)
                     return
                 cached = self._cache.fetch(key)
             if cached is None:
                 if not self._cache.claim(key):
-                    threads.start(self._await_holder, name="hotswap-wait",
-                                  args=(out, journey, tier, key))
+                    threads.io.submit(self._await_holder, out, journey, tier, key,
+                                      self._cache.holder_wait(key))
                     return
                 cached = self._cache.claimed_hit(key)
         if cached is None:
@@ -114,12 +112,21 @@ class TierLifecycle:
         bump("cache_hits")
         self._on_loader(self._load_cached, (journey, out, tier, key, cached))
 
-    def _await_holder(self, out: Future[Arrival], journey: GraphJourney,
-                      tier: Tier, key: str) -> None:
-        """Wait until the process compiling ``key`` lets go, then start again (its entry is a
-        hit now; if it failed, this process compiles)."""
-        if self._cache.wait_for_holder(key):
-            self._begin(out, journey, tier, key, None, off_caller=True)
+    def _begin_off_caller(self, out: Future[Arrival], journey: GraphJourney, tier: Tier,
+                          key: str) -> None:
+        self._begin(out, journey, tier, key, None, off_caller=True)
+
+    def _await_holder(self, out: Future[Arrival], journey: GraphJourney, tier: Tier, key: str,
+                      wait: HolderWait) -> None:
+        """Look at the process compiling ``key`` (io lane) until it lets go, then start again
+        (its entry is a hit now; if it failed, this process compiles)."""
+        outcome = None if journey.forgotten else wait.look()
+        if journey.forgotten:
+            self._compile(out, journey, tier, None)  # resolves it as dropped
+        elif outcome is None:
+            threads.io.later(wait.next_look_s, self._await_holder, out, journey, tier, key, wait)
+        elif outcome:
+            self._begin_off_caller(out, journey, tier, key)
         else:
             self._compile(out, journey, tier, None)  # too slow: compile here
 
