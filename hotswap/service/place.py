@@ -39,8 +39,10 @@ __all__ = ["Place", "UntrustedPath", "authkey", "check_dir", "check_socket", "de
            "find_place", "stamp", "stamp_fields"]
 
 # What a service's artifacts depend on beside versions: the variables that change what
-# inductor and triton make.
+# inductor and triton make. Where they keep their caches does not: a process with caches of
+# its own (a fresh inductor cache folder, say) shares the user's service.
 _ENV_PREFIXES = ("TORCHINDUCTOR_", "TRITON_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+_NOT_IN_STAMP = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME")
 
 
 def _version(name: str) -> str | None:
@@ -72,7 +74,8 @@ def stamp_fields() -> dict[str, object]:
         "python": sys.version,
         "prefix": sys.prefix,
         "gpus": gpus,
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(_ENV_PREFIXES) and k not in _NOT_IN_STAMP},
     }
 
 

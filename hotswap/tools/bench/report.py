@@ -101,6 +101,14 @@ def _ratios(ratio_line: Any, caller: str) -> None:
                "first_call_s", "pytorch:async+subprocess", "first_call_s", 0.1)
     ratio_line("async compiled on the cluster vs torch.compile's first call",
                "hotswap:async@cluster", "to_final_s", "torch:default", "to_final_s", 1.0)
+    ratio_line("async, the first process ever (it starts the compile service), compiled vs "
+               "torch.compile's first call", "hotswap:async@service-first", "to_final_s",
+               "torch:default", "to_final_s", 0.9)
+    ratio_line("async, the compile service warm, compiled vs torch.compile's first call",
+               "hotswap:async@service", "to_final_s", "torch:default", "to_final_s", 0.7)
+    ratio_line("async, the compile service warm, first output vs dynamo trace + eager call",
+               "hotswap:async@service", "first_output_s", "torch:eager-backend",
+               "first_output_s", 1.1)
     ratio_line("progressive, autotuned on cuda:1, final tier vs in-process max-autotune",
                "hotswap:progressive@gpu1", "to_final_s", "torch:max-autotune", "to_final_s", 1.0)
     for row in ("async", "progressive"):
@@ -128,6 +136,7 @@ def _largest_calls(by_row: dict[str, dict[str, Any]]) -> list[str]:
     """The largest call of each serving row vs 2x eager + 10 ms, beside the machine's own."""
     lines = []
     for row in ("hotswap:async", "hotswap:progressive", "hotswap:async@cluster",
+                "hotswap:async@service", "hotswap:async@service-first",
                 "hotswap:progressive@gpu1", "machine:busy-eager"):
         r = by_row.get(row)
         if not r or "error" in r or r.get("calls", 0) <= 1:
