@@ -296,8 +296,16 @@ class Coordinator:
         self.graphs.limit_hit(hit)
 
     def notes(self) -> list[str]:
-        """What ``hotswap.status`` says of this backend beside its graphs."""
-        return self.graphs.notes()
+        """What ``hotswap.status`` says of this backend beside its graphs: recompile limits
+        dynamo hit, and an executor that is not used (its jobs go to the local pool)."""
+        notes = self.graphs.notes()
+        if self.options.executor is not None and self._compiler is None:
+            connection = runtime.cluster(self.options.executor)
+            why = getattr(connection, "note", "") or getattr(connection, "refused", "")
+            if why:
+                notes.append(f"executor {self.options.executor} not used: {why}; compiling "
+                             f"in the local pool")
+        return notes
 
     def reset(self) -> None:
         """``torch._dynamo.reset()`` (``torch.compiler.reset()``) calls it: dynamo let go of

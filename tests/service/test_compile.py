@@ -79,3 +79,20 @@ def test_killed_mid_compile_the_tier_still_arrives(service_dir: Path) -> None:
     assert status.tier == "default" and status.final and not status.failures, status
     assert d["cluster_fallbacks"] == 1 and d["remote_compiles"] == 0
     assert d["worker_compiles"] == 1
+
+
+def test_a_service_refused_is_named_in_status_and_the_tier_arrives_from_the_local_pool(
+        service_dir: Path) -> None:
+    service_dir.mkdir(mode=0o700)
+    service_dir.chmod(0o777)  # anyone could have put a socket here: not used
+    model, x = Scaled(), torch.randn(16, 32)
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(model, mode="async", executor="service://")
+        torch.testing.assert_close(compiled(x), model(x))
+        statuses = hotswap.wait(compiled, timeout_s=300)
+    [status] = statuses
+    assert status.tier == "default" and status.final and not status.failures, status
+    assert d["remote_compiles"] == 0 and d["worker_compiles"] == 1
+    [note] = statuses.notes
+    assert note.startswith("executor service:// not used: ") and "local pool" in note, note
+    assert str(service_dir) in note, note
