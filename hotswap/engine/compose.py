@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from hotswap.engine.options import Options, Tier
 from hotswap.engine.policy.gate import Gate
 from hotswap.engine.recording import Recorder, profiled
+from hotswap.engine.shipping.request import Prepared
 from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.engine.sources.inprocess import InProcess
 from hotswap.engine.sources.tiers import Compile, Load, OnLoader, TierLifecycle, TierSource
@@ -48,6 +49,10 @@ class Composition:
     shipped: Route             # a graph that travels to the workers (or, inprocess, compiles here)
     here: Route                # a graph that cannot travel: inductor in the backend call
     remote: bool               # jobs go to workers: warm them as the backend is made
+
+    def route(self, prepared: Prepared) -> Route:
+        """The route of a prepared graph: ``here`` if it was to travel and could not."""
+        return self.here if self.remote and prepared.request is None else self.shipped
 
 
 def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: Load,

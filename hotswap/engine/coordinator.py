@@ -36,7 +36,7 @@ import torch
 from hotswap import compat
 from hotswap.counting import bump
 from hotswap.engine import threads
-from hotswap.engine.compose import Route, compose
+from hotswap.engine.compose import compose
 from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.graphs import Graphs
 from hotswap.engine.journey import GraphJourney, GraphStatus
@@ -46,17 +46,8 @@ from hotswap.engine.policy.ladder import Ladder, Measure
 from hotswap.engine.recording import Recorder
 from hotswap.engine.runtime import runtime
 from hotswap.engine.shipping.keys import prepare_stamp
-from hotswap.engine.shipping.request import (
-    GraphRequest,
-    count_error,
-    cpu_threads,
-    devices_of,
-    portable_inputs,
-    reason_of,
-    unsaveable,
-)
-from hotswap.engine.shipping.transport import origin_of, ship_graph
-from hotswap.engine.shipping.wire import BenchReply, BenchRequest
+from hotswap.engine.shipping.request import Prepared, count_error, prepare, reason_of, unsaveable
+from hotswap.engine.shipping.wire import BenchReply, BenchRequest, InputMeta
 from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.engine.sources.compilers import Compiler, InductorLoads
 from hotswap.engine.sources.jobs import WorkerJobs
@@ -130,77 +121,54 @@ class Coordinator:
         t0 = time.monotonic()
         bump("graphs")
         compat.reset_with_dynamo(self)
-        journey = self._journey(gm)
+        prepared = prepare(gm, example_inputs, keys=self._keys, ship=self.composition.remote,
+                           start_s=t0)
+        journey = self._journey(gm, prepared)
         if self.recorder.profiling:
             self.recorder.dynamo_trace(journey, t0)
             self.recorder.graph_seen(journey.graph_id, gm, example_inputs, journey.origin)
-        journey.example_inputs = example_inputs  # for a compile here, in this call only
-        try:
-            route = self._prepare(journey, gm, example_inputs, t0)
-            starts = self.ladder.start_points(journey)
-            if route.first_only:
-                # A graph that cannot go to a worker: its first tier compiles right here, in
-                # the call (local.py says why not on a thread beside the user's calls).
-                for tier, _ in starts[1:]:
-                    journey.keep(tier.name, f"only {starts[0][0].name!r} compiles in this "
-                                            f"process ({journey.here_because})")
-                starts = starts[:1]
-            for tier, cached in starts:
-                arrival = route.source.start(journey, tier, cached=cached)
-                if route.waits:
-                    self._serve_first(journey, tier, arrival)
-                else:
-                    arrival.add_done_callback(functools.partial(self._arrived, journey, tier))
-        finally:
-            journey.example_inputs = []
+        if prepared.shipped_s is not None:
+            self.recorder.span(journey, GRAPH_TIER, "serialize", *prepared.shipped_s)
+        route = self.composition.route(prepared)
+        starts = self.ladder.start_points(journey)
+        if route.first_only:
+            # A graph that cannot go to a worker: its first tier compiles right here, in the
+            # call (local.py says why not on a thread beside the user's calls).
+            for tier, _ in starts[1:]:
+                journey.keep(tier.name, f"only {starts[0][0].name!r} compiles in this "
+                                        f"process ({journey.here_because})")
+            starts = starts[:1]
+        for tier, cached in starts:
+            arrival = route.source.start(journey, tier, cached=cached,
+                                         example_inputs=example_inputs)
+            if route.waits:
+                self._serve_first(journey, tier, arrival)
+            else:
+                arrival.add_done_callback(functools.partial(self._arrived, journey, tier))
         self._finish_if_final(journey)
         self.graphs.moved()
         return journey.runner
 
-    def _journey(self, gm: torch.fx.GraphModule) -> GraphJourney:
+    def _keys(self, gm: torch.fx.GraphModule, inputs: tuple[InputMeta, ...], grad: bool,
+              threads: int | None) -> dict[str, str]:
+        return self.cache.keys(gm, inputs, grad, self.ladder.tiers, threads)
+
+    def _journey(self, gm: torch.fx.GraphModule, prepared: Prepared) -> GraphJourney:
+        """The graph's runner (eager until a tier swaps in) and its journey. A shipped graph's
+        first call, once served, starts this process's load path (warmup.py): its imports
+        hold the GIL for a second or more, so not during the call dynamo is tracing; a load
+        that comes first starts it (and waits for it) itself."""
         graph_id = f"g{next(_graph_ids)}"
         tiers = self.ladder.tiers
+        warm = (functools.partial(self.jobs.warm, prepared.devices)
+                if prepared.request is not None else None)
         runner = self.recorder.runner(graph_id, gm, [t.name for t in tiers],
-                                      verify=self.options.verify)
-        journey = GraphJourney(runner, gm, tiers, self.recorder,
+                                      verify=self.options.verify, after_first_call=warm)
+        journey = GraphJourney(runner, gm, tiers, self.recorder, prepared,
                                raise_failures=self.options.on_failure == "raise",
                                retain=self._retain)
-        journey.origin = origin_of(gm)
         self.graphs.add(journey)
         return journey
-
-    def _prepare(self, journey: GraphJourney, gm: torch.fx.GraphModule,
-                 example_inputs: list[Any], t0: float) -> Route:
-        """The graph's cache keys and, for a worker, its shipped form; the route its tiers
-        take."""
-        described = portable_inputs(gm, example_inputs)
-        if not isinstance(described, str):  # else: no key, compiled here, not stored
-            journey.inputs = described
-            journey.keys = self.cache.keys(gm, described, torch.is_grad_enabled(),
-                                           self.ladder.tiers, cpu_threads(described))
-        if not self.composition.remote:
-            return self.composition.shipped
-        if isinstance(described, str):
-            journey.here_because = described
-        if journey.inputs is not None:
-            try:
-                graph_bytes = ship_graph(gm)
-            except Exception as e:
-                journey.here_because = f"this graph cannot be pickled ({type(e).__name__}: {e})"
-            else:
-                # The caller's grad mode decides whether AOTAutograd builds a backward graph.
-                journey.request = GraphRequest(graph_bytes, journey.inputs,
-                                               torch.is_grad_enabled(), cpu_threads(journey.inputs),
-                                               compat.current_compile_id())
-                self.recorder.span(journey, GRAPH_TIER, "serialize", t0, time.monotonic())
-        if journey.request is None:
-            return self.composition.here
-        # This process's load path (warmup.py): its imports hold the GIL for a second or
-        # more, so not during the call dynamo is tracing; a load that comes first starts it
-        # (and waits for it) itself.
-        journey.runner.after_first_call = functools.partial(
-            self.jobs.warm, devices_of(journey.request))
-        return self.composition.shipped
 
     def _serve_first(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
         """The call waits for the tier (``subprocess`` and ``inprocess`` modes, and graphs

@@ -81,7 +81,8 @@ class GraphRunner:
     """The callable returned to dynamo for one graph. Thread-safe; swaps never block calls."""
 
     def __init__(self, graph_id: str, gm: torch.fx.GraphModule, tiers: list[str], *,
-                 verify: bool = False) -> None:
+                 verify: bool = False,
+                 after_first_call: Callable[[], object] | None = None) -> None:
         self.graph_id = graph_id
         self._gm = gm
         self._ranks = {name: i for i, name in enumerate(tiers)}
@@ -89,7 +90,7 @@ class GraphRunner:
         self.listener: Listener | None = None
         # Run once, after the first call served eagerly returns (the coordinator starts this
         # process's load-path warm-up there).
-        self.after_first_call: Callable[[], object] | None = None
+        self.after_first_call = after_first_call
         self._lock = threading.Lock()
         # Bound once: ``self._run_eager`` makes a new bound method at each read, and the
         # callable serving is told from eager by identity.

@@ -39,7 +39,7 @@ import torch
 from hotswap.counting import bump
 from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.options import Tier
-from hotswap.engine.shipping.request import GraphRequest
+from hotswap.engine.shipping.request import GraphRequest, Prepared
 from hotswap.engine.shipping.wire import CachedEntry, InputMeta
 from hotswap.profiles.records import Swap
 
@@ -182,20 +182,19 @@ class GraphJourney:
     """One graph: its runner, its shipped request, and its tiers' states. Thread-safe."""
 
     def __init__(self, runner: GraphRunner, gm: torch.fx.GraphModule, tiers: list[Tier],
-                 recorder: Recorder, *, raise_failures: bool = False,
-                 retain: bool = False) -> None:
+                 recorder: Recorder, prepared: Prepared | None = None, *,
+                 raise_failures: bool = False, retain: bool = False) -> None:
+        prepared = prepared or Prepared(origin="")
         self.runner = runner
         self.graph_id = runner.graph_id
         self.gm = gm
         self.tiers = tiers
         self.recorder = recorder
-        # Dynamo's example inputs, during the backend call only (a compile here reads them).
-        self.example_inputs: list[Any] = []
-        self.inputs: tuple[InputMeta, ...] | None = None  # None: not portable
-        self.request: GraphRequest | None = None  # None: not shipped (or let go)
-        self.here_because = ""                    # why it compiles here, not in a worker
-        self.origin = ""                          # where the graph came from (cache labels)
-        self.keys: dict[str, str] = {}           # tier -> cache key
+        self.inputs: tuple[InputMeta, ...] | None = prepared.inputs  # None: not portable
+        self.request: GraphRequest | None = prepared.request  # None: not shipped (or let go)
+        self.here_because = prepared.here_because  # why it compiles here, not in a worker
+        self.origin = prepared.origin              # where the graph came from (cache labels)
+        self.keys: dict[str, str] = dict(prepared.keys)  # tier -> cache key
         self._raise_failures = raise_failures
         self._retain = retain                    # keep request and entries once final
         self._lock = threading.Lock()
@@ -214,6 +213,11 @@ class GraphJourney:
         self._local = False                      # a tier of it compiles here (local.py)
         self._forgotten = False                  # torch.compiler.reset() let go of it
         runner.listener = self
+
+    @property
+    def serving(self) -> str:
+        """The tier that answers the graph's calls now: the runner's, told by nobody else."""
+        return self.runner.tier
 
     # ------------------------------------------------------------------ the state machine
 

@@ -138,7 +138,7 @@ class Ladder:
         if tier == self.force:
             journey.swap_in(tier, fn, measured=True)
             return
-        if self.force is not None and journey.runner.tier == self.force:
+        if self.force is not None and journey.serving == self.force:
             journey.keep(tier, f"tier {self.force!r} is forced (force_tier)")
             return
         if self.gate is None:
@@ -156,7 +156,7 @@ class Ladder:
                                                  TierState.SERVING):
             self._settle(journey, candidate, candidate.against, None)  # it failed meanwhile
             return
-        serving = journey.runner.tier
+        serving = journey.serving
         if candidate.against and serving in (candidate.against, candidate.tier):
             serving = candidate.against  # the same pair, whichever of the two serves now
         elif candidate.against:  # what it was weighed against failed: weighed anew
@@ -222,7 +222,7 @@ class Ladder:
         why = decision.reason.removeprefix("gate: ")
         journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
                            f"measuring again in {retry.after_s:g} s, "
-                           f"{_name(journey.runner.tier)} serving meanwhile", candidate.tier)
+                           f"{_name(journey.serving)} serving meanwhile", candidate.tier)
         _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %g s",
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
         again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
@@ -233,9 +233,9 @@ class Ladder:
     def _serve_meanwhile(self, journey: GraphJourney, candidate: Candidate, serving: str,
                          tier: str) -> None:
         """The gate could not decide: ``tier``, of the pair, serves until it does."""
-        if tier == candidate.tier and journey.runner.tier == serving:
+        if tier == candidate.tier and journey.serving == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
-        elif tier == serving and journey.runner.tier == candidate.tier:
+        elif tier == serving and journey.serving == candidate.tier:
             journey.give_way(candidate.tier)
 
     def _fleet_settles(self, journey: GraphJourney, candidate: Candidate, serving: str) -> bool:
@@ -259,9 +259,9 @@ class Ladder:
             if serving == EAGER:
                 bump("gate_kept")  # slower than eager, as another replica measured
             self._keep(journey, candidate, taken.reason)
-        elif journey.runner.tier == serving:
+        elif journey.serving == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
-        elif journey.runner.tier != candidate.tier:
+        elif journey.serving != candidate.tier:
             journey.swap_in(candidate.tier, candidate.fn)
         self._settle(journey, candidate, serving, None)
 
@@ -294,9 +294,9 @@ class Ladder:
                                         and record.gain < 0 else "not faster than eager: ", 1)
             self._keep(journey, candidate, reason)
             return
-        if journey.runner.tier == candidate.tier:  # it served meanwhile: it stays
+        if journey.serving == candidate.tier:  # it served meanwhile: it stays
             pass
-        elif decision.action is Action.ADOPT and journey.runner.tier == serving:
+        elif decision.action is Action.ADOPT and journey.serving == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
         else:  # not measured, or the serving tier changed meanwhile (it failed): by rank
             journey.swap_in(candidate.tier, candidate.fn)

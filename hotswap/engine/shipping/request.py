@@ -1,20 +1,34 @@
-"""What the coordinator keeps per graph to compile it again, and how job errors are told."""
+"""What a graph needs before its tiers start (``prepare``: made once, in the backend call),
+what the coordinator keeps per graph to compile it again, and how job errors are told."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from hotswap import compat
 from hotswap.counting import bump
 from hotswap.engine.options import Tier
 from hotswap.engine.shipping.inputs import describe_inputs
-from hotswap.engine.shipping.transport import mutated_attributes, submodule_reason
+from hotswap.engine.shipping.transport import (
+    mutated_attributes,
+    origin_of,
+    ship_graph,
+    submodule_reason,
+)
 from hotswap.engine.shipping.wire import CompileRequest, InputMeta
 from hotswap.errors import CompileFailed, JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
 
-__all__ = ["GraphRequest", "count_error", "cpu_threads", "devices_of", "portable_inputs",
-           "reason_of", "unsaveable"]
+__all__ = ["GraphRequest", "Keys", "Prepared", "count_error", "cpu_threads", "devices_of",
+           "portable_inputs", "prepare", "reason_of", "unsaveable"]
+
+# A graph's cache keys, tier -> key: (graph, its inputs, grad mode, CPU threads) -> keys.
+Keys = Callable[[torch.fx.GraphModule, "tuple[InputMeta, ...]", bool, "int | None"],
+                Mapping[str, str]]
 
 
 class GraphRequest(NamedTuple):
@@ -31,6 +45,46 @@ class GraphRequest(NamedTuple):
         return CompileRequest(graph_id, tier.name, dict(tier.config), self.graph_bytes,
                               self.inputs, self.grad_enabled, self.num_threads,
                               self.compile_id)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a graph needs before its tiers start; its journey is made from it."""
+
+    origin: str                                  # where the graph came from (cache labels)
+    inputs: tuple[InputMeta, ...] | None = None  # None: not portable (compiled here, unstored)
+    keys: Mapping[str, str] = field(default_factory=dict)  # tier -> cache key
+    request: GraphRequest | None = None          # None: not shipped, compiled here
+    here_because: str = ""                       # why it compiles here, not in a worker
+    shipped_s: tuple[float, float] | None = None  # when the graph was made shippable
+
+    @property
+    def devices(self) -> set[str]:
+        return devices_of(self.request) if self.request is not None else set()
+
+
+def prepare(gm: torch.fx.GraphModule, example_inputs: list[object], *, keys: Keys,
+            ship: bool, start_s: float | None = None) -> Prepared:
+    """The graph's cache keys and, when ``ship``, the form a worker compiles it from; or why
+    it compiles here. Reads the caller's grad mode and CPU threads, changes nothing."""
+    start_s = time.monotonic() if start_s is None else start_s
+    origin = origin_of(gm)
+    described = portable_inputs(gm, example_inputs)
+    if isinstance(described, str):  # no key: compiled here, not stored
+        return Prepared(origin, here_because=described if ship else "")
+    grad, threads = torch.is_grad_enabled(), cpu_threads(described)
+    made = Prepared(origin, described, keys(gm, described, grad, threads))
+    if not ship:
+        return made
+    try:
+        graph_bytes = ship_graph(gm)
+    except Exception as e:
+        return Prepared(origin, described, made.keys,
+                        here_because=f"this graph cannot be pickled ({type(e).__name__}: {e})")
+    # The caller's grad mode decides whether AOTAutograd builds a backward graph.
+    request = GraphRequest(graph_bytes, described, grad, threads, compat.current_compile_id())
+    return Prepared(origin, described, made.keys, request,
+                    shipped_s=(start_s, time.monotonic()))
 
 
 def portable_inputs(gm: torch.fx.GraphModule,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -29,22 +30,23 @@ log = logging.getLogger("hotswap")
 
 
 class InProcess:
-    """Compiles a graph's tier with inductor right here, in the backend call (it reads the
-    journey's ``gm`` and ``example_inputs``, which live only that long)."""
+    """Compiles a graph's tier with inductor right here, in the backend call, from the
+    journey's ``gm`` and the call's ``example_inputs`` (passed in: they live only that long)."""
 
     def __init__(self, cache: CacheAccess, recorder: Recorder, load: Load) -> None:
         self._cache, self._recorder, self._load = cache, recorder, load
 
-    def start(self, journey: GraphJourney, tier: Tier, *,
-              cached: bytes | None = None) -> Future[Arrival]:
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: bytes | None = None,
+              example_inputs: Sequence[Any] = ()) -> Future[Arrival]:
         out: Future[Arrival] = Future()
         try:
-            out.set_result(self._arrive(journey, tier, cached))
+            out.set_result(self._arrive(journey, tier, cached, list(example_inputs)))
         except Exception as e:
             out.set_exception(e)
         return out
 
-    def _arrive(self, journey: GraphJourney, tier: Tier, cached: bytes | None) -> Arrival:
+    def _arrive(self, journey: GraphJourney, tier: Tier, cached: bytes | None,
+                example_inputs: list[Any]) -> Arrival:
         """A hit, loaded; or inductor right here (compiled saveably and stored where a key
         says the artifact may be reused)."""
         key = journey.keys.get(tier.name)
@@ -60,7 +62,7 @@ class InProcess:
         path = f"inprocess: {journey.here_because}" if journey.here_because else "inprocess"
         t = time.monotonic()
         try:
-            fn = self._compile(journey, tier, key)
+            fn = self._compile(journey, tier, key, example_inputs)
         except Exception as e:
             # On the path of a graph that cannot travel, the reason it could not comes first.
             prefix = (f"{journey.here_because}; compiling it in this process failed too: "
@@ -70,8 +72,9 @@ class InProcess:
         bump("inprocess_compiles")
         return Arrival(fn, path, b"")
 
-    def _compile(self, journey: GraphJourney, tier: Tier, key: str | None) -> Any:
-        gm, example_inputs = journey.gm, journey.example_inputs
+    def _compile(self, journey: GraphJourney, tier: Tier, key: str | None,
+                 example_inputs: list[Any]) -> Any:
+        gm = journey.gm
         if key is None or journey.inputs is None:
             from torch._inductor.compile_fx import compile_fx
 

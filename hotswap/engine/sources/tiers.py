@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -72,8 +72,8 @@ class Dropped(TierError):
 class TierSource(Protocol):
     """Brings one tier of one graph in: the contract every mode composes."""
 
-    def start(self, journey: GraphJourney, tier: Tier, *,
-              cached: bytes | None = None) -> Future[Arrival]: ...
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: bytes | None = None,
+              example_inputs: Sequence[Any] = ()) -> Future[Arrival]: ...
 
 
 class TierLifecycle:
@@ -82,10 +82,11 @@ class TierLifecycle:
         self._cache, self._compile_fn, self._load = cache, compile, load
         self._on_loader, self._recorder = on_loader, recorder
 
-    def start(self, journey: GraphJourney, tier: Tier, *,
-              cached: bytes | None = None) -> Future[Arrival]:
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: bytes | None = None,
+              example_inputs: Sequence[Any] = ()) -> Future[Arrival]:
         """Bring ``tier`` in: from ``cached`` (an entry the caller already read), the cache,
-        or a compile. In the caller's thread a miss costs one stat() and a lock try."""
+        or a compile (of the shipped graph: the example inputs stay with the caller). In the
+        caller's thread a miss costs one stat() and a lock try."""
         out: Future[Arrival] = Future()
         self._begin(out, journey, tier, journey.keys.get(tier.name), cached)
         return out
