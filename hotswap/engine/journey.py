@@ -431,6 +431,13 @@ class GraphJourney:
         with self._lock:
             self._timings[key] = (self._timings.get(key, 0.0) if accumulate else 0.0) + seconds
 
+    def add_timings(self, added: dict[str, float], replaced: dict[str, float]) -> None:
+        """``add_timing`` of many keys at once: ``added`` add up, ``replaced`` are set."""
+        with self._lock:
+            for key, seconds in added.items():
+                self._timings[key] = self._timings.get(key, 0.0) + seconds
+            self._timings.update(replaced)
+
     def status(self) -> GraphStatus:
         serving = self.runner.tier
         with self._lock:

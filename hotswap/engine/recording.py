@@ -79,6 +79,8 @@ class Timed(Protocol):
 
     def add_timing(self, key: str, seconds: float, *, accumulate: bool = True) -> None: ...
 
+    def add_timings(self, added: dict[str, float], replaced: dict[str, float]) -> None: ...
+
 
 class Recorder:
     """Spans, swaps and calls of one coordinator's graphs, on the run's timeline."""
@@ -121,21 +123,24 @@ class Recorder:
     def worker_job(self, graph: Timed, tier: str, events: Iterable[Any],
                    submitted_s: float, done_s: float) -> None:
         """A finished worker job's StageEvents, plus the queue wait before it and the transfer
-        of its result after it (worker and coordinator share the monotonic clock)."""
+        of its result after it (worker and coordinator share the monotonic clock). The
+        graph's timings are told once, at the end."""
         events = list(events)
         inner: list[Span] = []
+        added: dict[str, float] = {}
         for event in events:
             category = category_of(event.name) if event.attrs.get("inductor") else ""
             span = Span(event.name, event.start_s, event.end_s, graph.graph_id, tier, event.pid,
                         f"worker {event.pid}", category)
+            self.timeline.add(span)
             if category:
                 inner.append(span)
-                self.timeline.add(span)
             else:
-                self.span(graph, tier, event.name, event.start_s, event.end_s, pid=event.pid,
-                          track=span.track)
-        for category, seconds in self_time_by_category(inner).items():
-            graph.add_timing(f"{tier}/compile:{category}", seconds, accumulate=False)
+                key = f"{tier}/{event.name}"
+                added[key] = added.get(key, 0.0) + event.end_s - event.start_s
+        replaced = {f"{tier}/compile:{category}": seconds
+                    for category, seconds in self_time_by_category(inner).items()}
+        graph.add_timings(added, replaced)
         if events:
             first = min(e.start_s for e in events)
             last = max(e.end_s for e in events)
