@@ -35,11 +35,11 @@ def _row(path: str, args: argparse.Namespace) -> dict[str, Any]:
     model, inputs = workload.target, workload.inputs(0)
 
     if path == "inprocess":
-        # The same graph, sent down the path a graph that cannot travel takes: the request
-        # step answers with a reason, as it does for such a graph.
-        from hotswap.engine.coordinator import Coordinator
+        # The same graph, sent down the path a graph that cannot travel takes: its inputs
+        # are said not to be portable, with a reason, as they are for such a graph.
+        from hotswap.engine.shipping import request
 
-        Coordinator._request = lambda self, gm, inputs: "forced by bench_paths"  # type: ignore
+        request.portable_inputs = lambda gm, inputs: "forced by bench_paths"  # type: ignore
 
     compiled = hotswap.compile(model, mode="async", tiers=["default"])
     calls: list[tuple[float, float, str]] = []
