@@ -109,7 +109,9 @@ class FakeCompiler:
 
     def measure(self, request: BenchRequest) -> Future[BenchReply]:
         """The gate's benchmark: ``medians[tier]`` ms for each tier measured (a tier with no
-        median has no row, as one that failed to load in the benchmark worker); a paired
+        median has no row, as one that failed to load in the benchmark worker: the gate keeps
+        it out, "could not benchmark it"; so in progressive mode, where every tier is weighed
+        against eager before it serves, a fake with no medians serves no tier); a paired
         request takes the next of ``pairs``, if any is left."""
         measured = [*request.entries, *(["eager"] if request.graph_bytes else [])]
         with self._lock:
