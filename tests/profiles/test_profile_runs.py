@@ -111,32 +111,19 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
     if mode == "subprocess":
         assert {c.tier for c in calls} == {"default"}
         return
-    swaps = [r for r in records if isinstance(r, Swap) and r.reason == "swap"]
-    # Tiers compile in parallel, so either may be ready first; it swaps in straight from
-    # eager. The other then swaps in only if the gate measured it faster, whatever its rank
-    # (or, if its benchmark failed, if it ranks higher).
-    # A compiled tier measured slower than eager gives way to it ("kept" back to eager); the
-    # next tier then swaps in from eager, whatever its rank.
-    climbed = [s.new_tier for s in swaps]
-    gave_way = {s.old_tier for s in records
-                if isinstance(s, Swap) and s.reason == "kept" and s.new_tier == "eager"}
-    served = climbed[-1]  # the last compiled tier swapped in
-    assert len(climbed) == len(set(climbed)) and status.tier in (served, "eager")
-    assert (status.tier == "eager") == (served in gave_way)
-    assert swaps[0].old_tier == "eager"
-    adopted = {d.candidate for d in records if isinstance(d, GateDecision) and d.adopt}
-    for before, after in itertools.pairwise(climbed):
-        assert (tiers.index(after) > tiers.index(before) or after in adopted
-                or before in gave_way), climbed
+    swaps = [r for r in records if isinstance(r, Swap)]
+    if mode == "async":
+        assert [(s.old_tier, s.new_tier, s.reason) for s in swaps] == [("eager", "default", "swap")]
+    else:
+        _replay_the_gate(records, tiers, status)
     # The serving tier's first call comes after its load (a tier replaced before any call
     # reached it has no first call).
     if status.tier != "eager":
-        first = _stage(spans, served, "first_call")
-        assert _stage(spans, served, "load").end_s <= first.start_s + EPS
+        first = _stage(spans, status.tier, "first_call")
+        assert _stage(spans, status.tier, "load").end_s <= first.start_s + EPS
     assert calls[0].tier == "eager" and calls[-1].tier == status.tier
     if mode == "progressive":
-        # Profiling: every tier and eager compared on the same inputs, kernels broken down,
-        # and the gate's decisions are final and agree with what serves.
+        # Profiling: every tier and eager compared on the same inputs, kernels broken down.
         compared = {b.tier: b for b in records if isinstance(b, TierBench) and b.purpose == "compare"}
         assert set(compared) == {"eager", "default", "no-fusion"}
         assert all(b.result.n > 0 and b.speedup_vs_eager for b in compared.values())
@@ -144,12 +131,46 @@ def test_stage_timeline_is_complete_and_ordered(mode: str, tmp_path: Path) -> No
         assert set(kernels) == {"eager", "default", "no-fusion"}
         assert "cpp_fused" in kernels["default"].category_ms
         assert "cpp_fused" not in kernels["eager"].category_ms
-        decisions = [r for r in records if isinstance(r, GateDecision) and r.outcome != "undecided"]
-        assert decisions and all(d.outcome in ("adopt", "keep") for d in decisions)
-        between = [d for d in decisions if d.candidate != "eager"]
-        if between and not gave_way:
-            [decision] = between
-            assert status.tier == (decision.candidate if decision.adopt else decision.serving)
+
+
+def _replay_the_gate(records: list[Any], tiers: list[str], status: hotswap.GraphStatus) -> None:
+    """Eager is the first tier every tier must beat: none serves before the gate measured it
+    against what serves then. Replayed in order, the swaps follow the gate's decisions: a tier
+    swaps in on a measurement of that pair that adopted it (or, undecided on a busy machine,
+    had it ahead), gives way only to the tier it was weighed against, and the decisions that
+    stood (one per tier) leave serving what serves at the end. The tiers kept out say why:
+    against eager, that eager was faster (on this 2-core box it may be, for both tiers)."""
+    stood = [r for r in records if isinstance(r, GateDecision) and r.outcome != "undecided"]
+    final = {d.candidate: d for d in stood}
+    assert sorted(d.candidate for d in stood) == sorted(tiers), stood
+    assert all(d.outcome in ("adopt", "keep") for d in stood), stood
+    serving, last = "eager", dict[frozenset[str], GateDecision]()  # pair -> its last decision
+    for r in records:
+        if isinstance(r, GateDecision):
+            assert serving in (r.serving, r.candidate), (r, serving)  # (on trial: the candidate)
+            last[frozenset((r.serving, r.candidate))] = r
+        elif isinstance(r, Swap) and r.reason in ("swap", "kept"):
+            on = last.get(frozenset((r.old_tier, r.new_tier)))
+            assert on is not None, (r, "no gate measurement of this pair before it")
+            if r.reason == "kept" and on.candidate == r.new_tier:  # kept out: nothing changes
+                assert r.old_tier == serving and on.outcome == "keep", (r, on)
+                continue
+            assert r.old_tier == serving, (r, serving)
+            if on.candidate == r.new_tier:  # swaps in
+                assert r.reason == "swap" and (on.adopt or on.outcome == "undecided"), (r, on)
+            else:  # gives way: kept out ("kept"), or ranked slower while undecided ("swap")
+                assert on.outcome == ("keep" if r.reason == "kept" else "undecided"), (r, on)
+            serving = r.new_tier
+    assert status.tier == serving
+    if serving == "eager":  # eager measured faster than every tier
+        assert all(d.serving == "eager" and not d.adopt for d in final.values()), final
+    assert sorted(t for t, _ in status.kept) == sorted(t for t, d in final.items() if not d.adopt)
+    for tier, why in status.kept:
+        if final[tier].serving == "eager":
+            assert why.startswith(("slower than eager: eager is ",
+                                   "not faster than eager: ")), why
+        else:
+            assert why.startswith("gate: "), why
 
 
 SCRIPT = """
