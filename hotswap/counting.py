@@ -19,11 +19,11 @@ COUNTER_NAMES = (
     "remote_compiles",  # compile jobs that finished on the cluster (executor), with an artifact
     "fallbacks",        # a tier failed (compile error, crash, timeout, unserializable graph, bad artifact)
     "graphs",           # graphs dynamo handed to hotswap
-    "gate_benchmarks",  # a ready tier benchmarked against the serving one before a swap
-    "gate_kept",        # ... and kept out because it was not faster by the gate's threshold
-                        # (or, against eager, measured slower than eager)
+    "gate_benchmarks",  # a gate measurement of a ready tier against the compiled tier serving
+    "gate_kept",        # a tier the gate kept out: not faster by its threshold than what served
+                        # (a compiled tier, or eager)
     "gate_undecided",   # a gate measurement that decided nothing (noise, contention): again later
-    "eager_checks",     # a tier that replaced eager, measured against eager
+    "eager_checks",     # a gate measurement of a ready tier against eager, before it serves
     "gate_remeasured",  # a low-confidence verdict of an earlier run, measured again
     # What went wrong with compile jobs and cache reads (retried or not):
     "worker_crashes",          # WorkerCrashed: the worker died mid-job (segfault, SIGKILL, exit)
