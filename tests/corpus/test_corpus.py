@@ -54,11 +54,24 @@ def test_async_compiles_every_graph_in_a_worker(name: str) -> None:
     assert later["eager_calls"] == 0, later
 
 
+def _swaps_in(status: hotswap.GraphStatus) -> int:
+    """Swaps into a tier, read off when each tier began serving: a change back to the tier
+    that served before is a tier on trial giving way, not a swap."""
+    served, swaps = ["eager"], 0
+    for tier, _ in status.served_after_s:
+        if len(served) > 1 and tier == served[-2]:
+            served.pop()
+        else:
+            served.append(tier)
+            swaps += 1
+    return swaps
+
+
 @pytest.mark.parametrize("name", ("resnet", "t5"))
 def test_progressive_climbs_the_ladder_on_real_models(name: str) -> None:
-    """Each graph: the first tier ready swaps in and is measured against eager (giving way to
-    it if slower); the other is measured against what serves and swaps in only if faster
-    (whichever of the two came first); the counters say exactly that."""
+    """Each graph: the first tier ready is measured against eager and swaps in only if faster;
+    the other is measured against what serves then (eager, or the first tier) and swaps in only
+    if faster; the counters say exactly that."""
     workload = corpus.make(name)
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(workload.target, mode="progressive", workers=2)
@@ -67,16 +80,22 @@ def test_progressive_climbs_the_ladder_on_real_models(name: str) -> None:
     assert all(s.final and not s.failures and s.tier in ("eager", "default", "max-autotune")
                for s in statuses), statuses
     assert (d["graphs"], d["worker_compiles"]) == (n, 2 * n), d
-    # Per graph, one or two decisions that stood (a tier against eager, a tier against the
-    # other), each after its undecided measurements.
-    decided = d["gate_benchmarks"] + d["eager_checks"] - d["gate_undecided"]
-    assert n <= decided <= 2 * n, d
-    # Kept by the gate: never swapped in; given way to eager: swapped in first.
-    by_gate = sum(1 for s in statuses for _, why in s.kept if why.startswith("gate: "))
-    to_eager = sum(1 for s in statuses for _, why in s.kept
-                   if why.startswith("slower than eager: "))
-    assert d["gate_kept"] == by_gate + to_eager, (d, statuses)
-    assert d["swaps"] == 2 * n - by_gate, (d, statuses)
+    # Per graph, two decisions that stood (each tier against what served then), each after
+    # its undecided measurements.
+    assert d["gate_benchmarks"] + d["eager_checks"] - d["gate_undecided"] == 2 * n, d
+    # Every tier kept out was kept by the gate: for the other tier ("gate: ...") or for eager.
+    kept = [why for s in statuses for _, why in s.kept]
+    assert all(why.startswith(("gate: ", "slower than eager: ", "not faster than eager: "))
+               for why in kept), statuses
+    assert d["gate_kept"] == len(kept), (d, statuses)
+    # A tier that stood swapped in once; one kept out never served, unless a contended
+    # measurement left the pair undecided and it served on trial meanwhile (then it may
+    # swap in, and give way, more than once).
+    assert d["swaps"] == sum(_swaps_in(s) for s in statuses), (d, statuses)
+    if d["gate_undecided"] == 0:
+        assert d["swaps"] == 2 * n - len(kept), (d, statuses)
+    else:
+        assert d["swaps"] >= 2 * n - len(kept), (d, statuses)
 
 
 def test_decoder_serves_slices_of_a_longer_batch_compiled() -> None:
