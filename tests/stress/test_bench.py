@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -112,3 +113,26 @@ def test_spinners_run_at_the_workers_priority(monkeypatch: pytest.MonkeyPatch) -
     finally:
         spinner.kill()
         spinner.wait()
+
+
+@pytest.mark.parametrize("argv, cuda, preset", [
+    ([], False, "cpu"), (["--device", "cpu"], True, "cpu"), ([], True, "cuda")])
+def test_quick_picks_the_preset_of_the_device(monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                              cuda: bool, preset: str) -> None:
+    ran: list[tuple[str, str, float]] = []
+
+    def spawn_row(row: str, args: argparse.Namespace, **_: object) -> dict[str, object]:
+        ran.append((row, args.model, args.timeout_s))
+        return {"row": row, "error": "not run"}
+
+    monkeypatch.setattr(bench, "cuda_available", lambda: cuda)
+    monkeypatch.setattr(bench, "spawn_row", spawn_row)
+    assert bench.main(["--quick", *argv]) == 0
+    chosen = bench.QUICK[preset]
+    assert ran == [(row, chosen["models"], chosen["timeout_s"])
+                   for row in chosen["rows"].split(",")] + (
+        [("hotswap:dispatch", chosen["models"], chosen["timeout_s"])] if chosen["dispatch"] else [])
+    if preset == "cpu":  # the baselines and hotswap's serving modes, on the zoo's mlp
+        assert [row for row, _, _ in ran] == ["torch:eager-backend", "torch:default",
+                                              "hotswap:async", "hotswap:progressive"]
+        assert {model for _, model, _ in ran} == {"mlp"}

@@ -179,9 +179,28 @@ def _timed_row(row: str, args: argparse.Namespace, *, again: str = "") -> dict[s
     return result
 
 
-QUICK = {"models": "matmul-relu", "timeout_s": 45.0,
-         "rows": "hotswap:async,hotswap:progressive,torch:eager-backend,torch:default,"
-                 "torch:max-autotune,pytorch:async+subprocess,pytorch:progressive+subprocess"}
+# --quick, by device. CUDA: hotswap's serving modes and torch's on a tiny matmul+relu, under
+# 10 minutes on an H200.
+# CPU (every row a fresh process importing torch, ~3 s, and compiling mlp, ~10 s on 2 cores):
+# the baselines and hotswap's two serving modes, no dispatch row (~13 s more), ~80 s.
+QUICK = {
+    "cuda": {"models": "matmul-relu", "timeout_s": 45.0, "dispatch": True,
+             "rows": "hotswap:async,hotswap:progressive,torch:eager-backend,torch:default,"
+                     "torch:max-autotune,pytorch:async+subprocess,pytorch:progressive+subprocess"},
+    "cpu": {"models": "mlp", "timeout_s": 60.0, "dispatch": False,
+            "rows": "torch:eager-backend,torch:default,hotswap:async,hotswap:progressive"},
+}
+
+
+def quick_preset(device: str) -> dict[str, Any]:
+    """The --quick preset for ``device`` ("cuda", "cuda:N" or "cpu")."""
+    return QUICK["cuda" if device.startswith("cuda") else "cpu"]
+
+
+def _describe(preset: dict[str, Any]) -> str:
+    return (f"{preset['models']}, rows {preset['rows'].replace(',', ', ')}, "
+            f"{preset['timeout_s']:g} s per row"
+            + ("" if preset["dispatch"] else ", no dispatch row"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -215,8 +234,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run each hotswap row a second time on its hotswap cache "
                              "with fresh inductor and triton caches (rows marked 'replica')")
     parser.add_argument("--quick", action="store_true",
-                        help="the GPU-in-10-minutes preset: " + ", ".join(
-                            f"{k}={v}" for k, v in QUICK.items()))
+                        help="a preset by device. On CUDA, under 10 minutes on an H200: "
+                             f"{_describe(QUICK['cuda'])}. On the CPU, the baselines and the "
+                             "two serving modes in under 2 minutes on 2 cores: "
+                             f"{_describe(QUICK['cpu'])}")
     parser.add_argument("--no-dispatch", dest="dispatch", action="store_false",
                         help="skip the dispatch-overhead measurement (a process of its own)")
     parser.add_argument("--json", default=None, help="also write all results to this file")
@@ -250,7 +271,9 @@ def run(args: argparse.Namespace) -> int:
     if args.floor_s <= 0:
         raise SystemExit(f"--floor-s must be > 0, got {args.floor_s:g}")
     if args.quick:
-        args.models, args.rows, args.timeout_s = QUICK["models"], QUICK["rows"], QUICK["timeout_s"]
+        preset = quick_preset(args.device)
+        args.models, args.rows, args.timeout_s = preset["models"], preset["rows"], preset["timeout_s"]
+        args.dispatch = args.dispatch and preset["dispatch"]
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
