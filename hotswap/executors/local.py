@@ -25,7 +25,7 @@ from hotswap.workers import JobFuture, WorkerPool
 from hotswap.workers.pool import default_workers
 
 __all__ = ["LocalExecutor", "LocalPools", "PoolKey", "idle_exit_s", "inductor_cache_dir",
-           "pools", "rss_limit", "visible_devices", "worker_priority"]
+           "pools", "rss_limit", "trace_dirs", "visible_devices", "worker_priority"]
 
 PoolKey = tuple[int, tuple[str, ...]]
 # After torch.compiler.reset(), a pool with no job for this long stops its workers (instead of
@@ -242,6 +242,16 @@ def visible_devices(device: str, current: str | None, count: int) -> str:
     return ",".join(ids)
 
 
+def trace_dirs(slot: int) -> dict[str, str]:
+    """``TORCH_TRACE`` (and ``TORCH_DTRACE``) for the worker of ``slot``: with the caller's
+    set to DIR, ``DIR/worker-<slot>``. Torch names every process's trace file alike
+    (``dedicated_log_torch_trace_<random>.log``); a folder per worker keeps the caller's file
+    alone in DIR, where ``tlparse`` and ``--all-ranks-html`` look, and names each worker's.
+    A replacement worker writes beside the one it replaced (each line carries its pid)."""
+    return {var: os.path.join(os.environ[var], f"worker-{slot}")
+            for var in ("TORCH_TRACE", "TORCH_DTRACE") if os.environ.get(var)}
+
+
 def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
     # Inductor's own parallel compile would put several processes per worker on a few cores;
     # share the cores out instead, unless the user chose.
@@ -252,7 +262,7 @@ def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
     # inductor's cache, which would otherwise follow it, to the caller's: one cache for all.
     env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
     nice, idle = worker_priority()
-    worker_env: Any = env
+    visible: list[str] = []
     if devices:
         import torch
 
@@ -260,8 +270,11 @@ def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
         visible = [visible_devices(d, os.environ.get("CUDA_VISIBLE_DEVICES"), count)
                    for d in devices]
 
-        def worker_env(slot: int) -> dict[str, str]:
-            return {**env, "CUDA_VISIBLE_DEVICES": visible[slot % len(visible)]}
+    def worker_env(slot: int) -> dict[str, str]:
+        own = {**env, **trace_dirs(slot)}
+        if visible:
+            own["CUDA_VISIBLE_DEVICES"] = visible[slot % len(visible)]
+        return own
 
     pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
                       warm_modules=("torch", "torch._inductor.compile_fx",
