@@ -3,21 +3,22 @@
 Each model runs in a fresh process with empty caches: progressive mode (default, then
 max-autotune), served by a busy caller (a call every --interval-ms) while the tiers compile
 and the gate decides, as a service would. Once every graph is final the caller stops, and each
-of the gate's decisions is measured again on the now quiet machine: the same two tiers (or the
-tier and eager, for the check that compiled code is not slower than eager), in the same kind of
-worker, on the same inputs, interleaved over many rounds. That reference names the truly
-faster tier; a decision's regret is
+of the gate's decisions is measured again on the now quiet machine: the same two tiers (eager
+is the first tier every compiled tier is weighed against), in the same kind of worker, on the
+same inputs, interleaved over many rounds. That reference names the truly faster tier; a
+decision's regret is
 
     (time of the tier the gate chose - time of the faster one) / time of the faster one
 
 Printed per decision: the pair, the outcome ("adopt": the candidate serves; "keep": it does
-not), its confidence ("confident": its 95 % interval was clear of the threshold; "low": it
-never was, over three measurements or a minute of contention, and the serving tier stayed),
-the gain the gate measured and its interval, the reference's gain, and the regret. Per model:
-decisions, undecided measurements (each measured again later), and the largest serving call
-while one more gate measurement runs beside the caller once the ladder is final (while the
-tiers climb, compiles share the machine too: that figure is shown as well) next to 2x eager +
-10 ms.
+not), its confidence ("confident": its 95 % interval was clear of the threshold; "low": over
+three measurements with clean rounds it never was, and the serving tier stayed; contended
+measurements are retried for as long as it takes, and decide alone only when every round
+agrees by far), the gain the gate measured and its interval, the reference's gain, and the
+regret. Per model: decisions, undecided measurements (each measured again later), and the
+largest serving call while one more gate measurement runs beside the caller once the ladder
+is final (while the tiers climb, compiles share the machine too: that figure is shown as
+well) next to 2x eager + 10 ms.
 
 Targets: regret <= 2 % in at least 95 % of decisions, none > 5 %; every model decides; the
 largest serving call beside a gate measurement <= 2x eager + 10 ms. --check exits 1 when

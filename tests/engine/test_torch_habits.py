@@ -174,8 +174,8 @@ def test_a_workers_trace_sits_under_the_callers_dynamo_frame(tmp_path: Path) -> 
                           timeout=300, env=environ)
     assert done.returncode == 0, done.stderr
     caller = done.stdout.split()[0]
-    logs = {f: f.read_text() for f in trace.iterdir()}
-    workers = [text for text in logs.values()
-               if "inductor_output_code" in text and f" {caller} " not in text.split("]")[0]]
+    logs = {f: f.read_text() for f in trace.rglob("*.log")}  # workers': trace/worker-<slot>/
+    workers = [text for f, text in logs.items() if f.parent.name.startswith("worker-")
+               and "inductor_output_code" in text and f" {caller} " not in text.split("]")[0]]
     assert workers, sorted(str(f) for f in logs)
     assert '"frame_id": 0, "frame_compile_id": 0' in workers[0]
