@@ -256,8 +256,7 @@ class Ladder:
               taken: Taken) -> None:
         """Apply another replica's verdict on this decision."""
         if not taken.won:
-            if serving == EAGER:
-                bump("gate_kept")  # slower than eager, as another replica measured
+            bump("gate_kept")  # as if measured here: another replica did
             self._keep(journey, candidate, taken.reason)
         elif journey.serving == serving:
             journey.swap_in(candidate.tier, candidate.fn, measured=True)
