@@ -176,6 +176,7 @@ class Candidate:
     contended: int = 0        # measurements too contended to decide on, so far
     against: str = ""         # the tier it is weighed against ("eager" too), once measured
     evidence: float = 0.0     # contended measurements' log ratios, summed (gate.Retry)
+    streak: int = 0           # contended measurements in a row with one tier ahead (gate.Retry)
 
 
 class GraphJourney:

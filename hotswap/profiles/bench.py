@@ -256,16 +256,32 @@ def paired_from_medians(graph_id: str, serving: str, serving_ms: float, candidat
 # by more than the threshold, even the round most favourable to the loser, and their median
 # puts it DECISIVE times ahead.
 DECISIVE = 1.5
+# Contended measurements in a row that each put the same tier ahead by more than the threshold
+# (their paired rounds' median) decide: contention slows both tiers of a round alike and
+# cannot make one tier look faster measurement after measurement.
+CONSISTENT = 3
+
+
+def direction(pair: Paired, threshold: float) -> int:
+    """+1 where the candidate is ahead by more than ``threshold`` (the paired median), -1 where
+    the serving tier is, 0 in between."""
+    if pair.ratio <= 1.0 - threshold:
+        return 1
+    if pair.ratio * (1.0 - threshold) >= 1.0:
+        return -1
+    return 0
 
 
 def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attempt: int = 1,
-                  last_attempt: bool = True) -> GateDecision:
+                  last_attempt: bool = True, streak: int = 0) -> GateDecision:
     """Adopt the candidate when it is ``threshold`` faster (0.02: 2 %) and surely faster (its
     interval's slow end still gains); keep it out when even the fast end of the interval gains
     less than ``threshold``. With fewer than MIN_CLEAN clean rounds, decide only when every
-    round, contended ones included, puts the same tier DECISIVE times ahead. Anything else is
-    "undecided" — unless ``last_attempt``: then the serving tier stays ("keep", with low
-    confidence: a later process measures it again).
+    round, contended ones included, puts the same tier DECISIVE times ahead, or when this one
+    and the ``streak`` contended measurements before it (signed: +n the candidate ahead, -n
+    the serving tier) put the same tier ahead by more than ``threshold``, CONSISTENT in all.
+    Anything else is "undecided" — unless ``last_attempt``: then the serving tier stays
+    ("keep", with low confidence: a later process measures it again).
 
     One statistic, the median of the paired rounds' ratios, gives both the verdict and the
     number its reason states ("eager is 5.8% faster than default; kept eager")."""
@@ -280,6 +296,12 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
             outcome, confidence, why = "undecided", "", "the interval straddles the threshold"
     else:
         outcome, confidence, why = _every_round(pair, threshold)
+        way = direction(pair, threshold)
+        if outcome == "undecided" and way and streak * way + 1 >= CONSISTENT:
+            outcome = "adopt" if way > 0 else "keep"
+            confidence = "confident"
+            why = (f"{'faster' if way > 0 else 'slower'} by more than the threshold in each "
+                   f"of {streak * way + 1} contended measurements in a row")
     if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays
         outcome, confidence = "keep", "low"
         why += f"; still undecided at attempt {attempt}: the serving tier stays"

@@ -128,19 +128,19 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
             attempt=4)),
     "contended: as long again, after 1 s, the faster median serving meanwhile": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 0, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1, LOG_HALF),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1, LOG_HALF, 1),
             meanwhile=CANDIDATE)),
     "contended at the last attempt: pauses double, attempts do not count": (
         _of(BenchReply([], pairs=[CONTENDED])), MAX_ATTEMPTS, 2, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(4.0, MAX_ATTEMPTS, 3, LOG_HALF),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(4.0, MAX_ATTEMPTS, 3, LOG_HALF, 1),
             attempt=MAX_ATTEMPTS, meanwhile=CANDIDATE)),
     "contended: the pause stops growing at its cap": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 5, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 6, LOG_HALF),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 6, LOG_HALF, 1),
             meanwhile=CANDIDATE)),
     "contended a hundred times, even before: measured again, what served serves": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 100, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 101, LOG_HALF))),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 101, LOG_HALF, 1))),
     "every round contended, every round 10x slower: keep": (
         _of(BenchReply([], pairs=[SWEPT_SLOWER])), 1, 0, 0.02, _measured(
             Action.KEEP, SWEPT_SLOWER, "'default' is 10.0x faster than 'max-autotune'; kept "
@@ -157,12 +157,12 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
             Action.RETRY, SPLIT, "'max-autotune' is 10.0x faster than 'default' so far; "
             "deciding (" + _SWEPT.format(0.1) + "contended: 24 of 24 rounds preempted; "
             "rounds candidate / serving from 0.08 to 1.20)",
-            retry=Retry(1.0, 1, 1, math.log(0.1)), meanwhile=CANDIDATE)),
+            retry=Retry(1.0, 1, 1, math.log(0.1), 1), meanwhile=CANDIDATE)),
     "every round contended and agreeing, but by less than 1.5x: again": (
         _of(BenchReply([], pairs=[NARROW])), 1, 0, 0.02, _measured(
             Action.RETRY, NARROW, "'max-autotune' is 20.0% faster than 'default' so far; "
             "deciding (" + _SWEPT.format(0.8) + "contended: 24 of 24 rounds preempted; rounds "
-            "candidate / serving from 0.70 to 0.90)", retry=Retry(1.0, 1, 1, math.log(0.8)),
+            "candidate / serving from 0.70 to 0.90)", retry=Retry(1.0, 1, 1, math.log(0.8), 1),
             meanwhile=CANDIDATE)),
     "gain at the threshold, surely faster: adopt": (
         _of(BenchReply([], pairs=[AT_THRESHOLD])), 1, 0, 0.25, _measured(
@@ -276,4 +276,37 @@ def test_one_lucky_contended_measurement_does_not_serve_a_tier_the_others_had_sl
     decision = decide(_of(BenchReply([], pairs=[lucky]), "eager", "scalar"), attempt=1,
                       contended=9, threshold=0.02, now_s=NOW_S, evidence=earlier)
     assert decision.action is Action.RETRY and decision.meanwhile == "eager"
-    assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86))
+    assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86), 1)
+
+
+def _in_a_row(pair: Paired, streak: int) -> Decision:
+    return decide(_of(BenchReply([], pairs=[pair])), attempt=1, contended=abs(streak),
+                  threshold=0.02, now_s=NOW_S, streak=streak)
+
+
+def test_contended_measurements_in_a_row_with_one_tier_ahead_decide() -> None:
+    # As the demo's caller does on 2 cores: no round clean, the rounds' range across 1.0, and
+    # measurement after measurement 'max-autotune' 25-35 % faster.
+    ahead = _pair(0.75, -INF, INF, rounds=24, contended=24, every=(0.45, 1.5))
+    first, second = _in_a_row(ahead, 0), _in_a_row(ahead, 1)
+    assert (first.action, first.retry.streak if first.retry else None) == (Action.RETRY, 1)
+    assert (second.action, second.retry.streak if second.retry else None) == (Action.RETRY, 2)
+    third = _in_a_row(ahead, 2)
+    assert third.action is Action.ADOPT and third.record is not None
+    assert third.record.confidence == "confident"
+    assert third.reason.startswith("'max-autotune' is 25.0% faster than 'default'; adopted ")
+    assert "faster by more than the threshold in each of 3 contended measurements in a row" in (
+        third.reason)
+    behind = _pair(1.4, -INF, INF, rounds=24, contended=24, every=(0.7, 2.5))
+    kept = _in_a_row(behind, -2)
+    assert kept.action is Action.KEEP
+    assert "slower by more than the threshold in each of 3 contended measurements" in kept.reason
+
+
+def test_a_measurement_the_other_way_or_too_close_starts_the_row_again() -> None:
+    other_way = _pair(1.4, -INF, INF, rounds=24, contended=24, every=(0.7, 2.5))
+    again = _in_a_row(other_way, 2)
+    assert again.action is Action.RETRY and again.retry is not None and again.retry.streak == -1
+    close = _pair(0.99, -INF, INF, rounds=24, contended=24, every=(0.7, 1.3))
+    reset = _in_a_row(close, 2)
+    assert reset.action is Action.RETRY and reset.retry is not None and reset.retry.streak == 0

@@ -40,6 +40,7 @@ from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CachedEntry
 from hotswap.profiles.bench import (
     DEFAULT_BUDGET_MS,
     MIN_CLEAN,
+    direction,
     gate_decision,
     paired_from_medians,
 )
@@ -121,6 +122,7 @@ class Retry:
     attempt: int
     contended: int
     evidence: float = 0.0
+    streak: int = 0  # contended measurements in a row with one tier ahead (bench.gate_decision)
 
 
 @dataclass(frozen=True)
@@ -140,11 +142,13 @@ class Decision:
 
 
 def decide(measurement: Measurement, *, attempt: int, contended: int, threshold: float,
-           now_s: float, evidence: float = 0.0) -> Decision:
+           now_s: float, evidence: float = 0.0, streak: int = 0) -> Decision:
     """Decide on one measurement: ``attempt`` and ``contended`` count the measurements of this
     pair so far (this one included in ``attempt``), ``threshold`` the gain to adopt at (0.02:
     2 %), ``now_s`` the monotonic time the record carries, ``evidence`` the earlier contended
-    measurements' log ratios, summed (``Retry.evidence``). Pure: no logging, no clock."""
+    measurements' log ratios, summed (``Retry.evidence``), ``streak`` the contended ones in a
+    row before this one that put the same tier ahead (``Retry.streak``, signed: + the
+    candidate). Pure: no logging, no clock."""
     m, reply = measurement, measurement.reply
     if isinstance(reply, BaseException):
         return Decision(Action.BY_ORDER)
@@ -160,9 +164,10 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
         pair = paired_from_medians(m.graph_id, m.serving, results[m.serving].median_ms,
                                    m.candidate, results[m.candidate].median_ms)
     record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
-                           last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS)
+                           last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS,
+                           streak=streak)
     if record.outcome == "undecided":
-        retry = _retry(pair, attempt, contended, evidence)
+        retry = _retry(pair, attempt, contended, evidence, streak, threshold)
         ahead = (pair.clean < MIN_CLEAN and pair.ratio > 0
                  and retry.evidence / retry.contended <= math.log(1.0 - threshold))
         return Decision(Action.RETRY, f"gate: {record.reason}", record, retry,
@@ -172,14 +177,17 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
     return Decision(Action.KEEP, f"gate: {record.reason}", record)
 
 
-def _retry(pair: Paired, attempt: int, contended: int, evidence: float) -> Retry:
+def _retry(pair: Paired, attempt: int, contended: int, evidence: float, streak: int,
+           threshold: float) -> Retry:
     """The next measurement of an undecided pair. Too few clean rounds (the machine was busy):
     the same budget, after a pause that doubles up to RETRY_CAP_S, however many it takes; an
     interval across the threshold: longer, after a pause that grows with the attempt."""
     if pair.clean < MIN_CLEAN:
+        way = direction(pair, threshold)
+        streak = streak + way if way and streak * way >= 0 else way
         return Retry(min(RETRY_AFTER_S * 2 ** contended, RETRY_CAP_S), attempt, contended + 1,
-                     evidence + math.log(max(pair.ratio, 1e-9)))
-    return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended, evidence)
+                     evidence + math.log(max(pair.ratio, 1e-9)), streak)
+    return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended, evidence, streak)
 
 
 def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:

@@ -207,7 +207,7 @@ class Ladder:
         decision = decide(Measurement(journey.graph_id, serving, candidate.tier, reply),
                           attempt=candidate.attempt, contended=candidate.contended,
                           threshold=self.gate.threshold, now_s=time.monotonic(),
-                          evidence=candidate.evidence)
+                          evidence=candidate.evidence, streak=candidate.streak)
         if decision.record is not None:
             self._recorder.timeline.add(decision.record)
         retry = decision.retry
@@ -226,7 +226,7 @@ class Ladder:
         _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %g s",
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
         again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
-                                    evidence=retry.evidence)
+                                    evidence=retry.evidence, streak=retry.streak)
         threads.start_timer(retry.after_s, self._on_loader, (self._measure_next, (journey, again)),
                             name="hotswap-gate-retry")
 
