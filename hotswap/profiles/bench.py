@@ -260,6 +260,10 @@ DECISIVE = 1.5
 # (their paired rounds' median) decide: contention slows both tiers of a round alike and
 # cannot make one tier look faster measurement after measurement.
 CONSISTENT = 3
+# Contended measurements after which a pair whose ratios' geometric mean stays within
+# CLOSE_MARGIN thresholds of 1.0 is too close to call on this machine: the serving tier stays.
+CLOSE_AFTER = 5
+CLOSE_MARGIN = 2.5
 
 
 def direction(pair: Paired, threshold: float) -> int:
@@ -273,13 +277,17 @@ def direction(pair: Paired, threshold: float) -> int:
 
 
 def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attempt: int = 1,
-                  last_attempt: bool = True, streak: int = 0) -> GateDecision:
+                  last_attempt: bool = True, streak: int = 0,
+                  contended_mean: tuple[int, float] | None = None) -> GateDecision:
     """Adopt the candidate when it is ``threshold`` faster (0.02: 2 %) and surely faster (its
     interval's slow end still gains); keep it out when even the fast end of the interval gains
     less than ``threshold``. With fewer than MIN_CLEAN clean rounds, decide only when every
     round, contended ones included, puts the same tier DECISIVE times ahead, or when this one
     and the ``streak`` contended measurements before it (signed: +n the candidate ahead, -n
     the serving tier) put the same tier ahead by more than ``threshold``, CONSISTENT in all.
+    ``contended_mean``: (how many contended measurements of the pair, this one included; the
+    geometric mean of their ratios); from CLOSE_AFTER on, a mean within CLOSE_MARGIN
+    thresholds of 1.0 keeps the serving tier, with low confidence: too close to call here.
     Anything else is "undecided" — unless ``last_attempt``: then the serving tier stays
     ("keep", with low confidence: a later process measures it again).
 
@@ -302,6 +310,12 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
             confidence = "confident"
             why = (f"{'faster' if way > 0 else 'slower'} by more than the threshold in each "
                    f"of {streak * way + 1} contended measurements in a row")
+        elif outcome == "undecided" and contended_mean is not None:
+            count, mean = contended_mean
+            if count >= CLOSE_AFTER and abs(math.log(mean)) <= CLOSE_MARGIN * threshold:
+                outcome, confidence = "keep", "low"
+                why = (f"too close to call on this machine: over {count} contended measurements "
+                       f"the ratio averaged {mean:.3f} (geometric mean); the serving tier stays")
     if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays
         outcome, confidence = "keep", "low"
         why += f"; still undecided at attempt {attempt}: the serving tier stays"

@@ -163,9 +163,13 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
             return Decision(Action.BY_ORDER)
         pair = paired_from_medians(m.graph_id, m.serving, results[m.serving].median_ms,
                                    m.candidate, results[m.candidate].median_ms)
+    contended_mean = None
+    if pair.clean < MIN_CLEAN:  # this measurement and the contended ones before it
+        contended_mean = (contended + 1,
+                          math.exp((evidence + math.log(max(pair.ratio, 1e-9))) / (contended + 1)))
     record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
                            last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS,
-                           streak=streak)
+                           streak=streak, contended_mean=contended_mean)
     if record.outcome == "undecided":
         retry = _retry(pair, attempt, contended, evidence, streak, threshold)
         ahead = (pair.clean < MIN_CLEAN and pair.ratio > 0
