@@ -41,7 +41,7 @@ from typing import Any
 from hotswap import settings
 
 __all__ = ["Lane", "Timer", "gil_handoff_s", "io", "join_all", "live", "quick_gil_handoff",
-           "scheduler", "start", "start_timer", "stop_lanes"]
+           "scheduler", "start", "stop_lanes"]
 
 log = logging.getLogger("hotswap")
 
@@ -265,13 +265,6 @@ class Lane:
 
 scheduler = Lane("hotswap-load", busy=quick_gil_handoff)
 io = Lane("hotswap-io")
-
-
-def start_timer(delay_s: float, fn: Callable[..., Any], args: tuple[Any, ...], *,
-                name: str = "") -> Timer:
-    """Run ``fn(*args)`` on the scheduler once ``delay_s`` has passed (``name``: for the
-    reader; timers run on the scheduler's thread)."""
-    return scheduler.later(delay_s, fn, *args)
 
 
 def stop_lanes() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 
 import hotswap
 from hotswap.executors import registry
+from tests.engine.conftest import fresh_dynamo  # noqa: F401  (autouse here too)
 from tests.engine.models import unseen_scale
 from tests.service.conftest import wait_for
 from tests.service.test_lifecycle import current_status
@@ -31,14 +31,6 @@ class Scaled(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x) * self.scale
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    yield
-    torch._dynamo.reset()
 
 
 def compile_and_wait(model: torch.nn.Module, x: torch.Tensor, during: Any = None,

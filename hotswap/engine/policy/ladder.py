@@ -227,8 +227,8 @@ class Ladder:
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
         again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
                                     evidence=retry.evidence, streak=retry.streak)
-        threads.start_timer(retry.after_s, self._on_loader, (self._measure_next, (journey, again)),
-                            name="hotswap-gate-retry")
+        threads.scheduler.later(retry.after_s, self._on_loader,
+                                self._measure_next, (journey, again))
 
     def _serve_meanwhile(self, journey: GraphJourney, candidate: Candidate, serving: str,
                          tier: str) -> None:
@@ -246,8 +246,8 @@ class Ladder:
         if turn is Turn.MEASURE:
             return False
         if turn is Turn.WAIT:
-            threads.start_timer(FleetVote.POLL_S, self._on_loader,
-                                (self._measure_next, (journey, candidate)), name="hotswap-fleet-poll")
+            threads.scheduler.later(FleetVote.POLL_S, self._on_loader,
+                                    self._measure_next, (journey, candidate))
             return True
         self._take(journey, candidate, serving, turn)
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -79,12 +79,11 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: list[object], *, keys: Key
     try:
         graph_bytes = ship_graph(gm)
     except Exception as e:
-        return Prepared(origin, described, made.keys,
-                        here_because=f"this graph cannot be pickled ({type(e).__name__}: {e})")
+        return replace(made,
+                       here_because=f"this graph cannot be pickled ({type(e).__name__}: {e})")
     # The caller's grad mode decides whether AOTAutograd builds a backward graph.
     request = GraphRequest(graph_bytes, described, grad, threads, compat.current_compile_id())
-    return Prepared(origin, described, made.keys, request,
-                    shipped_s=(start_s, time.monotonic()))
+    return replace(made, request=request, shipped_s=(start_s, time.monotonic()))
 
 
 def portable_inputs(gm: torch.fx.GraphModule,

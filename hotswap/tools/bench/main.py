@@ -145,9 +145,8 @@ def _warm_service(args: argparse.Namespace) -> float:
     """Start the compile service the @service rows share and have it compile a model none of
     them runs ("pointwise"): a service a process started earlier. Off every row's clock."""
     t = time.monotonic()
-    model, args.model = args.model, "pointwise"
-    warm = spawn_row("hotswap:async@service", args)
-    args.model = model
+    warm = spawn_row("hotswap:async@service", argparse.Namespace(**{**vars(args),
+                                                                    "model": "pointwise"}))
     took = time.monotonic() - t
     print(f"  compile service in {args.service_dir}: started and warmed (a pointwise model "
           f"compiled) in {took:.1f} s{'; ' + warm['error'] if 'error' in warm else ''}",
