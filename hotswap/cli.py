@@ -9,10 +9,13 @@ import os
 import platform
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hotswap
 from hotswap import settings
+
+if TYPE_CHECKING:
+    from hotswap.system.bytecode import Bytecode
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -36,14 +39,27 @@ def _doctor(args: argparse.Namespace) -> int:
     advice = thread_advice(cores or 1, threads, cuda)
     if advice:
         print(f"  note: {advice}")
+    from hotswap.system import bytecode
+
+    plan = bytecode.plan(dict(os.environ))  # what the workers started below get
+    source_bytes = None
     t = time.monotonic()
     with hotswap.WorkerPool(args.workers) as pool:
         ok = pool.wait_ready(timeout_s=args.timeout_s)
         pids = pool.worker_pids()
+        if ok and plan.recompiles:  # what a start compiles: the sources a worker imported
+            try:
+                source_bytes = pool.submit(bytecode.SOURCE_BYTES_JOB, None,
+                                           timeout_s=args.timeout_s).result()
+            except hotswap.HotswapError:
+                pass  # the line then names no cost
     if not ok:
         print(f"workers not ready after {args.timeout_s:g} s", file=sys.stderr)
         return 1
     print(f"{len(pids)} workers started and pre-imported torch in {time.monotonic() - t:.2f} s")
+    rate = bytecode.compile_rate() if source_bytes else None
+    for line in bytecode_lines(plan, source_bytes, rate):
+        print(line)
     from hotswap.tools.fleet_check import check_executor, check_store
 
     fleet_ok = True
@@ -63,6 +79,33 @@ def thread_advice(cores: int, threads: int, cuda: bool) -> str | None:
             f"background compiles; if its calls stall while a tier compiles (likely on a VM), "
             f"torch.set_num_threads({cores - 1}) leaves a core free "
             f"(hotswap's docs/scheduling.md: 'CPU models that use every core')")
+
+
+def bytecode_lines(plan: Bytecode, source_bytes: int | None, rate: float | None) -> list[str]:
+    """Whether every start compiles Python sources here and what that costs (``source_bytes``
+    a worker imports, at ``rate`` bytes a second), and whether hotswap's bytecode cache
+    serves its workers."""
+    from hotswap.system.bytecode import usage
+
+    if plan.recompiles is None:
+        lines = ["bytecode: fresh processes read torch's bytecode (nothing compiled at start)"]
+    else:
+        cost = (f": ~{source_bytes / rate:.1f} s a start ({_size(source_bytes)} of source a "
+                f"worker imports, compiled here at {_size(rate)}/s)" if source_bytes and rate
+                else "")
+        lines = [f"bytecode: every fresh process compiles Python sources here "
+                 f"({plan.recompiles}){cost}"]
+    setting = f"hotswap's bytecode cache (HOTSWAP_PYCACHE={plan.setting})"
+    if plan.folder is None:
+        return [*lines, f"  {setting}: {plan.note}"]
+    files, size = usage(plan.folder)
+    lines.append(f"  {setting}: in use by its workers and service, {plan.folder} "
+                 f"({_size(size)} in {files} files)")
+    if plan.recompiles is not None:
+        lines.append(f"  note: your own process compiles them at every start too; "
+                     f"PYTHONPYCACHEPREFIX={plan.folder} gives it hotswap's bytecode, or "
+                     f"compile the environment's once where it is built (python -m compileall)")
+    return lines
 
 
 def _size(n: float | None) -> str:

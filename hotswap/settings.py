@@ -46,6 +46,11 @@ on them at once rather than in a worker or a background thread.
                                     <uid>
     HOTSWAP_SERVICE_IDLE_EXIT_S     600                     the service exits after this long
                                                             without a job, seconds > 0
+    HOTSWAP_PYCACHE                 auto                    the processes hotswap starts keep
+                                                            Python bytecode in its cache dir
+                                                            (pycache-<python>): auto, where they
+                                                            would otherwise recompile sources at
+                                                            every start; on; off
 
 ``HOTSWAP_SCRATCH_DIR`` is no setting: a pool sets it for its workers (hotswap.workers.scratch).
 """
@@ -59,8 +64,8 @@ from typing import TypeVar
 
 __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check_all",
            "claim_ttl_s", "env_number", "executor", "gate_threshold", "log_level", "mode",
-           "profile_dir", "service", "service_dir", "service_idle_exit_s", "switch_interval_s",
-           "tiers", "timeout_s", "worker_devices",
+           "profile_dir", "pycache", "service", "service_dir", "service_idle_exit_s",
+           "switch_interval_s", "tiers", "timeout_s", "worker_devices",
            "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes", "workers"]
 
 T = TypeVar("T", int, float)
@@ -204,6 +209,14 @@ def service_idle_exit_s() -> float:
     return value
 
 
+def pycache() -> str:
+    """HOTSWAP_PYCACHE: "auto", "on" or "off" (hotswap.system.bytecode)."""
+    setting = os.environ.get("HOTSWAP_PYCACHE", "").strip().lower() or "auto"
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"HOTSWAP_PYCACHE must be 'auto', 'on' or 'off', got {setting!r}")
+    return setting
+
+
 def switch_interval_s() -> float:
     value = env_number("HOTSWAP_SWITCH_INTERVAL_S", float, lambda v: 0 < v <= 1,
                        "a number of seconds in (0, 1]", default=_SWITCH_INTERVAL_S)
@@ -225,5 +238,5 @@ def check_all() -> None:
     thread."""
     for read in (workers, worker_nice, worker_idle, worker_rss_limit_bytes, cache_max_bytes,
                  switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s, service,
-                 service_idle_exit_s):
+                 service_idle_exit_s, pycache):
         read()

@@ -21,6 +21,28 @@ def test_doctor_starts_a_worker(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "torch" in out and "1 workers started" in out
     assert "torch intra-op threads:" in out
+    assert "\nbytecode: " in out and "hotswap's bytecode cache (HOTSWAP_PYCACHE=" in out
+
+
+def test_doctor_says_what_recompiling_at_every_start_costs_and_where_the_cache_is(
+        tmp_path: Path) -> None:
+    from hotswap.cli import bytecode_lines
+    from hotswap.system.bytecode import Bytecode
+
+    (tmp_path / "m.cpython-311.pyc").write_bytes(b"x" * 2048)
+    why = "PYTHONDONTWRITEBYTECODE is set and torch's modules have no bytecode beside them"
+    first, cache, note = bytecode_lines(Bytecode("auto", why, tmp_path), 50 * 2**20, 10 * 2**20)
+    assert first == (f"bytecode: every fresh process compiles Python sources here ({why}): "
+                     "~5.0 s a start (50.0 MiB of source a worker imports, compiled here at "
+                     "10.0 MiB/s)")
+    assert cache == (f"  hotswap's bytecode cache (HOTSWAP_PYCACHE=auto): in use by its workers "
+                     f"and service, {tmp_path} (2.0 KiB in 1 files)")
+    assert f"PYTHONPYCACHEPREFIX={tmp_path}" in note
+    fine = Bytecode("auto", None, None, "not needed: fresh processes read bytecode")
+    assert bytecode_lines(fine, None, None) == [
+        "bytecode: fresh processes read torch's bytecode (nothing compiled at start)",
+        "  hotswap's bytecode cache (HOTSWAP_PYCACHE=auto): not needed: fresh processes read "
+        "bytecode"]
 
 
 def test_thread_advice_only_when_a_cpu_model_fills_every_core() -> None:

@@ -49,6 +49,7 @@ from hotswap.executors.base import (
     ExecutorUnavailable,
 )
 from hotswap.executors.registry import check as parse_executor
+from hotswap.system import bytecode
 from hotswap.workers import JobFuture
 from hotswap.workers.child import resolve_job
 from hotswap.workers.inbox import resolve
@@ -133,7 +134,9 @@ class LocalCluster:
             port = s.getsockname()[1]
         self.scheduler_address = f"tcp://127.0.0.1:{port}"
         python = [sys.executable, "-m"]
-        quiet = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error"}
+        # Its workers import torch and inductor: where that recompiles sources at every
+        # start, they read bytecode compiled once (hotswap/system/bytecode.py).
+        quiet = bytecode.child_env({**os.environ, "DASK_LOGGING__DISTRIBUTED": "error"})
         scheduler = dict(quiet) if allowed_failures is None else {
             **quiet, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(allowed_failures)}
         self._procs = [subprocess.Popen(

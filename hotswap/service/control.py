@@ -28,6 +28,7 @@ from filelock import FileLock, Timeout
 
 from hotswap.service.place import Place, authkey, check_socket
 from hotswap.service.wire import HANDSHAKE_TIMEOUT_S, connect, decode, encode
+from hotswap.system import bytecode
 
 __all__ = ["LOCK_TIMEOUT_S", "START_TIMEOUT_S", "NotAnswering", "OtherBuild", "StartFailed",
            "ensure", "probe", "request", "stop"]
@@ -119,6 +120,9 @@ def _start(place: Place, key: bytes) -> dict[str, Any]:
     env = dict(os.environ)
     # The service must import the hotswap this process runs, however it found it.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    # It and its workers read bytecode compiled once where sources would be compiled at every
+    # start; its workers inherit the folder.
+    env = bytecode.child_env(env)
     with open(place.log, "ab") as log:
         os.chmod(place.log, 0o600)
         proc = subprocess.Popen([sys.executable, "-m", "hotswap.service", "--dir",

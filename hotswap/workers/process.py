@@ -2,7 +2,9 @@
 
     spawn(slot, config, selector) -> WorkerProcess    python -m hotswap.workers, in its own
                                                       session, its scratch directory in
-                                                      HOTSWAP_SCRATCH, stdout sent to stderr
+                                                      HOTSWAP_SCRATCH, hotswap's bytecode
+                                                      cache where it needs one (system/
+                                                      bytecode.py), stdout sent to stderr
     WorkerProcess.send(kind, job_id, parts)           frames out; a half-sent frame waits for
                                                       the write pipe (watched only then)
     WorkerProcess.close()                             every fd unregistered and closed
@@ -35,6 +37,7 @@ from hotswap.errors import (
     WorkerCrashed,
     WorkerStopped,
 )
+from hotswap.system import bytecode
 from hotswap.workers import scratch
 from hotswap.workers.inbox import Job, PoolConfig
 from hotswap.workers.protocol import FrameDecoder, MessageKind, encode_frame
@@ -133,6 +136,8 @@ def spawn(slot: int, config: PoolConfig, selector: selectors.BaseSelector) -> Wo
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
     )
+    # A worker that would compile torch's sources at every start reads bytecode compiled once.
+    env = bytecode.child_env(env)
     tmpdir = scratch.make(slot)
     env[scratch.ENV] = tmpdir
     try:

@@ -1,0 +1,243 @@
+"""Python bytecode for the processes hotswap starts: compiled once, read by every later start.
+
+Python reads a module's bytecode from the ``__pycache__`` folder beside its source, and writes
+it there after compiling the source. An environment installed without bytecode whose
+processes may not write it (PYTHONDONTWRITEBYTECODE=1, as uv-built containers often set, or a
+read-only site-packages) compiles every module it imports from source at every start: on a
+GPU machine ~5 s for torch and ~10 s more for inductor, most of a fresh compile worker's
+first 10 s (``scripts/bytecode_check.py`` measures it).
+
+So the processes hotswap starts (compile workers, the compile service and its workers, a local
+Dask cluster) get a bytecode cache of hotswap's own::
+
+    <cache dir>/pycache-<implementation>-<version>/     mode 0700; PYTHONPYCACHEPREFIX of each
+        <source folder, mirrored>/<module>.<tag>.pyc    written by the first process, read by
+                                                        every later one
+
+``child_env`` sets ``PYTHONPYCACHEPREFIX`` to it and drops ``PYTHONDONTWRITEBYTECODE``
+(HOTSWAP_PYCACHE: ``auto``, the default, where a process started with that environment would
+otherwise recompile torch's sources at every start and the environment names no
+PYTHONPYCACHEPREFIX of its own; ``on``: always; ``off``: never). The caller's own process is
+left as it is, ``-B`` included (a flag, not passed on to the processes hotswap starts).
+
+Bytecode in that folder is executed: it is used only if the folder is this user's, writable
+by no one else, below folders no one else can swap (``hotswap.cache.trust``, as the artifact
+cache it sits in). Otherwise the processes start as before and hotswap says why, once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotswap import settings
+from hotswap.cache.root import claim_root, default_cache_dir
+from hotswap.cache.store import FORMAT_VERSION
+from hotswap.cache.trust import ensure_private_dir
+
+__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env", "compile_rate",
+           "imported_source_bytes", "plan", "probe_sources", "recompile_reason", "usage"]
+
+log = logging.getLogger("hotswap")
+
+PREFIX_ENV = "PYTHONPYCACHEPREFIX"
+SOURCE_BYTES_JOB = "hotswap.system.bytecode:imported_source_bytes"
+_NO_WRITE_ENV = "PYTHONDONTWRITEBYTECODE"
+_noted: set[str] = set()  # refusals said once per process
+
+
+@dataclass(frozen=True)
+class Bytecode:
+    """What ``plan`` decided for the processes started with one environment."""
+
+    setting: str             # HOTSWAP_PYCACHE: auto, on or off
+    recompiles: str | None   # why such a process compiles torch's sources at every start
+    folder: Path | None      # hotswap's bytecode cache, when they use it
+    note: str | None = None  # why they do not, when they do not
+
+
+def cache_folder() -> Path | None:
+    """Where this Python's bytecode cache lives (None: this Python caches no bytecode)."""
+    tag = sys.implementation.cache_tag
+    return default_cache_dir() / f"pycache-{tag}" if tag else None
+
+
+def probe_sources() -> list[Path]:
+    """The sources whose bytecode says whether a worker's start recompiles: torch's first
+    module and inductor's compile_fx (found without importing torch)."""
+    module = sys.modules.get("torch")
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        spec = importlib.util.find_spec("torch")
+        origin = spec.origin if spec is not None else None
+    if not origin or not origin.endswith(".py"):
+        return []
+    torch_dir = Path(origin).parent
+    return [p for p in (torch_dir / "__init__.py", torch_dir / "_inductor" / "compile_fx.py")
+            if p.is_file()]
+
+
+def _bytecode_path(source: Path, prefix: str | None) -> Path:
+    """Where a process reads ``source``'s bytecode: beside it, or mirrored under ``prefix`` (as
+    ``importlib.util.cache_from_source`` does for ``sys.pycache_prefix``)."""
+    name = f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+    folder = os.path.abspath(source.parent)
+    if prefix:
+        return Path(os.path.abspath(prefix), folder.lstrip(os.sep), name)
+    return Path(folder, "__pycache__", name)
+
+
+def _current(source: Path, pyc: Path) -> bool:
+    """Whether ``pyc`` is bytecode this Python would use for ``source`` as it is now."""
+    try:
+        with open(pyc, "rb") as f:
+            head = f.read(16)
+        st = source.stat()
+    except OSError:
+        return False
+    if len(head) < 16 or head[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    flags = int.from_bytes(head[4:8], "little")
+    if flags & 0b01:  # hash-based: unchecked serves as it is, checked if the hash matches
+        try:
+            return not flags & 0b10 or head[8:16] == importlib.util.source_hash(source.read_bytes())
+        except OSError:
+            return False
+    return (int.from_bytes(head[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(head[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
+def _writable(pyc: Path) -> bool:
+    """Whether a process may write ``pyc`` (Python makes the folders it lacks)."""
+    folder = pyc.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
+
+
+def recompile_reason(env: Mapping[str, str]) -> str | None:
+    """Why a Python process started with ``env`` compiles torch's sources at every start
+    (None: it reads bytecode, or writes it for the next start)."""
+    prefix = env.get(PREFIX_ENV) or None
+    missing = [s for s in probe_sources() if not _current(s, _bytecode_path(s, prefix))]
+    if not missing:
+        return None
+    where = f"in {PREFIX_ENV} ({prefix})" if prefix else "beside them"
+    if env.get(_NO_WRITE_ENV):
+        return f"{_NO_WRITE_ENV} is set and torch's modules have no bytecode {where}"
+    if not all(_writable(_bytecode_path(s, prefix)) for s in missing):
+        return f"torch's modules have no bytecode {where}, and it cannot be written there"
+    return None
+
+
+def _claim(folder: Path) -> Path:
+    """``folder``, made (0700) in the artifact cache and checked: its real path."""
+    root = claim_root(folder.parent, FORMAT_VERSION)
+    ensure_private_dir(root / folder.name)
+    return root / folder.name
+
+
+def plan(env: Mapping[str, str]) -> Bytecode:
+    """Whether the processes started with ``env`` use hotswap's bytecode cache (made here,
+    and checked, when they do). Never raises: a cache that cannot be used is a note."""
+    recompiles = recompile_reason(env)
+    try:
+        setting = settings.pycache()
+    except ValueError as e:
+        return Bytecode("auto", recompiles, None, _say_once(f"not used: {e}"))
+    ours = cache_folder()
+    prefix = env.get(PREFIX_ENV) or None
+    mine = (ours is not None and prefix is not None  # the compile service's workers
+            and os.path.realpath(prefix) == os.path.realpath(ours))
+    if ours is None:
+        return Bytecode(setting, recompiles, None, "not used: this Python keeps no bytecode")
+    if setting == "off":
+        return Bytecode(setting, recompiles, None, "not used: turned off")
+    if setting == "auto" and not mine:
+        if prefix is not None:
+            return Bytecode(setting, recompiles, None, f"not used: {PREFIX_ENV} is set "
+                                                       f"({prefix}), and hotswap keeps it")
+        if recompiles is None:
+            return Bytecode(setting, recompiles, None, "not needed: fresh processes read "
+                                                       "bytecode")
+    try:
+        return Bytecode(setting, recompiles, _claim(ours))
+    except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
+        return Bytecode(setting, recompiles, None, _say_once(
+            f"not used: {e}; the processes hotswap starts compile Python sources as before"))
+
+
+def _say_once(note: str) -> str:
+    if note not in _noted:
+        _noted.add(note)
+        log.warning("hotswap's bytecode cache is %s", note)
+    return note
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a process hotswap starts, with its bytecode cache where ``plan`` says so
+    (a new dict then; else ``env`` itself)."""
+    folder = plan(env).folder
+    if folder is None:
+        return env
+    own = {k: v for k, v in env.items() if k != _NO_WRITE_ENV}
+    own[PREFIX_ENV] = str(folder)
+    return own
+
+
+def usage(folder: Path) -> tuple[int, int]:
+    """(files, bytes) in the bytecode cache ``folder``."""
+    files = size = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(parent, name)).st_size
+            except OSError:
+                continue
+            files += 1
+    return files, size
+
+
+def _imported_sources() -> list[str]:
+    return sorted({f for m in list(sys.modules.values())
+                   if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")})
+
+
+def imported_source_bytes(payload: object = None) -> int:
+    """A worker job: the bytes of Python source behind the modules this process imported
+    (a compile worker's: torch's and inductor's), all of which a start without bytecode
+    compiles."""
+    total = 0
+    for path in _imported_sources():
+        try:
+            total += os.path.getsize(path)
+        except OSError:
+            continue
+    return total
+
+
+def compile_rate(sample_bytes: int = 2 << 20, repeat: int = 2) -> float:
+    """Bytes of Python source this machine compiles a second: the best of ``repeat`` timings
+    of about ``sample_bytes`` of the modules this process imported (every n-th, by path)."""
+    paths = _imported_sources()
+    sizes = {p: os.path.getsize(p) for p in paths if os.path.isfile(p)}
+    stride = max(1, round(sum(sizes.values()) / sample_bytes))
+    texts = []
+    for path in list(sizes)[::stride]:
+        try:
+            texts.append((path, Path(path).read_bytes()))
+        except OSError:
+            continue
+    best_s = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for path, text in texts:
+            compile(text, path, "exec", dont_inherit=True)
+        best_s = min(best_s, time.perf_counter() - start)
+    return sum(len(t) for _, t in texts) / max(best_s, 1e-9)

@@ -1,0 +1,132 @@
+"""hotswap's bytecode cache for the processes it starts (hotswap/system/bytecode.py): which
+environments get it, which folders are refused, and a real worker writing bytecode there."""
+
+from __future__ import annotations
+
+import logging
+import os
+import py_compile
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from hotswap import WorkerPool
+from hotswap.system import bytecode
+
+NO_WRITE = "PYTHONDONTWRITEBYTECODE"
+PREFIX = "PYTHONPYCACHEPREFIX"
+
+
+@pytest.fixture
+def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """A torch installed without bytecode: the modules probed, and no __pycache__ beside them."""
+    found = [tmp_path / "torch" / "__init__.py", tmp_path / "torch" / "_inductor" / "compile_fx.py"]
+    for path in found:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("X = 1\n")
+    monkeypatch.setattr(bytecode, "probe_sources", lambda: found)
+    monkeypatch.delenv("HOTSWAP_PYCACHE", raising=False)
+    return found
+
+
+def test_auto_gives_a_process_that_would_recompile_at_every_start_the_cache(
+        sources: list[Path]) -> None:
+    env = {"PATH": "/bin", NO_WRITE: "1"}
+    child = bytecode.child_env(env)
+    folder = bytecode.cache_folder()
+    assert folder is not None and folder.name == f"pycache-{sys.implementation.cache_tag}"
+    assert child == {"PATH": "/bin", PREFIX: str(folder)}
+    assert env == {"PATH": "/bin", NO_WRITE: "1"}  # the caller's own is left alone
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert (folder.parent / "HOTSWAP_CACHE").is_file()  # the artifact cache it sits in
+
+
+@pytest.mark.parametrize("case", ["writable", "bytecode beside", "own prefix", "off"])
+def test_auto_leaves_alone_what_needs_no_cache_and_off_leaves_everything(
+        case: str, sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"PATH": "/bin", NO_WRITE: "1"}
+    if case == "writable":
+        del env[NO_WRITE]  # the first start writes __pycache__, the next ones read it
+    elif case == "bytecode beside":
+        for path in sources:
+            py_compile.compile(str(path), doraise=True)
+    elif case == "own prefix":
+        env[PREFIX] = "/somewhere/of/theirs"
+    else:
+        monkeypatch.setenv("HOTSWAP_PYCACHE", "off")
+    assert bytecode.child_env(env) is env
+    plan = bytecode.plan(env)
+    assert plan.folder is None
+    assert (plan.recompiles is None) == (case in ("writable", "bytecode beside"))
+    assert plan.note is not None and plan.note.startswith(
+        "not used" if case in ("own prefix", "off") else "not needed")
+
+
+def test_on_gives_the_cache_even_where_bytecode_works(
+        sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_PYCACHE", "on")
+    assert bytecode.child_env({})[PREFIX] == str(bytecode.cache_folder())
+
+
+def test_the_compile_services_workers_keep_the_cache_it_was_started_with(
+        sources: list[Path]) -> None:
+    service = bytecode.child_env({NO_WRITE: "1"})  # what control.py starts the service with
+    assert NO_WRITE not in service
+    assert bytecode.child_env(dict(service)) == service  # what its pool gives its workers
+
+
+def test_the_reason_names_what_makes_every_start_recompile(sources: list[Path]) -> None:
+    reason = bytecode.recompile_reason({NO_WRITE: "1"})
+    assert reason is not None and NO_WRITE in reason and "beside them" in reason
+    assert bytecode.recompile_reason({}) is None
+
+
+@pytest.mark.parametrize("problem", ["another uid", "group-writable", "world-writable"])
+def test_a_folder_another_user_could_write_is_refused_with_one_note(
+        problem: str, sources: list[Path], caplog: pytest.LogCaptureFixture) -> None:
+    folder = bytecode.cache_folder()
+    assert folder is not None
+    assert bytecode.child_env({NO_WRITE: "1"})[PREFIX] == str(folder)  # made, and ours
+    if problem == "another uid":
+        if os.geteuid() != 0:
+            pytest.skip("giving a folder away takes root")
+        os.chown(folder, 65534, 65534)
+    else:
+        folder.chmod(0o770 if problem == "group-writable" else 0o707)
+    env = {NO_WRITE: "1"}
+    with caplog.at_level(logging.WARNING, logger="hotswap"):
+        assert bytecode.child_env(env) is env
+        assert bytecode.child_env(env) is env
+    plan = bytecode.plan(env)
+    assert plan.folder is None and plan.note is not None and str(folder) in plan.note
+    assert ("belongs to uid 65534" if problem == "another uid" else "open to other users") \
+        in plan.note
+    notes = [r for r in caplog.records if "bytecode cache is not used" in r.getMessage()]
+    assert len(notes) == 1
+
+
+def test_a_malformed_setting_is_a_note_here_and_an_error_at_compile(
+        sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotswap import settings
+
+    monkeypatch.setenv("HOTSWAP_PYCACHE", "sometimes")
+    env = {NO_WRITE: "1"}
+    assert bytecode.child_env(env) is env
+    with pytest.raises(ValueError, match="HOTSWAP_PYCACHE must be"):
+        settings.check_all()
+
+
+def test_a_worker_started_without_bytecode_writes_it_into_the_cache(
+        sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NO_WRITE, "1")
+    with WorkerPool(1, warm_modules=()) as pool:
+        assert pool.submit("hotswap.testing.faults:echo", 7, timeout_s=60).result() == 7
+    folder = bytecode.cache_folder()
+    assert folder is not None
+    job = Path(bytecode.__file__).resolve().parents[1] / "testing" / "faults.py"
+    mirrored = folder / str(job.parent).lstrip(os.sep) / f"faults.{sys.implementation.cache_tag}.pyc"
+    assert mirrored.is_file()  # the job's module, compiled by the worker
+    files, size = bytecode.usage(folder)
+    assert files > 20 and size > 0  # the worker's other imports too
