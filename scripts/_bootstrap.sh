@@ -22,8 +22,8 @@ fi
 stamp="$VENV/.hotswap-installed"
 want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "[hotswap] installing hotswap[dev,models,fleet] into $VENV" >&2
-  "$VPY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev,models,fleet]"
+  echo "[hotswap] installing hotswap[dev,models,fleet,serve-bench] into $VENV" >&2
+  "$VPY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev,models,fleet,serve-bench]"
   echo "$want" > "$stamp"
 fi
 cd "$ROOT"

@@ -42,6 +42,14 @@ progressive autotuned on cuda:1 reaches its final tier <= 1.0x in-process max-au
 warmed before the rows: on one box it competes for the caller's cores, a simulation of a
 compile machine). The table and the targets go to stdout, progress to stderr; --check makes a
 missed target exit 1.
+
+--service runs the service benchmark instead (hotswap.tools.bench.loadtest): per variant a
+FastAPI server on uvicorn in a fresh process with cold caches, an httpx client sending
+--rate requests/s from the moment it is launched for --duration-s, open loop (requests sent
+before it listens are refused). Per variant: the time to its first answer from launch;
+p50/p99/max per --window-s window; when p99 settled (from that window on every window
+answered all its requests with p99 <= 1.1x the final p99, that of the last 3 windows); and
+per model serve-MODEL.png (latency over time) and serve-MODEL.json (every request) in --out.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import tempfile
 import time
 from typing import Any
 
+from hotswap.tools.bench.loadtest import DEFAULT_VARIANTS, VARIANTS
 from hotswap.tools.bench.report import machine, missed, report, write_markdown
 from hotswap.tools.bench.row import BENCH_MODELS, dispatch_overhead, is_bench_model, run_row
 from hotswap.tools.common import cuda_available, standalone, subcommand
@@ -89,6 +98,25 @@ def cold_env(root: str) -> dict[str, str]:
             "HOTSWAP_WORKER_IDLE_EXIT_S": os.environ.get("HOTSWAP_WORKER_IDLE_EXIT_S", "2")}
 
 
+def row_env(row: str, cache: str, args: argparse.Namespace) -> dict[str, str]:
+    """The environment of ``row``'s fresh process: cold caches under ``cache`` (``cold_env``)
+    and what the row's name asks for: PyTorch's compile mode, the cluster (``args.cluster``),
+    the compile service (``args.service_dir`` for a warm one; a new one under ``cache`` for
+    the first process ever), the second GPU."""
+    env = cold_env(cache)
+    if row.startswith("pytorch:"):
+        env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
+    if row.endswith("@cluster"):
+        env["HOTSWAP_EXECUTOR"] = args.cluster
+    if "@service" in row:
+        env["HOTSWAP_SERVICE"] = "on"
+        env["HOTSWAP_SERVICE_DIR"] = (args.service_dir if row.endswith("@service")
+                                      else os.path.join(cache, "service"))
+    if row.endswith("@gpu1"):
+        env["HOTSWAP_WORKER_DEVICES"] = "cuda:1"
+    return env
+
+
 def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",
               env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one row in a fresh process with empty inductor, triton and hotswap caches. With
@@ -98,17 +126,7 @@ def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",
     overrides = env or {}
     label = f"{row} ({again})" if again else row
     with tempfile.TemporaryDirectory(prefix="hotswap-bench-") as cache:
-        env = {**cold_env(cache), **overrides}
-        if row.startswith("pytorch:"):
-            env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
-        if row.endswith("@cluster"):
-            env["HOTSWAP_EXECUTOR"] = args.cluster
-        if "@service" in row:
-            env["HOTSWAP_SERVICE"] = "on"
-            env["HOTSWAP_SERVICE_DIR"] = (args.service_dir if row.endswith("@service")
-                                          else os.path.join(cache, "service"))
-        if row.endswith("@gpu1"):
-            env["HOTSWAP_WORKER_DEVICES"] = "cuda:1"
+        env = {**row_env(row, cache, args), **overrides}
         cmd = [sys.executable, "-m", "hotswap.tools.bench.main", "--row", row, "--model", args.model,
                "--device", args.device, "--timeout-s", str(args.timeout_s), "--interval-ms",
                str(args.interval_ms), "--floor-s", str(args.floor_s), "--caller", args.caller] + (
@@ -250,6 +268,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the @cluster rows' Dask scheduler (dask://host:port), or 'local' "
                              "(default): one LocalCluster worker process on this machine, "
                              "started and warmed before the rows, off every row's clock")
+    service = parser.add_argument_group(
+        "the service benchmark (--service)",
+        "A real HTTP inference server (FastAPI on uvicorn) per variant, each a fresh process\n"
+        "with cold caches, driven by an httpx client at a fixed rate from the moment it is\n"
+        "launched: every request's latency, p50/p99/max per window, when p99 settles, a plot.\n"
+        "--models, --device, --workers and --threads apply to it too; the rows' other flags\n"
+        "do not. Needs the serve-bench extra (pip install -e '.[serve-bench]').")
+    service.add_argument("--service", action="store_true",
+                         help="run the service benchmark instead of the rows")
+    service.add_argument("--variants", default=DEFAULT_VARIANTS,
+                         help=f"comma list (default {DEFAULT_VARIANTS}): "
+                              + "; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
+    service.add_argument("--rate", type=float, default=20.0,
+                         help="requests per second, sent whether or not earlier ones were "
+                              "answered (open loop; default 20)")
+    service.add_argument("--duration-s", type=float, default=120.0,
+                         help="how long each server is driven, from its launch (default 120)")
+    service.add_argument("--window-s", type=float, default=10.0,
+                         help="the windows of p50/p99/max and of the settle time (default 10)")
+    service.add_argument("--out", default="hotswap-serve-bench", metavar="DIR",
+                         help="where serve-MODEL.json (every request), serve-MODEL.png "
+                              "(latency over time) and each server's log go (default "
+                              "./hotswap-serve-bench)")
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
 
@@ -257,6 +298,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.device is None:
         args.device = "cuda" if cuda_available() else "cpu"
+    if args.service:
+        from hotswap.tools.bench import loadtest
+
+        return loadtest.run(args)
     if args.row == "hotswap:dispatch":
         print(json.dumps(dispatch_overhead(args)))
         return 0

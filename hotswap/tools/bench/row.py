@@ -14,7 +14,8 @@ from typing import Any
 
 from hotswap.tools.rss import PeakRss
 
-__all__ = ["BENCH_MODELS", "build", "dispatch_overhead", "is_bench_model", "run_row", "spinners"]
+__all__ = ["BENCH_MODELS", "build", "dispatch_overhead", "is_bench_model", "run_row", "spinners",
+           "wrap_row"]
 
 BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "pointwise")
 
@@ -66,7 +67,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         prepare_s = time.monotonic() - t
     model, inputs = build(args.model, args.device)
     rss = PeakRss(lambda: [os.getpid()], name="hotswap-bench-rss")
-    compiled, is_final, spinners = _compiled(row, model, args)
+    compiled, is_final, spinners = wrap_row(row, model, args)
     before = hotswap.counters()
     ready_s = _since_start()
     idle = args.caller == "idle" and row != "machine:busy-eager"
@@ -137,8 +138,8 @@ def memory_parts() -> dict[str, float]:
 _compiled_at: list[float] = []
 
 
-def _compiled(row: str, model: Any, args: argparse.Namespace
-              ) -> tuple[Any, Callable[[], bool], list[subprocess.Popen[bytes]]]:
+def wrap_row(row: str, model: Any, args: argparse.Namespace
+             ) -> tuple[Any, Callable[[], bool], list[subprocess.Popen[bytes]]]:
     """The row's callable, how to tell its final code serves, and CPU spinners it started."""
     import torch
 
