@@ -191,6 +191,10 @@ def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
                  else "(no limit; HOTSWAP_CACHE_MAX_BYTES sets one)")
         print(f"root: {stats['root']}\nentries: {stats['entries']}\n"
               f"size: {_size(stats['bytes'])} {limit}")
+        if "shared_bytes" in stats:  # a local cache: what entries share is stored once
+            print(f"  entries' own bytes: {_size(stats['entry_bytes'])}\n"
+                  f"  shared, stored once: {_size(stats['shared_bytes'])} in "
+                  f"{stats['shared_files']} files (inductor's precompiled headers)")
     return 0
 
 

@@ -123,6 +123,7 @@ def test_cache_stats_reads_as_sizes_and_as_json(tmp_path: Path,
     assert main(["cache", "stats", "--cache-dir", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert "entries: 1" in out and "KiB" in out and "None" not in out
+    assert "shared, stored once: 0 bytes in 0 files" in out
     assert main(["cache", "ls", "--cache-dir", str(tmp_path / "c")]) == 0
     assert "forward (model.py:12)" in capsys.readouterr().out
     assert main(["cache", "ls", "--cache-dir", str(tmp_path / "c"), "--json"]) == 0

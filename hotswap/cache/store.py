@@ -6,6 +6,7 @@
       index.msgpack              {key: {size, tier, origin, created_s, used_s}}; rebuilt from entries if lost
       index.lock                 filelock guarding the index
       entries/<k[:2]>/<k>.hsa    MAGIC | u32 header length | msgpack header | payload | HMAC-SHA256
+      shared/<s[:2]>/<s>.blob    content that entries share, stored once, named by its SHA-256
       locks/<k>.lock             cross-process compile claims
       locks/<k>.owner            the pid holding that claim
 
@@ -16,6 +17,15 @@ compiles again. The secret is only as good as the folder it sits in: the root, i
 its key are used only if this user owns them and no one else may write them (or read the key),
 and no link inside the cache is followed (trust.py). Writes go to a temporary file renamed
 into place: a reader never sees half. A cache opened ``read_only`` writes nothing at all.
+
+Shared content: the first CPU compile in a fresh inductor cache ships inductor's precompiled
+header (a 149 MiB file, the same for every kernel built with the same flags) inside its
+entry. ``put(shared=...)`` names such spans of a payload; each is stored once under
+``shared/``, and the entry keeps its own bytes and, in its signed header, the SHA-256, place
+and length of each span. ``get`` puts the payload back together, reading each span straight
+into place and checking its SHA-256 against the signed one (so a blob needs no signature of
+its own). A blob goes when the last entry naming it does (eviction, rejection, ``clear``),
+and its bytes count once toward ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +68,8 @@ log = logging.getLogger("hotswap")
 # Part of every entry's stamp and key. 2: payloads are hotswap.engine.loading.artifacts entries
 # laid out for reading in place (1 was a msgpack map); 3: what a worker's probes found is plain
 # msgpack (2 pickled the vector ISAs). Entries of another format are simply not looked up.
-FORMAT_VERSION = 3
+# 4: a header may name shared spans of the payload stored apart from it.
+FORMAT_VERSION = 4
 MAGIC = b"HSWPA\x00\x01\x00"
 # Longest wait for another process's hold on the index (a stopped one holds it for ever):
 # then filelock.Timeout, an OSError, which every caller treats as "index unavailable".
@@ -75,6 +86,7 @@ class EntryInfo:
     created_s: float
     used_s: float
     origin: str = ""  # where the graph came from: "forward (model.py:12)"
+    shared_bytes: int = 0  # content stored once under shared/ that this entry refers to
 
 
 class EntryRejected(Exception):
@@ -134,7 +146,7 @@ class ArtifactCache:
 
     # ------------------------------------------------------------------ entries
 
-    def get(self, key: str, *, touch: bool = True) -> bytes | None:
+    def get(self, key: str, *, touch: bool = True) -> bytes | bytearray | None:
         """The payload stored under ``key``, or None (missing, or rejected and removed).
         ``touch=False`` leaves noting the use (for eviction) to a later ``touch(key)``: a
         caller on the user's path reads, and writes nothing."""
@@ -142,8 +154,11 @@ class ArtifactCache:
             parts = _read_entry(self._path(key))
         except FileNotFoundError:  # no entry, or (read-only) no entries folder yet
             return None
+        payload: bytes | bytearray
         try:
             header, payload = self._verify(parts, key)
+            if header.get("shared"):
+                payload = self._assemble(payload, header["shared"], remove_bad=True)
         except EntryRejected as e:
             with self._count_lock:
                 self.rejected += 1
@@ -167,40 +182,55 @@ class ArtifactCache:
                     header = header or {}
                     record = index[key] = {"size": size, "tier": header.get("tier", ""),
                                            "origin": header.get("origin", ""),
-                                           "created_s": header.get("created_s", 0.0)}
+                                           "created_s": header.get("created_s", 0.0),
+                                           "shared": _shared_record(header)}
                 record["used_s"] = time.time()
                 self._write_index(index)
         except OSError as e:
             log.debug("hotswap cache: could not note the use of %s… (%s)", key[:16], e)
 
-    def put(self, key: str, payload: bytes | memoryview, *, tier: str = "",
-            origin: str = "") -> None:
+    def put(self, key: str, payload: bytes | bytearray | memoryview, *, tier: str = "",
+            origin: str = "", shared: Sequence[tuple[int, int]] = ()) -> None:
         """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes.
-        ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``."""
+        ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``.
+        ``shared``: (offset, length) spans of ``payload`` that other entries may hold too,
+        each stored once in this cache (``get`` returns the payload whole all the same)."""
         if self.stamp is None or self.read_only:
             raise ValueError("this ArtifactCache was opened read-only or without a stamp; it "
                              "cannot write")
         # Written and signed piece by piece, never joined: joining copies the payload (tens of
         # MB for a GPU tier) while holding the GIL, which stalls the user's calls; hashing and
-        # writing a large buffer release it.
+        # writing a large buffer release it. (An entry with shared spans joins only its own
+        # bytes, the small part.)
         assert self._secret is not None  # made by load_secret() when not read_only
-        head, mac = seal(self._secret, key, payload, tier=tier, origin=origin, stamp=self.stamp)
+        view = memoryview(payload).cast("B")
+        spans = [(hashlib.sha256(view[o:o + n]).hexdigest(), o, n)
+                 for o, n in _checked_spans(shared, len(view))]
+        own = _without(view, spans) if spans else payload
+        head, mac = seal(self._secret, key, own, tier=tier, origin=origin, stamp=self.stamp,
+                         shared=[[sha, o, n] for sha, o, n in spans])
+        for sha, o, n in spans:
+            self._write_shared(sha, view[o:o + n])
         path = self._path(key, make=True)
-        _write_atomic(path, head, payload, mac)
-        size = len(head) + len(payload) + _MAC_BYTES
+        _write_atomic(path, head, own, mac)
+        size = len(head) + len(own) + _MAC_BYTES
         with self._lock:
             index = self._read_index()
             now = time.time()
             index[key] = {"size": size, "tier": tier, "origin": origin, "created_s": now,
-                          "used_s": now}
+                          "used_s": now, "shared": [[sha, n] for sha, _, n in spans]}
             self._evict(index, keep=key)
             self._write_index(index)
+            # Blobs go only under this lock, once no record names them: one that another
+            # process's eviction removed between our write and our record is written again.
+            for sha, o, n in spans:
+                self._write_shared(sha, view[o:o + n])
 
     def entries(self) -> list[EntryInfo]:
         with self._lock:
             index = self._read_index()
         return sorted((EntryInfo(k, v["tier"], v["size"], v["created_s"], v["used_s"],
-                                 v["origin"])
+                                 v["origin"], sum(n for _, n in v["shared"]))
                        for k, v in index.items()),
                       key=lambda e: e.used_s, reverse=True)
 
@@ -213,7 +243,9 @@ class ArtifactCache:
         for path in self._entry_paths():
             key = path.stem
             try:
-                self._verify(_read_entry(path), key)
+                header, payload = self._verify(_read_entry(path), key)
+                if header.get("shared"):
+                    self._assemble(payload, header["shared"], remove_bad=remove)
             except EntryRejected as e:
                 bad.append((key, e.reason))
                 if remove:
@@ -224,20 +256,24 @@ class ArtifactCache:
 
     def clear(self, tier: str | None = None) -> int:
         """Remove every entry (``tier``: those with that tier label alone, e.g.
-        ``VERDICT_TIER``); returns how many. Only entry files (named by their key, in their
-        shard) go: anything else in the folder is left as it is."""
+        ``VERDICT_TIER``) and the shared content no entry left names; returns how many
+        entries. Only entry files (named by their key, in their shard) and blobs (named by
+        their digest) go: anything else in the folder is left as it is."""
         if self.read_only:
             raise ValueError("this ArtifactCache was opened read-only; it cannot clear")
         with self._lock:
             if tier is None:
                 paths = list(self._entry_paths())
                 index: dict[str, dict[str, Any]] = {}
+                for blob in self._shared_paths():
+                    with contextlib.suppress(FileNotFoundError):
+                        blob.unlink()
             else:
                 index = self._read_index()
                 doomed = [k for k, v in index.items() if v.get("tier") == tier]
                 paths = [self._path(k) for k in doomed]
                 for key in doomed:
-                    del index[key]
+                    self._drop(index, key)
             for path in paths:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -245,9 +281,16 @@ class ArtifactCache:
         return len(paths)
 
     def stats(self) -> dict[str, Any]:
-        entries = self.entries()
-        return {"root": str(self.root), "entries": len(entries),
-                "bytes": sum(e.size_bytes for e in entries), "max_bytes": self.max_bytes}
+        """Entries and bytes on disk: ``bytes`` is ``entry_bytes`` (each entry's own) plus
+        ``shared_bytes`` (``shared_files`` blobs, each stored once whatever names it)."""
+        with self._lock:
+            index = self._read_index()
+        own = sum(v["size"] for v in index.values())
+        shared = _shared_sizes(index)
+        return {"root": str(self.root), "entries": len(index),
+                "bytes": own + sum(shared.values()), "entry_bytes": own,
+                "shared_bytes": sum(shared.values()), "shared_files": len(shared),
+                "max_bytes": self.max_bytes}
 
     def compile_lock(self, key: str) -> filelock.FileLock:
         """A per-(graph, tier) lock: hold it while compiling so other processes wait, not repeat.
@@ -318,11 +361,94 @@ class ArtifactCache:
                     if _is_key(p.stem) and p.parent.name == p.stem[:2]
                     and not p.parent.is_symlink() and not p.is_symlink())
 
+    def _shared_path(self, sha: str, *, make: bool = False) -> Path:
+        """Where the shared content of digest ``sha`` lives (``make``: its folders made)."""
+        shared = self.root / "shared"
+        path = shared / sha[:2] / f"{sha}.blob"
+        check = ensure_private_dir if make else check_private_dir
+        check(shared)
+        check(path.parent)
+        _no_link(path)
+        return path
+
+    def _shared_paths(self) -> Iterator[Path]:
+        """Every blob: named by its digest, in its shard, not a link."""
+        shared = self.root / "shared"
+        try:
+            check_private_dir(shared)
+        except FileNotFoundError:
+            return
+        yield from (p for p in shared.glob("*/*.blob")
+                    if _is_digest(p.stem) and p.parent.name == p.stem[:2]
+                    and not p.parent.is_symlink() and not p.is_symlink())
+
+    def _write_shared(self, sha: str, data: memoryview) -> None:
+        """Store shared content unless a blob of its digest and length is there."""
+        path = self._shared_path(sha, make=True)
+        with contextlib.suppress(FileNotFoundError):
+            if path.lstat().st_size == len(data):
+                return
+        _write_atomic(path, data)
+
+    def _assemble(self, own: bytes, spans: list[list[Any]], *, remove_bad: bool
+                  ) -> bytearray:
+        """An entry's payload whole: its own bytes with each shared span read into place
+        (no copy of a span, and the reads and hashes release the GIL). A blob that is
+        missing, of another length or another digest rejects the entry; ``remove_bad``: a
+        blob of the wrong content is removed too, so the next ``put`` writes it anew."""
+        out = bytearray(len(own) + sum(n for _, _, n in spans))
+        view = memoryview(out)
+        done = used = 0  # bytes of out filled, bytes of own used
+        for sha, offset, n in spans:
+            view[done:offset] = own[used:used + offset - done]
+            used += offset - done
+            self._read_shared(sha, view[offset:offset + n], remove_bad=remove_bad)
+            done = offset + n
+        view[done:] = own[used:]
+        return out
+
+    def _read_shared(self, sha: str, into: memoryview, *, remove_bad: bool) -> None:
+        path = self.root / "shared" / sha[:2] / f"{sha}.blob"
+        try:
+            fd = open_private(self._shared_path(sha), os.O_RDONLY)
+        except FileNotFoundError:
+            raise EntryRejected(f"shared content {sha[:12]}… is missing") from None
+        except UntrustedPath as e:  # a link, or a file another user may write
+            raise EntryRejected(f"shared content {sha[:12]}… is not trusted: {e}") from None
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            whole = os.fstat(f.fileno()).st_size == len(into)
+            got = 0
+            while whole and got < len(into):
+                n = f.readinto(into[got:])
+                if not n:
+                    break
+                got += n
+        if got != len(into) or hashlib.sha256(into).hexdigest() != sha:
+            if remove_bad and not self.read_only:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            raise EntryRejected(f"shared content {sha[:12]}… was altered or truncated")
+
+    def _drop(self, index: dict[str, dict[str, Any]], key: str) -> int:
+        """Remove ``key``'s record, and the blobs no other record names; bytes freed (the
+        entry file itself is the caller's to remove)."""
+        record = index.pop(key, None)
+        if record is None:
+            return 0
+        freed: int = record["size"]
+        still = _shared_sizes(index)
+        for sha, n in record["shared"]:
+            if sha not in still:
+                freed += n
+                with contextlib.suppress(FileNotFoundError, UntrustedPath):
+                    self._shared_path(sha).unlink()
+        return freed
+
     def _verify(self, parts: tuple[bytes, bytes, bytes], key: str
                 ) -> tuple[dict[str, Any], bytes]:
         if self._secret is None:
             raise EntryRejected("the cache has no key (secret.key): no entry can be verified")
-        return unseal(self._secret, parts, key, self.stamp)
+        return unseal(self._secret, parts, key, self.stamp, shared=True)
 
     def _reject(self, key: str, reason: str, *, warn: bool = True) -> None:
         if self.read_only:
@@ -332,7 +458,8 @@ class ArtifactCache:
         try:  # the next rebuild or put drops a record left behind
             with self._lock:
                 index = self._read_index()
-                if index.pop(key, None) is not None:
+                if key in index:
+                    self._drop(index, key)
                     self._write_index(index)
         except OSError as e:
             log.debug("hotswap cache: could not drop %s… from the index (%s)", key[:16], e)
@@ -366,8 +493,14 @@ class ArtifactCache:
         for path in self._entry_paths():
             with contextlib.suppress(OSError):
                 st = path.lstat()
-                index[path.stem] = {"size": st.st_size, "tier": "", "origin": "",
-                                    "created_s": st.st_mtime, "used_s": st.st_atime}
+                header = _read_header(path) or {}
+                record = {"size": st.st_size, "tier": header.get("tier", ""),
+                          "origin": header.get("origin", ""),
+                          "created_s": header.get("created_s", st.st_mtime),
+                          "used_s": st.st_atime, "shared": _shared_record(header)}
+                # Labels from a header as written (unverified): kept only if well formed.
+                index[path.stem] = index_record(record) or {
+                    **record, "tier": "", "origin": "", "created_s": st.st_mtime}
         return index
 
     def _write_index(self, index: dict[str, dict[str, Any]]) -> None:
@@ -381,27 +514,30 @@ class ArtifactCache:
     def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
         if self.max_bytes is None:
             return
-        total = sum(v["size"] for v in index.values())
+        total = sum(v["size"] for v in index.values()) + sum(_shared_sizes(index).values())
         for key in sorted(index, key=lambda k: index[k].get("used_s", 0.0)):
             if total <= self.max_bytes:
                 break
             if key == keep:
                 continue
-            total -= index.pop(key)["size"]
+            total -= self._drop(index, key)
             with contextlib.suppress(FileNotFoundError):
                 self._path(key).unlink()
 
 
-def seal(secret: bytes, key: str, payload: bytes | memoryview, *, tier: str, origin: str,
-         stamp: dict[str, Any]) -> tuple[bytes, bytes]:
+def seal(secret: bytes, key: str, payload: bytes | bytearray | memoryview, *, tier: str,
+         origin: str, stamp: dict[str, Any], shared: list[list[Any]] | None = None
+         ) -> tuple[bytes, bytes]:
     """An entry's (MAGIC + header length + header, HMAC-SHA256 of it and the payload): what
     goes before and after ``payload`` wherever an entry is stored (a file here; the fleet
-    store's Redis values too)."""
-    header = msgpack.packb({"format": FORMAT_VERSION, "key": key, "tier": tier,
-                            "origin": origin, "stamp": stamp,
-                            "sha256": hashlib.sha256(payload).hexdigest(),
-                            "size": len(payload), "created_s": time.time()},
-                           use_bin_type=True)
+    store's Redis values too). ``shared``: [digest, offset, length] of each span of the
+    whole payload stored apart (``payload`` is then the rest)."""
+    fields = {"format": FORMAT_VERSION, "key": key, "tier": tier, "origin": origin,
+              "stamp": stamp, "sha256": hashlib.sha256(payload).hexdigest(),
+              "size": len(payload), "created_s": time.time()}
+    if shared:
+        fields["shared"] = shared
+    header = msgpack.packb(fields, use_bin_type=True)
     head = MAGIC + _LEN.pack(len(header)) + header
     mac = hmac.new(secret, head, hashlib.sha256)
     mac.update(payload)
@@ -409,9 +545,12 @@ def seal(secret: bytes, key: str, payload: bytes | memoryview, *, tier: str, ori
 
 
 def unseal(secret: bytes, parts: tuple[bytes, bytes, bytes], key: str,
-           stamp: dict[str, Any] | None) -> tuple[dict[str, Any], bytes]:
+           stamp: dict[str, Any] | None, *, shared: bool = False
+           ) -> tuple[dict[str, Any], bytes]:
     """An entry's header and payload, if its magic, lengths, HMAC (``secret``), format, key,
-    SHA-256 and ``stamp`` (None: any) all check out; else ``EntryRejected`` saying which."""
+    SHA-256 and ``stamp`` (None: any) all check out; else ``EntryRejected`` saying which.
+    ``shared``: the header may name spans stored apart (``header["shared"]``, checked well
+    formed: in order, not overlapping); the payload returned is then the entry's own part."""
     head, payload, mac = parts
     if len(head) < len(MAGIC) + _LEN.size or len(mac) != _MAC_BYTES \
             or not head.startswith(MAGIC):
@@ -436,6 +575,9 @@ def unseal(secret: bytes, parts: tuple[bytes, bytes, bytes], key: str,
         raise EntryRejected("checksum mismatch")
     if stamp is not None and header.get("stamp") != stamp:
         raise EntryRejected(f"written by another build: {header.get('stamp')} != {stamp}")
+    if "shared" in header and not (shared and _valid_spans(header["shared"], len(payload))):
+        raise EntryRejected("names shared content this store cannot hold" if not shared
+                            else "malformed list of shared content")
     return header, payload
 
 
@@ -449,6 +591,66 @@ def split_entry(blob: bytes) -> tuple[bytes, bytes, bytes]:
     if end_payload < end_head:
         return blob, b"", b""
     return blob[:end_head], blob[end_head:end_payload], blob[end_payload:]
+
+
+def _checked_spans(spans: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """``spans`` of a payload of ``size`` bytes, in order; ValueError unless each is a
+    non-empty (offset, length) inside it and none overlaps another."""
+    ordered = sorted((int(o), int(n)) for o, n in spans)
+    end = 0
+    for offset, n in ordered:
+        if offset < end or n <= 0 or offset + n > size:
+            raise ValueError(f"shared spans must be non-empty, inside the payload and apart; "
+                             f"got {list(spans)} for {size} bytes")
+        end = offset + n
+    return ordered
+
+
+def _without(view: memoryview, spans: list[tuple[str, int, int]]) -> bytes:
+    """The bytes of ``view`` outside ``spans`` (in order), joined."""
+    pieces, done = [], 0
+    for _, offset, n in spans:
+        pieces.append(view[done:offset])
+        done = offset + n
+    pieces.append(view[done:])
+    return b"".join(pieces)
+
+
+def _valid_spans(spans: Any, own: int) -> bool:
+    """Whether a header's ``shared`` is [digest, offset, length] lists, in order and apart,
+    around ``own`` bytes of the entry's own."""
+    if not isinstance(spans, list) or not spans:
+        return False
+    done = used = 0
+    for span in spans:
+        if not (isinstance(span, list) and len(span) == 3 and _is_digest(span[0])
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in span[1:])):
+            return False
+        _, offset, n = span
+        if offset < done or n <= 0 or used + offset - done > own:
+            return False
+        used += offset - done
+        done = offset + n
+    return True
+
+
+def _shared_record(header: dict[str, Any] | None) -> list[list[Any]]:
+    """An index record's ``shared`` ([digest, length] each) from an entry's header."""
+    spans = (header or {}).get("shared")
+    if not isinstance(spans, list):
+        return []
+    return [[s[0], s[2]] for s in spans
+            if isinstance(s, list) and len(s) == 3 and _is_digest(s[0])
+            and isinstance(s[2], int) and s[2] > 0]
+
+
+def _shared_sizes(index: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Digest -> length of every blob some record of ``index`` names."""
+    return {sha: n for record in index.values() for sha, n in record["shared"]}
+
+
+def _is_digest(name: Any) -> bool:
+    return isinstance(name, str) and len(name) == 64 and _is_key(name)
 
 
 def is_key(name: str) -> bool:
@@ -476,13 +678,17 @@ def index_record(record: Any) -> dict[str, Any] | None:
     program left in an index reads as a malformed index, never a TypeError later."""
     if not isinstance(record, dict):
         return None
-    out = {"tier": "", "origin": "", "created_s": 0.0, **record}
+    out = {"tier": "", "origin": "", "created_s": 0.0, "shared": [], **record}
     out.setdefault("used_s", out["created_s"])
     size, times = out.get("size"), (out["created_s"], out["used_s"])
     if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0
             and all(isinstance(t, int | float) and not isinstance(t, bool)
                     and -_TIME_LIMIT_S <= t <= _TIME_LIMIT_S for t in times)
-            and isinstance(out["tier"], str) and isinstance(out["origin"], str)):
+            and isinstance(out["tier"], str) and isinstance(out["origin"], str)
+            and isinstance(out["shared"], list)
+            and all(isinstance(s, list) and len(s) == 2 and _is_digest(s[0])
+                    and isinstance(s[1], int) and not isinstance(s[1], bool) and s[1] > 0
+                    for s in out["shared"])):
         return None
     return out
 
@@ -515,7 +721,23 @@ def _read_entry(path: Path) -> tuple[bytes, bytes, bytes]:
         return head, f.read(payload_len), f.read()
 
 
-def _write_atomic(path: Path, *chunks: bytes | memoryview, durable: bool = True) -> None:
+def _read_header(path: Path) -> dict[str, Any] | None:
+    """An entry file's header as written (unverified: for the index's accounting alone), or
+    None where it cannot be read."""
+    try:
+        with os.fdopen(open_private(path, os.O_RDONLY), "rb") as f:
+            prefix = f.read(len(MAGIC) + _LEN.size)
+            if len(prefix) < len(MAGIC) + _LEN.size or not prefix.startswith(MAGIC):
+                return None
+            header = msgpack.unpackb(f.read(_LEN.unpack_from(prefix, len(MAGIC))[0]),
+                                     raw=False)
+    except Exception:
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _write_atomic(path: Path, *chunks: bytes | bytearray | memoryview,
+                  durable: bool = True) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:

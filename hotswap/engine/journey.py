@@ -51,7 +51,7 @@ __all__ = ["Candidate", "Entry", "GraphJourney", "GraphStatus", "Statuses", "Tie
 log = logging.getLogger("hotswap")
 
 # A packed artifact (a worker's result arrives as a view), or where the cache holds it.
-Entry = bytes | memoryview | CachedEntry
+Entry = bytes | bytearray | memoryview | CachedEntry
 
 
 class TierState(enum.Enum):

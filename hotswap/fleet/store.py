@@ -160,7 +160,7 @@ class FleetStore:
             return None
         return payload
 
-    def put(self, key: str, payload: bytes | memoryview, *, tier: str = "",
+    def put(self, key: str, payload: bytes | bytearray | memoryview, *, tier: str = "",
             origin: str = "") -> None:
         if self.stamp is None:
             raise ValueError("this FleetStore was opened without a stamp; it cannot write")

@@ -87,7 +87,7 @@ def _pair(request: BenchRequest, calls: dict[str, Any], device: str, errors: dic
     return benches, [pair]
 
 
-def _read(entry: bytes | CachedEntry) -> bytes:
+def _read(entry: bytes | CachedEntry) -> bytes | bytearray:
     if isinstance(entry, bytes):
         return entry
     from hotswap.cache import ArtifactCache

@@ -14,7 +14,7 @@ from hotswap.workers import emit_stage, stage
 __all__ = ["compile_graph", "landed", "real_inputs", "warm_compile", "warm_device"]
 
 
-# Ship cache files written after this time with the next result (set by warm_device).
+# Ship precompiled headers written after this time with the next result (set by warm_device).
 _files_since_s: float | None = None
 
 
@@ -28,7 +28,7 @@ def warm_device(_: Any = None) -> None:
     On our H200 machine the probe took 53 s with an empty inductor cache, so a GPU machine's
     worker leaves it to its first CPU graph, as an in-process compile would."""
     global _files_since_s
-    _files_since_s = time.time() - 1.0  # the first job also ships what warming up compiled
+    _files_since_s = time.time() - 1.0  # the first job also ships the headers warming up built
     import torch
     import torch._inductor.codecache
     import torch._inductor.graph
@@ -203,8 +203,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
-        since = started if _files_since_s is None else min(started, _files_since_s)
-        files = kernel_files.compile_outputs(sources, since)
+        files = kernel_files.compile_outputs(sources, started, _files_since_s)
         entry = pack_entry(data, files, probes())
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()

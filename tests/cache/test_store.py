@@ -108,3 +108,104 @@ def test_bad_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert _cache(tmp_path / "c").max_bytes == 4096
     with pytest.raises(ValueError, match="hex"):
         _cache(tmp_path / "c").get("../etc/passwd")
+
+
+# ------------------------------------------------------------------ shared content
+
+def _entry(own: bytes, header: bytes) -> bytes:
+    """An artifact entry whose kernel files include a precompiled header, as a first compile
+    in a fresh inductor cache ships one."""
+    from hotswap.engine.loading.artifacts import pack_entry
+
+    return pack_entry(own, {"precompiled_headers/c7ud.h.gch": header, "ab/cab.so": own[:100]})
+
+
+def _put_entry(cache: ArtifactCache, key: str, entry: bytes) -> None:
+    from hotswap.engine.loading.artifacts import shared_spans
+
+    cache.put(key, entry, tier="default", shared=shared_spans(entry))
+
+
+def test_a_second_entry_with_the_same_headers_adds_only_its_own_bytes(tmp_path: Path) -> None:
+    cache = _cache(tmp_path / "c")
+    header = bytes(range(256)) * 1024  # 256 KiB
+    first, second = _entry(b"a" * 3000, header), _entry(b"b" * 5000, header)
+    _put_entry(cache, KEY_A, first)
+    after_first = cache.stats()
+    assert after_first["shared_bytes"] == len(header) and after_first["shared_files"] == 1
+    assert after_first["entry_bytes"] < len(first) - len(header) + 1024  # header not in it
+    _put_entry(cache, KEY_B, second)
+    after_second = cache.stats()
+    own_b = next(e.size_bytes for e in cache.entries() if e.key == KEY_B)
+    assert after_second["shared_bytes"] == len(header)
+    assert after_second["bytes"] - after_first["bytes"] == own_b < len(second) - len(header) + 1024
+    assert {e.key: e.shared_bytes for e in cache.entries()} == {KEY_A: len(header),
+                                                                KEY_B: len(header)}
+    # Each reads back whole, in this process and another.
+    assert cache.get(KEY_A) == first and _cache(tmp_path / "c").get(KEY_B) == second
+
+
+def test_shared_content_goes_with_the_last_entry_naming_it(tmp_path: Path) -> None:
+    header = b"h" * (128 * 1024)
+    cache = _cache(tmp_path / "c", max_bytes=len(header) + 3 * 1024)
+    _put_entry(cache, KEY_A, _entry(b"a" * 500, header))
+    _put_entry(cache, KEY_B, _entry(b"b" * 500, header))
+    blobs = list((tmp_path / "c" / "shared").glob("*/*.blob"))
+    assert len(blobs) == 1
+    cache.put(KEY_C, b"c" * 2500)  # evicts A, then B; the header goes with B
+    assert [e.key for e in cache.entries()] == [KEY_C]
+    assert not blobs[0].exists()
+    assert cache.stats()["shared_bytes"] == 0
+    _put_entry(cache, KEY_A, _entry(b"a" * 500, header))
+    cache.clear()
+    assert list((tmp_path / "c" / "shared").glob("*/*.blob")) == []
+
+
+def _flip_blob(blob: Path) -> None:
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [Path.unlink, _flip_blob,
+                                    lambda p: p.write_bytes(p.read_bytes()[:-1])],
+                         ids=["missing", "altered", "truncated"])
+def test_an_entry_whose_shared_content_is_bad_is_refused(tmp_path: Path, damage: object) -> None:
+    cache = _cache(tmp_path / "c")
+    entry = _entry(b"a" * 500, b"h" * (128 * 1024))
+    _put_entry(cache, KEY_A, entry)
+    [blob] = (tmp_path / "c" / "shared").glob("*/*.blob")
+    damage(blob)  # type: ignore[operator]
+    assert cache.verify() != []
+    assert cache.get(KEY_A) is None and cache.rejected == 1
+    assert cache.entries() == [] and not blob.exists()
+    _put_entry(cache, KEY_A, entry)  # stored anew, blob included
+    assert cache.get(KEY_A) == entry
+
+
+def test_shared_content_another_user_may_write_is_refused(tmp_path: Path) -> None:
+    cache = _cache(tmp_path / "c")
+    _put_entry(cache, KEY_A, _entry(b"a" * 500, b"h" * (128 * 1024)))
+    [blob] = (tmp_path / "c" / "shared").glob("*/*.blob")
+    blob.chmod(0o666)
+    assert cache.get(KEY_A) is None and cache.rejected == 1
+
+
+def test_a_lost_index_is_rebuilt_with_what_entries_share(tmp_path: Path) -> None:
+    header = b"h" * (128 * 1024)
+    cache = _cache(tmp_path / "c")
+    _put_entry(cache, KEY_A, _entry(b"a" * 500, header))
+    _put_entry(cache, KEY_B, _entry(b"b" * 500, header))
+    (tmp_path / "c" / "index.msgpack").unlink()
+    assert cache.stats()["shared_bytes"] == len(header)
+    cache.clear(tier="default")
+    assert cache.entries() == [] and cache.stats()["shared_files"] == 0
+
+
+def test_shared_spans_must_lie_inside_the_payload_and_apart(tmp_path: Path) -> None:
+    cache = _cache(tmp_path / "c")
+    for spans in ([(0, 11)], [(0, 4), (2, 4)], [(3, 0)]):
+        with pytest.raises(ValueError, match="shared spans"):
+            cache.put(KEY_A, b"0123456789", shared=spans)
+    cache.put(KEY_A, b"0123456789", shared=[(6, 4), (0, 2)])
+    assert cache.get(KEY_A) == b"0123456789"

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
+
+import pytest
 
 from hotswap.engine.loading import kernel_files
 
@@ -55,3 +58,40 @@ def test_an_entry_reads_back_as_views_and_a_damaged_one_is_refused() -> None:
     for damaged in (entry[:-1], entry + b"x", b"HSE0" + entry[4:], entry[:6], b"HSE1\0\0\0\3abc"):
         with pytest.raises(ValueError):
             entry_parts(damaged)
+
+
+
+def test_an_entry_carries_the_headers_where_inductor_keeps_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Precompiled headers live under inductor's default cache directory, not the one
+    TORCHINDUCTOR_CACHE_DIR names: a compile's files carry those written since its worker's
+    warm-up (a load needs them) but not the warm-up's own kernels, and a load puts each file
+    back where inductor looks for it."""
+    cache, headers = tmp_path / "cache", tmp_path / "default" / kernel_files.HEADERS_DIR
+    monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(cache))
+    monkeypatch.setattr(kernel_files, "headers_dir", lambda: str(headers))
+    warm_s, job_s = time.time() - 100, time.time() - 1
+    headers.mkdir(parents=True)
+    (headers / "c7ud.h").write_bytes(b"#include <torch>")
+    (headers / "c7ud.h.gch").write_bytes(b"precompiled")
+    (headers / "older.h.gch").write_bytes(b"built before the worker started")
+    os.utime(headers / "older.h.gch", (warm_s - 10, warm_s - 10))
+    warm_kernel = cache / "wa" / "warm.so"
+    warm_kernel.parent.mkdir(parents=True)
+    warm_kernel.write_bytes(b"warm-up's kernel")
+    for path in (headers / "c7ud.h", headers / "c7ud.h.gch", warm_kernel):
+        os.utime(path, (warm_s + 10, warm_s + 10))
+    (cache / "ab").mkdir()
+    (cache / "ab" / "job.so").write_bytes(b"job's kernel")
+    files = kernel_files.compile_outputs([], job_s, headers_since_s=warm_s)
+    assert files == {"precompiled_headers/c7ud.h": b"#include <torch>",
+                     "precompiled_headers/c7ud.h.gch": b"precompiled",
+                     os.path.join("ab", "job.so"): b"job's kernel"}
+    assert kernel_files.compile_outputs([], job_s) == {
+        os.path.join("ab", "job.so"): b"job's kernel"}
+    shutil.rmtree(cache)
+    shutil.rmtree(headers)
+    assert kernel_files.restore(files) == 3
+    assert (headers / "c7ud.h.gch").read_bytes() == b"precompiled"
+    assert (cache / "ab" / "job.so").read_bytes() == b"job's kernel"
+    assert not (cache / kernel_files.HEADERS_DIR).exists()

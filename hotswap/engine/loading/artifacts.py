@@ -25,10 +25,15 @@ from hotswap.compat import Buffer
 from hotswap.engine.loading import kernel_files, load_guard
 from hotswap.engine.loading.cudagraphs import CudaGraphed, split_cudagraphs
 
-__all__ = ["entry_parts", "load_entry", "pack_entry"]
+__all__ = ["entry_parts", "load_entry", "pack_entry", "shared_spans"]
 
 _MAGIC = b"HSE1"
 _HEAD = struct.Struct("!4sI")
+# Inductor's precompiled headers: torch's C++ headers prepared once per set of compiler flags
+# (a 149 MiB file on x86), alike for every kernel built with those flags, and shipped by the
+# first compile in a fresh inductor cache. A cache stores them once (``shared_spans``).
+_SHARED_DIR = kernel_files.HEADERS_DIR + "/"
+_SHARED_MIN_BYTES = 64 * 1024
 
 
 def pack_entry(artifact: bytes, files: dict[str, bytes],
@@ -49,8 +54,25 @@ def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
     return artifact, files
 
 
+def shared_spans(entry: Buffer) -> list[tuple[int, int]]:
+    """(offset, length) in ``entry`` of each kernel file many entries ship alike (inductor's
+    precompiled headers): what ``ArtifactCache.put(shared=...)`` stores once. ValueError if
+    ``entry`` is malformed."""
+    _, _, _, spans = _layout(memoryview(entry))
+    return [(offset, n) for path, offset, n in spans
+            if path.startswith(_SHARED_DIR) and n >= _SHARED_MIN_BYTES]
+
+
 def _unpack(entry: Buffer) -> tuple[memoryview, dict[str, memoryview], dict[str, Any]]:
     view = memoryview(entry)
+    offset, artifact_size, probes, spans = _layout(view)
+    files = {path: view[at:at + n] for path, at, n in spans}
+    return view[offset:offset + artifact_size], files, probes
+
+
+def _layout(view: memoryview) -> tuple[int, int, dict[str, Any], list[tuple[str, int, int]]]:
+    """Where an entry's artifact starts, its size, the probes, and (path, offset, size) of
+    each file; ValueError if malformed."""
     if len(view) < _HEAD.size:
         raise ValueError("not a hotswap artifact entry (too short)")
     magic, header_len = _HEAD.unpack_from(view)
@@ -68,13 +90,11 @@ def _unpack(entry: Buffer) -> tuple[memoryview, dict[str, memoryview], dict[str,
         raise ValueError(f"artifact entry has an unreadable header: {e}") from e
     if offset + artifact_size + sum(n for _, n in sizes) != len(view):
         raise ValueError("artifact entry is truncated or has trailing bytes")
-    artifact = view[offset:offset + artifact_size]
-    offset += artifact_size
-    files: dict[str, memoryview] = {}
+    spans, at = [], offset + artifact_size
     for path, n in sizes:
-        files[path] = view[offset:offset + n]
-        offset += n
-    return artifact, files, probes
+        spans.append((path, at, n))
+        at += n
+    return offset, artifact_size, probes, spans
 
 
 def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -> Any:
@@ -92,7 +112,7 @@ def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -
     config_patches, cudagraphs = split_cudagraphs(dict(config_patches or {}))
     artifact, files, probes = _unpack(entry)
     if files:
-        kernel_files.restore_files(kernel_files.inductor_cache_dir(), files)
+        kernel_files.restore(files)
     if probes:
         load_guard.adopt(probes)
     with load_guard.count_compiler_runs(), config.patch(

@@ -3,14 +3,22 @@
 Inductor bundles triton kernels into a saved artifact, not C++ ones: a C++ kernel is a library
 in inductor's cache directory, looked up at load by a key of its source and compiler flags. A
 worker's entry therefore carries the files its compile wrote there (``compile_outputs``), and
-a process that lacks them restores them (``restore_files``) instead of running the compiler.
+a process that lacks them restores them (``restore``) instead of running the compiler.
+
+Inductor's precompiled C++ headers are the exception to "in its cache directory": they live
+under its *default* one (``<temp>/torchinductor_<user>/precompiled_headers``) whatever
+TORCHINDUCTOR_CACHE_DIR says, are shared by every kernel built with the same flags, and are
+large (149 MiB on x86). An entry carries those its compile or its worker's warm-up built, as
+``precompiled_headers/<name>``, and a load puts them back there.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
@@ -18,8 +26,12 @@ from collections.abc import Iterable, Mapping
 from hotswap.compat import Buffer
 from hotswap.executors.local import inductor_cache_dir
 
-__all__ = ["compile_outputs", "files_written_since", "inductor_cache_dir",
-           "libraries_built_from", "restore_files"]
+__all__ = ["HEADERS_DIR", "compile_outputs", "files_written_since", "headers_dir",
+           "headers_written_since", "inductor_cache_dir", "libraries_built_from", "restore",
+           "restore_files"]
+
+# How an entry names the folder of inductor's precompiled headers (see headers_dir()).
+HEADERS_DIR = "precompiled_headers"
 
 # Inductor's own cache entries (FX graph and AOTAutograd): the artifact carries what they hold
 # and writes them on load. Shipped as files too, a max-autotune tier on GPU sent the same 8 MiB
@@ -31,17 +43,18 @@ _CACHE_ENTRY_DIRS = ("fxgraph", "aotautograd")
 _TRITON_IR = (".ttir", ".ttgir", ".llir", ".ptx", ".source")
 
 
-def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20) -> dict[str, bytes]:
+def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20
+                        ) -> dict[str, bytes]:
     """Files under ``root`` modified at or after ``since_s`` (relative path -> bytes): what a
     compile added to inductor's cache (its kernels: C++ libraries, sources, triton binaries).
-    Lock and temporary files, inductor's own cache entries and triton's intermediate forms are
-    skipped."""
+    Lock and temporary files, inductor's own cache entries, triton's intermediate forms and
+    precompiled headers (``headers_written_since``) are skipped."""
     found: dict[str, bytes] = {}
     total = 0
     triton = os.path.join(root, "triton") + os.sep
     for dirpath, dirnames, names in os.walk(root):
         if dirpath == root:
-            dirnames[:] = [d for d in dirnames if d not in _CACHE_ENTRY_DIRS]
+            dirnames[:] = [d for d in dirnames if d not in (*_CACHE_ENTRY_DIRS, HEADERS_DIR)]
         in_triton = (dirpath + os.sep).startswith(triton)
         for name in names:
             if (name.endswith((".lock", ".tmp")) or name.startswith(".")
@@ -87,11 +100,69 @@ def libraries_built_from(root: str, sources: Iterable[str]) -> dict[str, bytes]:
     return found
 
 
-def compile_outputs(sources: Iterable[str], since_s: float) -> dict[str, bytes]:
+def headers_dir() -> str:
+    """Where inductor keeps its precompiled C++ headers: under its default cache directory,
+    whatever TORCHINDUCTOR_CACHE_DIR says."""
+    from torch._inductor import codecache
+
+    found = getattr(codecache, "_HEADER_DIR", None)
+    if isinstance(found, str):
+        return found
+    for name in ("torch._inductor.runtime.cache_dir_utils",
+                 "torch._inductor.runtime.runtime_utils"):
+        with contextlib.suppress(ImportError, AttributeError):
+            return os.path.join(importlib.import_module(name).default_cache_dir(), HEADERS_DIR)
+    raise RuntimeError("cannot find inductor's precompiled headers in this torch version")
+
+
+def headers_written_since(since_s: float, max_bytes: int = 512 * 2**20) -> dict[str, bytes]:
+    """Inductor's precompiled headers (and the headers they were built from) written at or
+    after ``since_s``, as ``precompiled_headers/<name>`` -> bytes."""
+    found: dict[str, bytes] = {}
+    total = 0
+    folder = headers_dir()
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return found
+    for name in names:
+        path = os.path.join(folder, name)
+        if name.endswith((".lock", ".tmp")) or name.startswith("."):
+            continue
+        try:
+            st = os.stat(path)
+            if st.st_mtime < since_s or not stat.S_ISREG(st.st_mode):
+                continue
+            if total + st.st_size > max_bytes:
+                break
+            with open(path, "rb") as f:
+                found[f"{HEADERS_DIR}/{name}"] = f.read()
+            total += st.st_size
+        except OSError:
+            continue
+    return found
+
+
+def compile_outputs(sources: Iterable[str], since_s: float,
+                    headers_since_s: float | None = None) -> dict[str, bytes]:
     """What a compile's entry ships from inductor's cache: the libraries built from its C++
-    ``sources`` (whenever they were built) and every file it added since ``since_s``."""
+    ``sources`` (whenever they were built), every file it added since ``since_s``, and the
+    precompiled headers built since then or since ``headers_since_s`` (a worker's warm-up,
+    whose headers a load needs and whose own kernels it does not)."""
     root = inductor_cache_dir()
-    return {**libraries_built_from(root, sources), **files_written_since(root, since_s)}
+    headers_s = since_s if headers_since_s is None else min(since_s, headers_since_s)
+    return {**libraries_built_from(root, sources), **files_written_since(root, since_s),
+            **headers_written_since(headers_s)}
+
+
+def restore(files: Mapping[str, Buffer]) -> int:
+    """``restore_files`` of an entry's files: its kernels into inductor's cache directory, its
+    precompiled headers where inductor looks for them (``headers_dir``)."""
+    prefix = HEADERS_DIR + "/"
+    headers = {k: v for k, v in files.items() if k.startswith(prefix)}
+    kernels = {k: v for k, v in files.items() if not k.startswith(prefix)}
+    return (restore_files(inductor_cache_dir(), kernels)
+            + (restore_files(os.path.dirname(headers_dir()), headers) if headers else 0))
 
 
 def restore_files(root: str, files: Mapping[str, Buffer]) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgpack
 
+from hotswap.compat import Buffer
 from hotswap.engine.journey import Entry
 from hotswap.engine.shipping.request import GraphRequest
 from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CachedEntry
@@ -77,7 +78,7 @@ class StoredVerdict:
     confident: bool
 
     @classmethod
-    def unpack(cls, data: bytes) -> StoredVerdict:
+    def unpack(cls, data: Buffer) -> StoredVerdict:
         verdict = msgpack.unpackb(data, raw=False)
         confidence = verdict.get("confidence", "confident")  # older entries: as they decided
         return cls(f"gate (earlier run, {confidence or 'undecided'}): {verdict['reason']}",
@@ -197,7 +198,8 @@ def _retry(pair: Paired, attempt: int, contended: int, evidence: float, streak: 
 def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:
     """What a benchmark job can carry (pickle refuses views): copies only entries the cache
     does not hold."""
-    return {t: bytes(e) if isinstance(e, memoryview) else e for t, e in entries.items()}
+    return {t: bytes(e) if isinstance(e, memoryview | bytearray) else e
+            for t, e in entries.items()}
 
 
 class Gate:

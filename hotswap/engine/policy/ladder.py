@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from hotswap.compat import Buffer
 from hotswap.counting import bump
 from hotswap.engine import threads
 from hotswap.engine.journey import Candidate, GraphJourney, TierState
@@ -92,14 +93,14 @@ class Ladder:
         with self._lock:
             return self._comparisons == 0
 
-    def start_points(self, journey: GraphJourney) -> list[tuple[Tier, bytes | None]]:
+    def start_points(self, journey: GraphJourney) -> list[tuple[Tier, Buffer | None]]:
         """The tiers to bring in, lowest first (so the fast tier is ready first), each with the
         entry the cache already gave (or None). The best tier the cache holds is loaded; tiers
         below it are not needed at all; a tier the gate confidently kept out in an earlier run
         is neither loaded nor compiled again (one kept with low confidence is measured again)."""
         best, cached = -1, None
         verdicts: dict[str, str] = {}
-        again: dict[str, bytes | None] = {}  # low-confidence verdicts: measured again
+        again: dict[str, Buffer | None] = {}  # low-confidence verdicts: measured again
         if self._cache.enabled:
             for rank in range(len(self.tiers) - 1, -1, -1):
                 name = self.tiers[rank].name
@@ -118,7 +119,7 @@ class Ladder:
                 if cached is not None:
                     best = rank
                     break
-        starts: list[tuple[Tier, bytes | None]] = []
+        starts: list[tuple[Tier, Buffer | None]] = []
         for rank, tier in enumerate(self.tiers):
             if tier.name in verdicts:
                 journey.keep(tier.name, verdicts[tier.name], on_timeline=True)

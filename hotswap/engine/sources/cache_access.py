@@ -35,6 +35,7 @@ from hotswap.cache import VERDICT_TIER, ArtifactCache
 from hotswap.cache.stores import RemoteStore, open_local, open_remote
 from hotswap.counting import bump
 from hotswap.engine import threads
+from hotswap.engine.loading import artifacts
 from hotswap.engine.options import Tier
 from hotswap.engine.shipping.keys import environment_stamp, tier_key, verdict_key
 from hotswap.engine.shipping.wire import CachedEntry
@@ -111,7 +112,7 @@ class CacheAccess:
         return {t.name: tier_key(gm, inputs, grad_enabled, t.load_config, stamp, num_threads)
                 for t in wanted}
 
-    def get(self, key: str | None) -> bytes | None:
+    def get(self, key: str | None) -> bytes | bytearray | None:
         """An entry, if the cache has a valid one; a refused entry counts in cache_rejects."""
         if self._cache is None or key is None:
             return None
@@ -207,7 +208,7 @@ class CacheAccess:
         if first:
             log.warning("hotswap: %s", note)
 
-    def verdict(self, key: str) -> bytes | None:
+    def verdict(self, key: str) -> bytes | bytearray | None:
         """The gate's verdict on ``key``'s tier in an earlier run, if any."""
         if self._cache is None:
             return None
@@ -241,7 +242,11 @@ class CacheAccess:
             return False
         stored = True
         try:
-            self._cache.put(key, payload, tier=tier, origin=origin)
+            shared = artifacts.shared_spans(payload) if tier != VERDICT_TIER else []
+        except ValueError:  # not an artifact entry: stored as it is
+            shared = []
+        try:
+            self._cache.put(key, payload, tier=tier, origin=origin, shared=shared)
         except OSError as e:  # a full disk must not cost the user the tier they already have
             self._warn_once("write", e)
             stored = False
@@ -304,7 +309,7 @@ class CacheAccess:
                 self._fleet_failed(e)
         return True
 
-    def claimed_hit(self, key: str) -> bytes | None:
+    def claimed_hit(self, key: str) -> bytes | bytearray | None:
         """After a claim: the entry if it appeared meanwhile (the claim is then released)."""
         cached = self.get(key)
         if cached is None:  # None without a fleet store

@@ -29,6 +29,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hotswap.compat import Buffer
 from hotswap.counting import bump
 from hotswap.engine import threads
 from hotswap.engine.journey import GraphJourney, TierState
@@ -54,7 +55,7 @@ Compile = Callable[[GraphJourney, Tier], CompileFuture]
 class Arrival:
     fn: Any                                  # the loaded tier
     path: str                                # "cache" or "worker"
-    entry: bytes | memoryview | CachedEntry  # what a later benchmark of the tier loads
+    entry: Buffer | CachedEntry  # what a later benchmark of the tier loads
 
 
 class TierError(Exception):
@@ -72,7 +73,7 @@ class Dropped(TierError):
 class TierSource(Protocol):
     """Brings one tier of one graph in: the contract every mode composes."""
 
-    def start(self, journey: GraphJourney, tier: Tier, *, cached: bytes | None = None,
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: Buffer | None = None,
               example_inputs: Sequence[Any] = ()) -> Future[Arrival]: ...
 
 
@@ -82,7 +83,7 @@ class TierLifecycle:
         self._cache, self._compile_fn, self._load = cache, compile, load
         self._on_loader, self._recorder = on_loader, recorder
 
-    def start(self, journey: GraphJourney, tier: Tier, *, cached: bytes | None = None,
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: Buffer | None = None,
               example_inputs: Sequence[Any] = ()) -> Future[Arrival]:
         """Bring ``tier`` in: from ``cached`` (an entry the caller already read), the cache,
         or a compile (of the shipped graph: the example inputs stay with the caller). In the
@@ -92,7 +93,7 @@ class TierLifecycle:
         return out
 
     def _begin(self, out: Future[Arrival], journey: GraphJourney,
-               tier: Tier, key: str | None, cached: bytes | None, *,
+               tier: Tier, key: str | None, cached: Buffer | None, *,
                off_caller: bool = False) -> None:
         if cached is None and self._cache.enabled and key is not None:
             cached = self._cache.get(key)
