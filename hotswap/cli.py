@@ -192,9 +192,10 @@ def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
         print(f"root: {stats['root']}\nentries: {stats['entries']}\n"
               f"size: {_size(stats['bytes'])} {limit}")
         if "shared_bytes" in stats:  # a local cache: what entries share is stored once
+            files = stats["shared_files"]
             print(f"  entries' own bytes: {_size(stats['entry_bytes'])}\n"
-                  f"  shared, stored once: {_size(stats['shared_bytes'])} in "
-                  f"{stats['shared_files']} files (inductor's precompiled headers)")
+                  f"  shared, stored once: {_size(stats['shared_bytes'])} in {files} "
+                  f"file{'' if files == 1 else 's'} (inductor's precompiled headers)")
     return 0
 
 
