@@ -44,7 +44,8 @@ def _doctor(args: argparse.Namespace) -> int:
     plan = bytecode.plan(dict(os.environ))  # what the workers started below get
     source_bytes = None
     t = time.monotonic()
-    with hotswap.WorkerPool(args.workers) as pool:
+    nice, idle = hotswap.runtime().worker_priority  # as compile workers run
+    with hotswap.WorkerPool(args.workers, nice=nice, idle=idle) as pool:
         ok = pool.wait_ready(timeout_s=args.timeout_s)
         pids = pool.worker_pids()
         if ok and plan.recompiles:  # what a start compiles: the sources a worker imported
@@ -60,6 +61,8 @@ def _doctor(args: argparse.Namespace) -> int:
     rate = bytecode.compile_rate() if source_bytes else None
     for line in bytecode_lines(plan, source_bytes, rate):
         print(line)
+    # What status(...).worker_priority will say: whether the workers could get a cgroup.
+    print(f"worker priority: {pool.priority_note()}")
     from hotswap.tools.fleet_check import check_executor, check_store
 
     fleet_ok = True

@@ -252,10 +252,12 @@ class Coordinator:
 
     def status(self) -> list[GraphStatus]:
         statuses = [j.status() for j in self.graphs.journeys()]
-        note = (runtime.cpu_note(self.options.workers, self.options.worker_devices)
-                if not self.composition.shipped.waits else "")
+        pool = (self.options.workers, self.options.worker_devices)
+        note = runtime.cpu_note(*pool) if not self.composition.shipped.waits else ""
+        priority = runtime.priority_note(*pool)
         cache = self.cache.note
-        return [dataclasses.replace(s, waiting=note if s.pending else "", cache=cache)
+        return [dataclasses.replace(s, waiting=note if s.pending else "", cache=cache,
+                                    worker_priority=priority)
                 for s in statuses]
 
     def recompile_limit_hit(self, hit: compat.RecompileLimitHit) -> None:

@@ -93,8 +93,9 @@ class GraphStatus:
     tiers that failed or were kept out, the gate's numbers among the reasons. ``gate`` says
     what the gate is doing: "measuring ..." while a measurement runs, "deciding ...: why"
     while a busy machine leaves it undecided (then the graph is not final; it is measured
-    again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s`` and
-    ``timings_s`` are described where they are declared; docs/compile.md has them in a table.
+    again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s``,
+    ``worker_priority`` and ``timings_s`` are described where they are declared;
+    docs/compile.md has them in a table.
     """
 
     graph_id: str
@@ -121,6 +122,11 @@ class GraphStatus:
     # What the gate is doing for this graph now ("" when nothing): "measuring 'b' against
     # 'a'", or "deciding 'b' against 'a': <why not yet>; ..." (contended figures say so).
     gate: str = ""
+    # How this process's compile workers (the pool this graph compiles in) yield the CPU to
+    # it: "cgroup v1 cpu.idle" or "cgroup v2 cpu.idle" (a cgroup of their own), "autogroup +
+    # SCHED_IDLE" where no cpu cgroup is ours to make (system/priority.py); "" while no
+    # worker of that pool runs.
+    worker_priority: str = ""
 
     def summary(self) -> str:
         """One line: what serves, since when, and what is pending, kept or failed."""

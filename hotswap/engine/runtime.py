@@ -88,6 +88,12 @@ class Runtime:
         pool = pools.running(key(workers, devices))
         return pool.cpu_note() if pool is not None else ""
 
+    def priority_note(self, workers: int | None = None, devices: tuple[str, ...] = ()) -> str:
+        """How that pool's workers yield the CPU ("cgroup v1 cpu.idle", "autogroup +
+        SCHED_IDLE": ``WorkerPool.priority_note``); "" when it is not running."""
+        pool = pools.running(key(workers, devices))
+        return pool.priority_note() if pool is not None else ""
+
     @property
     def restarts(self) -> int:
         """Workers replaced after dying (crash, kill, time or memory limit), in all pools."""

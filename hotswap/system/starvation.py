@@ -1,18 +1,20 @@
 """Compiles never starve: a worker that gets no CPU for its job is raised to normal priority.
 
-Workers run below the caller (``SCHED_IDLE`` at niceness 19 by default, child.lower_priority)
-so that the user's calls keep their cores while a compile runs. On a machine without a spare
-core that becomes "never compiles": a caller whose threads kept both cores of our 2-core box
-busy left the default tier pending for as long as it served (121,050 eager calls in 60 s).
+Workers run below the caller (by default in a cgroup with ``cpu.idle=1`` where one can be
+made, else ``SCHED_IDLE`` at niceness 19: priority.py) so that the user's calls keep their
+cores while a compile runs. On a machine without a spare core that becomes "never compiles":
+a caller whose threads kept both cores of our 2-core box busy left the default tier pending
+for as long as it served (121,050 eager calls in 60 s).
 
 So the pool's manager samples the CPU time of every worker that has a job (or is starting
 while jobs wait): one that got under ``STARVED_SHARE`` of a core for ``STARVED_AFTER_S`` is
-starved, and is raised to the caller's priority (niceness 0, ``SCHED_OTHER``) until its job
-ends; then it is lowered again. From then on the compile shares the cores with the caller's
-threads as equals: the caller's calls slow down while it runs (measured in BENCHMARKS.md),
-and the compile ends.
+starved, and is raised to the caller's priority (out of the workers' cgroup, niceness 0,
+``SCHED_OTHER``) until its job ends; then it is lowered again. From then on the compile
+shares the cores with the caller's threads as equals: the caller's calls slow down while it
+runs (measured in BENCHMARKS.md), and the compile ends.
 
-Raising a priority needs CAP_SYS_NICE (root has it) or an RLIMIT_NICE that allows it. Where
+Raising a priority needs CAP_SYS_NICE (root has it) or an RLIMIT_NICE that allows it (and to
+move a worker out of the workers' cgroup, write access to the caller's own cgroup). Where
 the OS refuses, the starved worker is killed, its job goes back to the front of the queue,
 and workers start at normal priority from then on: the job starts over, having lost the
 little it had done.
@@ -33,6 +35,7 @@ import logging
 import threading
 
 from hotswap.system import proctree
+from hotswap.system.priority import WorkerPriority
 
 __all__ = ["POLL_S", "STARVED_AFTER_S", "STARVED_SHARE", "STOPPED_GRACE_S", "CpuWatch"]
 
@@ -50,10 +53,10 @@ class CpuWatch:
     """The manager thread's view of its workers' CPU share. ``note`` may be read anywhere."""
 
     def __init__(self, nice: int, idle: bool) -> None:
-        self.nice, self.idle = nice, idle
-        self.lowered = nice > 0 or idle
+        # How workers are lowered, raised and lowered again (priority.py)
+        self.priority = WorkerPriority(nice, idle)
+        self.lowered = self.priority.lowered
         self.next_poll_s = 0.0
-        self.normal_start = False  # the OS would not raise a worker: start new ones at normal
         self._samples: dict[int, tuple[float, float]] = {}  # pid -> (time, cpu seconds)
         self._starved_since: dict[int, float] = {}
         self._raised: set[int] = set()
@@ -65,10 +68,6 @@ class CpuWatch:
     def note(self) -> str:
         with self._lock:
             return self._note
-
-    def start_priority(self) -> tuple[int, bool]:
-        """(niceness, SCHED_IDLE) for a worker starting now."""
-        return (0, False) if self.normal_start else (self.nice, self.idle)
 
     def starved(self, now: float, needed: set[int]) -> list[tuple[int, float]]:
         """Poll: the needed workers starved for ``STARVED_AFTER_S`` (raised ones too), with
@@ -103,12 +102,12 @@ class CpuWatch:
     def raise_worker(self, pid: int, share: float, waited_s: float) -> bool:
         """Raise a starved worker to normal priority; False where the OS refused (the caller
         then restarts its job on a worker started at normal priority)."""
-        raised = proctree.set_tree_priority(pid, nice=0, idle=False)
+        raised = self.priority.raise_tree(pid)
         if raised:
             self._raised.add(pid)
             action = "raised them to the caller's priority until their job ends"
         else:
-            self.normal_start = True
+            self.priority.normal_start = True
             action = ("the OS refused to raise their priority (CAP_SYS_NICE or RLIMIT_NICE); "
                       "restarting the job on a worker at normal priority")
         message = (f"compile workers got {share:.0%} of a core for {waited_s:.1f} s while the "
@@ -127,8 +126,7 @@ class CpuWatch:
         """Lower a raised worker again once its job is over (never refused)."""
         if pid in self._raised:
             self._raised.discard(pid)
-            nice, idle = self.start_priority()
-            proctree.set_tree_priority(pid, nice=nice, idle=idle)
+            self.priority.lower_tree(pid)
         self._samples.pop(pid, None)
         self._starved_since.pop(pid, None)
         if not self._raised and not self._starved_since:

@@ -233,6 +233,10 @@ def lower_priority(nice: int, idle: bool) -> None:
     over time, and a user's OpenMP threads that spin-wait for each other were still held up
     by a niced worker for a scheduler period (23 ms calls where 0.3 ms was usual, measured on
     2 cores); as ``SCHED_IDLE`` in a session of niceness 19, none were.
+
+    Where the pool could put us in a cpu cgroup with ``cpu.idle=1`` (system/priority.py) it
+    did so before INIT, and INIT asks for no ``idle`` here: on Linux 6.18 a ``SCHED_IDLE``
+    process in a session of its own still competed with the user's session as an equal.
     """
     group_nice = max(nice, 19 if idle else 0)
     with contextlib.suppress(OSError):

@@ -89,6 +89,9 @@ class Manager:
     def cpu_note(self) -> str:
         return self.cpu.note
 
+    def priority_note(self) -> str:
+        return self.cpu.priority.note
+
     def reset_start_failures(self) -> None:
         """New demand gets a fresh round of start attempts (called under inbox.lock)."""
         self._start_failures = 0
@@ -106,6 +109,7 @@ class Manager:
             with self.inbox.lock:
                 self.inbox.closing = True
             self._stop_all_workers()
+            self.cpu.priority.close()  # its workers are gone: so goes their cgroup
             self.inbox.fail_all(PoolClosed("the pool was shut down before the job ran"))
             self._selector.close()
             self.inbox.close_wake_pipe()
@@ -157,7 +161,9 @@ class Manager:
         worker = spawn(slot, self.config, self._selector)
         with self.inbox.lock:
             self.workers[worker.pid] = worker
-        nice, idle = self.cpu.start_priority()
+        # Lowered before INIT, so before the worker's imports: into the pool's cgroup here,
+        # the rest by the worker itself (priority.py).
+        nice, idle = self.cpu.priority.lower_new(worker.pid)
         init = {"sys_path": [p for p in sys.path if p], "warm_modules": self.config.warm_modules,
                 "nice": nice, "idle": idle}
         worker.send(MessageKind.INIT, 0, encode_control(init))
@@ -301,6 +307,7 @@ class Manager:
         proctree.kill_group(worker.pid)  # inductor subprocesses it left behind
         scratch.remove(worker.tmpdir)  # and the temporary files of what was killed
         worker.close()
+        self.cpu.priority.forget(worker.pid)
         with self.inbox.lock:
             del self.workers[worker.pid]
         job = worker.job

@@ -65,8 +65,10 @@ class WorkerPool:
     ``worker_env`` adds environment variables per worker: a mapping, or a function of the
     worker's slot (0..workers-1, kept by its replacements), e.g. for ``CUDA_VISIBLE_DEVICES``.
     ``nice`` lowers the workers' CPU priority (0-19) so their work yields to the caller's;
-    ``idle`` runs them under Linux's ``SCHED_IDLE`` policy (elsewhere it does nothing), so a
-    thread of the caller that wakes takes their core at once.
+    ``idle`` gives them only the CPU nothing else wants: on Linux in a cgroup of their own with
+    ``cpu.idle=1`` where the caller may make one, else under the ``SCHED_IDLE`` policy
+    (elsewhere it does nothing), so a thread of the caller that wakes takes their core at
+    once. ``priority_note()`` says which.
     ``warm_modules`` are imported by each worker before it reports ready; an entry
     ``"module:function"`` is a warm-up step beyond imports, called (with ``None``) after the
     worker reports ready, in order, until a job arrives: a job never waits for more than the
@@ -119,6 +121,12 @@ class WorkerPool:
         """Why jobs wait on CPU, where they do ("" otherwise): the workers were starved by
         the caller's threads and raised to its priority, or restarted (starvation.py)."""
         return self._manager.cpu_note() if self._manager is not None else ""
+
+    def priority_note(self) -> str:
+        """How the workers yield the CPU to the caller, e.g. "cgroup v1 cpu.idle" (in a cgroup
+        of their own), "autogroup + SCHED_IDLE" (where no cpu cgroup is ours to make; see
+        hotswap/system/priority.py); "" before a worker started."""
+        return self._manager.priority_note() if self._manager is not None else ""
 
     @property
     def restarts(self) -> int:

@@ -194,6 +194,8 @@ def test_status_says_why_pending_tiers_wait_on_cpu(monkeypatch: pytest.MonkeyPat
         compiled(torch.randn(4, 8))
     [pending] = hotswap.status(compiled)
     assert pending.pending == ("default",) and pending.waiting == note
+    # How the pool's workers yield the CPU: "cgroup v1 cpu.idle", "autogroup + SCHED_IDLE"...
+    assert pending.worker_priority == hotswap.runtime().pool(1).priority_note() != ""
     [done] = hotswap.wait(compiled, timeout_s=240)
     assert done.final and done.waiting == ""  # only pending graphs wait
 

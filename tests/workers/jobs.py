@@ -33,6 +33,28 @@ def sched_policy(_: Any = None) -> int:
     return os.sched_getscheduler(0)
 
 
+def cpu_cgroup(pid: int | None = None) -> str:
+    """The cgroup of ``pid`` (this process by default) in the hierarchy that has the cpu
+    controller: cgroup v1's where it is mounted, else v2's."""
+    with open(f"/proc/{pid or 'self'}/cgroup") as f:
+        lines = [line.split(":", 2) for line in f.read().splitlines()]
+    v1 = [path for _, controllers, path in lines if "cpu" in controllers.split(",")]
+    return v1[0] if v1 else next(path for _, controllers, path in lines if controllers == "")
+
+
+def lowered(_: Any = None) -> tuple[int, int, str]:
+    """How this worker is kept below its caller: (scheduling policy, niceness, cpu cgroup)."""
+    return os.sched_getscheduler(0), os.nice(0), cpu_cgroup()
+
+
+def is_idle(how: tuple[int, int, str], caller_pid: int) -> bool:
+    """Whether a worker that reported ``how`` (``lowered``) gets only the CPU nothing else
+    wants, as a pool's ``idle=True`` asks: in its caller's cgroup for workers (system/cgroup.py,
+    ``cpu.idle=1`` where the kernel has it), or under SCHED_IDLE."""
+    policy, _, group = how
+    return group.endswith(f"/hotswap-workers-{caller_pid}") or policy == os.SCHED_IDLE
+
+
 def autogroup_nice(_: Any = None) -> int | None:
     """The niceness of this process's autogroup (None where the kernel has no autogroups)."""
     try:
@@ -61,14 +83,14 @@ def warm_steps(_: Any = None) -> list[str]:
     return list(warmed)
 
 
-def burn(cpu_s: float) -> tuple[int, int]:
-    """Use ``cpu_s`` seconds of this process's CPU; returns (pid, scheduling policy)."""
+def burn(cpu_s: float) -> tuple[int, tuple[int, int, str]]:
+    """Use ``cpu_s`` seconds of this process's CPU; returns (pid, ``lowered()`` at the end)."""
     import time
 
     end = time.process_time() + cpu_s
     while time.process_time() < end:
         pass
-    return os.getpid(), os.sched_getscheduler(0)
+    return os.getpid(), lowered()
 
 
 def temp_dirs(_: Any = None) -> tuple[str, str | None]:

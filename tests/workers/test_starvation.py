@@ -6,21 +6,26 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from hotswap.system import proctree
+from hotswap.system.priority import WorkerPriority
 from hotswap.system.starvation import STARVED_SHARE
 from hotswap.workers import WorkerPool
+from tests.workers import jobs
 
 J = "tests.workers.jobs:"
 
 
 _STARVED = """
-import time
+import sys, time
 from hotswap.workers.child import lower_priority
-lower_priority(19, True)
+nice, idle = sys.stdin.readline().split()  # once the pool's side has placed us (priority.py)
+lower_priority(int(nice), idle == "True")
 start, cpu = time.monotonic(), time.process_time()
 time.sleep(0)
 while time.monotonic() - start < 1.0:
@@ -32,20 +37,26 @@ print(time.process_time() - cpu)
 @pytest.fixture
 def busy_cores() -> Iterator[None]:
     """Every core kept busy at normal priority, as a caller's intra-op threads would. Skips
-    where this kernel does not starve a worker at hotswap's priority against them (seen on
-    Linux 6.18: a SCHED_IDLE process in its own session of niceness 19 got 0.5 s of CPU in
-    0.68 s beside two spinners), since then there is no starvation to act on."""
+    where this kernel does not starve a worker lowered as hotswap lowers them against them
+    (seen on Linux 6.18 where no cpu cgroup could be made: a SCHED_IDLE process in its own
+    session of niceness 19 got 0.5 s of CPU in 0.68 s beside two spinners), since then there
+    is no starvation to act on."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(os.cpu_count() or 1)]
+    priority = WorkerPriority(19, True)
     try:
-        probe = subprocess.run([sys.executable, "-c", _STARVED], capture_output=True,
-                               text=True, timeout=60, start_new_session=True)
-        share = float(probe.stdout.strip() or 0.0)
+        probe = subprocess.Popen([sys.executable, "-c", _STARVED], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+        nice, idle = priority.lower_new(probe.pid)
+        out, _ = probe.communicate(f"{nice} {idle}\n", timeout=60)
+        share = float(out.strip() or 0.0)
         if share > STARVED_SHARE:
-            pytest.skip(f"this kernel gave a worker at hotswap's priority {share:.0%} of a core "
-                        "beside busy cores: no starvation to raise (workers/starvation.py)")
+            pytest.skip(f"this kernel gave a worker at hotswap's priority ({priority.note}) "
+                        f"{share:.0%} of a core beside busy cores: no starvation to raise "
+                        "(workers/starvation.py)")
         yield
     finally:
+        priority.close()
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
@@ -55,15 +66,19 @@ def test_a_starved_job_is_raised_then_lowered_again(
         busy_cores: None, caplog: pytest.LogCaptureFixture) -> None:
     with WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
         assert pool.wait_ready(60)
-        future = pool.submit(J + "burn", 1.0)
-        pid, policy = future.result(timeout=90)
-        assert policy == os.SCHED_OTHER  # it finished raised
+        lowered = pool.submit(J + "lowered").result(timeout=90)
+        assert jobs.is_idle(lowered, os.getpid())
+        pid, how = pool.submit(J + "burn", 1.0).result(timeout=90)
+        hints = [r.getMessage() for r in caplog.records if "every core busy" in r.getMessage()]
+        if not hints:
+            _not_starved(how)
+        assert how == _raised()  # it finished raised
         assert pool.restarts == 0  # raised in place, not restarted
         # The hint, once: what starved the job and what was done about it.
-        [hint] = [r.getMessage() for r in caplog.records if "every core busy" in r.getMessage()]
+        [hint] = hints
         assert "raised them to the caller's priority until their job ends" in hint
         # Lowered again once its job ended.
-        assert pool.submit(J + "sched_policy").result(timeout=90) == os.SCHED_IDLE
+        assert pool.submit(J + "lowered").result(timeout=90) == lowered
         assert pool.submit(J + "pid").result(timeout=90) == pid
 
 
@@ -80,12 +95,47 @@ def test_where_the_os_refuses_the_job_restarts_at_normal_priority(
     with WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
         assert pool.wait_ready(60)
         first = pool.submit(J + "pid").result(timeout=90)
-        pid, policy = pool.submit(J + "burn", 1.0).result(timeout=120)
-        assert pid != first and policy == os.SCHED_OTHER
+        pid, how = pool.submit(J + "burn", 1.0).result(timeout=120)
+        if "every core busy" not in caplog.text:
+            _not_starved(how)
+        assert pid != first and how == _raised()
     assert "the OS refused to raise their priority" in caplog.text
 
 
 def test_an_idle_caller_leaves_the_workers_low() -> None:
     with WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
-        _, policy = pool.submit(J + "burn", 3.0).result(timeout=90)
-        assert policy == os.SCHED_IDLE and pool.cpu_note() == ""
+        assert pool.wait_ready(60)
+        lowered = pool.submit(J + "lowered").result(timeout=90)
+        [worker] = pool.worker_pids()
+        busy_before = _busy_cpu_s() - proctree.tree_cpu_s(worker)
+        start = time.monotonic()
+        _, how = pool.submit(J + "burn", 3.0).result(timeout=90)
+        others = (_busy_cpu_s() - proctree.tree_cpu_s(worker) - busy_before) / (
+            time.monotonic() - start)
+        if how != lowered and others > 0.5:
+            # In a cpu.idle cgroup (priority.py) a worker gets only what every other process
+            # leaves, not only what the caller leaves: here others were busy, and bursts of
+            # theirs starved the worker now and then (1.3 to 1.6 cores on 2 seen raise it).
+            pytest.skip(f"other processes used {others:.1f} cores while the job ran")
+        assert how == lowered and jobs.is_idle(how, os.getpid()) and pool.cpu_note() == ""
+
+
+def _not_starved(how: tuple[int, int, str]) -> None:
+    """The worker got its job done without being starved, so there was nothing to raise:
+    busy_cores's probe was near the line, and the load of other processes moved (on 2 cores a
+    worker in a cpu.idle group got 0.2 to 0.3 of a core beside two spinners whenever the
+    kernel put both on one core)."""
+    assert how != _raised()
+    pytest.skip("the worker was not starved this time: nothing to raise")
+
+
+def _raised() -> tuple[int, int, str]:
+    """How a raised worker runs (``jobs.lowered``): as the caller, in the caller's cgroup."""
+    return os.SCHED_OTHER, 0, jobs.cpu_cgroup()
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds every process of the machine has used (all cores, idle time excluded)."""
+    times = psutil.cpu_times()
+    return float(sum(getattr(times, name, 0.0)
+                     for name in ("user", "nice", "system", "irq", "softirq")))
