@@ -93,9 +93,9 @@ class GraphStatus:
     tiers that failed or were kept out, the gate's numbers among the reasons. ``gate`` says
     what the gate is doing: "measuring ..." while a measurement runs, "deciding ...: why"
     while a busy machine leaves it undecided (then the graph is not final; it is measured
-    again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s``,
-    ``worker_priority`` and ``timings_s`` are described where they are declared;
-    docs/compile.md has them in a table.
+    again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s``, ``arrived_s``,
+    ``final_after_s``, ``worker_priority`` and ``timings_s`` are described where they are
+    declared; docs/compile.md has them in a table.
     """
 
     graph_id: str
@@ -119,6 +119,13 @@ class GraphStatus:
     states: tuple[tuple[str, str], ...] = ()
     # When each tier began serving, in seconds after the graph reached hotswap.
     served_after_s: tuple[tuple[str, float], ...] = ()
+    # When each tier's artifact arrived in this process and was loaded (from a worker, the
+    # cache or a compile here), in seconds after the graph reached hotswap; before the gate.
+    arrived_s: tuple[tuple[str, float], ...] = ()
+    # When the graph became final, in seconds after it reached hotswap; None while it is not
+    # (set exactly when ``final`` is). Less the last of ``arrived_s``: how long the gate took
+    # to settle the last tier.
+    final_after_s: float | None = None
     # What the gate is doing for this graph now ("" when nothing): "measuring 'b' against
     # 'a'", or "deciding 'b' against 'a': <why not yet>; ..." (contended figures say so).
     gate: str = ""
@@ -212,6 +219,8 @@ class GraphJourney:
         self._timings: dict[str, float] = {}
         self._born_s = time.monotonic()
         self._served_after: list[tuple[str, float]] = []
+        self._arrived: list[tuple[str, float]] = []
+        self._final_after: float | None = None  # since born, while final (status())
         self._entries: dict[str, Entry] = {}     # what a later benchmark of a tier loads
         self._waiting: list[Candidate] = []      # loaded tiers queued for the gate
         self._measuring = False
@@ -246,7 +255,16 @@ class GraphJourney:
             bump("internal_errors")
             return False
         self._states[tier] = state
+        self._note_final_locked()
         return True
+
+    def _note_final_locked(self) -> None:
+        """After each change of a tier's state or of the gate's queue: when the graph became
+        final (None again while it is not)."""
+        if not self._final_locked():
+            self._final_after = None
+        elif self._final_after is None:
+            self._final_after = time.monotonic() - self._born_s
 
     @property
     def final(self) -> bool:
@@ -261,6 +279,7 @@ class GraphJourney:
         is loaded."""
         with self._lock:
             self._paths[tier] = path
+            self._arrived.append((tier, time.monotonic() - self._born_s))
             if self._states[tier] is S.PENDING:
                 self._move(tier, S.COMPILED)
             ok = self._move(tier, S.LOADED)
@@ -308,6 +327,7 @@ class GraphJourney:
         with self._lock:
             self._states[tier] = S.FAILED
             self._failures.append((tier, reason))
+            self._note_final_locked()
             forgotten = self._forgotten
         if forgotten:
             log.debug("hotswap graph %s: tier %r ended after a reset: %s", self.graph_id, tier,
@@ -388,6 +408,7 @@ class GraphJourney:
                 self._waiting.append(candidate)
                 return False
             self._measuring = True
+            self._note_final_locked()
             return True
 
     def gate_doing(self, what: str, tier: str = "") -> None:
@@ -403,6 +424,7 @@ class GraphJourney:
             if self._waiting:
                 return self._waiting.pop(0)
             self._measuring = False
+            self._note_final_locked()
             return None
 
     def claim_local(self) -> bool:
@@ -461,5 +483,7 @@ class GraphJourney:
                 path=self._paths.get(serving, "eager"),
                 states=tuple((t.name, self._states[t.name].value) for t in self.tiers),
                 served_after_s=tuple(self._served_after),
+                arrived_s=tuple(self._arrived),
+                final_after_s=self._final_after,
                 gate=self._gate,
             )

@@ -335,6 +335,31 @@ def test_an_undecided_gate_keeps_the_serving_tier_and_measures_again(quick_retri
     assert "contended: 8 of 12 rounds preempted" in decisions[1].reason
 
 
+def test_status_says_when_each_tier_arrived_and_when_the_graph_became_final(
+        quick_retries: None) -> None:
+    # Undecided once on the top tier: the graph is final only after a second measurement.
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, STRADDLES, FASTER])
+    model, inputs = _model()
+    backend = Coordinator(Options.create(mode="progressive"), compiler=fake,
+                          measure=fake.measure)
+    compiled = torch.compile(model, backend=backend)
+    compiled(*inputs)
+    [before] = hotswap.status(backend)
+    assert (before.final, before.arrived_s, before.final_after_s) == (False, (), None)
+    fake.release()
+    [status] = backend.wait(timeout_s=30)
+    assert status.tier == "max-autotune" and status.final
+    assert [tier for tier, _ in status.arrived_s] == ["default", "max-autotune"]
+    assert [tier for tier, _ in status.served_after_s] == ["default", "max-autotune"]
+    (_, default_in), (_, top_in) = status.arrived_s
+    (_, default_served), (_, top_served) = status.served_after_s
+    assert status.final_after_s is not None
+    assert 0 < default_in <= default_served and default_in < top_in <= top_served
+    assert top_served <= status.final_after_s
+    # Seconds after the graph reached hotswap, fixed once final: asked again, the same.
+    assert hotswap.status(backend)[0].final_after_s == status.final_after_s
+
+
 def test_a_low_confidence_verdict_is_stored_with_its_conditions_and_measured_again(
         quick_retries: None, tmp_path: Path) -> None:
     # 3 % faster by the estimate, the interval from 1 % slower to 5 % faster, three times:
@@ -422,23 +447,3 @@ def test_the_audit_measures_each_final_decision_again_and_scores_its_regret() ->
     assert (reference.pair, reference.budget_ms, reference.rounds) == (
         ("default", "max-autotune"), 50, 10)
     assert audit.regret(True, 1.2) == pytest.approx(0.2) and audit.regret(True, 0.8) == 0.0
-
-
-def test_gate_audit_report_holds_decisions_to_the_regret_targets() -> None:
-    from hotswap.tools.gate_audit import summarize
-
-    def row(regret: float) -> dict[str, Any]:
-        return {"graph": "g1", "serving": "default", "candidate": "max-autotune",
-                "outcome": "keep", "confidence": "confident", "gain": 0.0, "gain_low": -0.01,
-                "gain_high": 0.01, "ref_gain": 0.0, "ref_gain_low": -0.01,
-                "ref_gain_high": 0.01, "regret": regret}
-
-    model = {"model": "mlp", "final": True, "final_s": 9.0, "undecided": 1, "eager_ms": 1.0,
-             "largest_ms": 30.0, "largest_gate_ms": 5.0}
-    lines, missed = summarize([{**model, "rows": [row(0.0)] * 19 + [row(0.04)]}])
-    assert missed == [] and "regret <= 2%: 95.0% (target >= 95%) met" in lines[-1]
-    _, missed = summarize([{**model, "rows": [row(0.0), row(0.06)], "largest_gate_ms": 13.0},
-                           {"model": "convnet", "error": "boom"}])
-    assert missed == ["mlp: a call beside a gate measurement took 13.0 ms > 12.0 ms",
-                      "convnet: failed", "regret <= 2% in 50.0% of decisions",
-                      "largest regret 6.0%"]
