@@ -262,6 +262,10 @@ DECISIVE = 1.5
 CONSISTENT = 3
 # Contended measurements after which a pair whose ratios' geometric mean stays within
 # CLOSE_MARGIN thresholds of 1.0 is too close to call on this machine: the serving tier stays.
+# So does a pair still undecided at its last attempt whose 95 % interval lies within
+# CLOSE_MARGIN thresholds either way. Either is a "close" verdict: what it may cost is bounded
+# (CLOSE_MARGIN * threshold, 5 % at the default 2 %), so later processes take it as it is
+# instead of measuring the pair again at every start.
 CLOSE_AFTER = 5
 CLOSE_MARGIN = 2.5
 
@@ -287,9 +291,10 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
     the serving tier) put the same tier ahead by more than ``threshold``, CONSISTENT in all.
     ``contended_mean``: (how many contended measurements of the pair, this one included; the
     geometric mean of their ratios); from CLOSE_AFTER on, a mean within CLOSE_MARGIN
-    thresholds of 1.0 keeps the serving tier, with low confidence: too close to call here.
-    Anything else is "undecided" — unless ``last_attempt``: then the serving tier stays
-    ("keep", with low confidence: a later process measures it again).
+    thresholds of 1.0 keeps the serving tier ("close" confidence: too close to call here).
+    Anything else is "undecided" — unless ``last_attempt``: then the serving tier stays,
+    "close" where the interval lies within CLOSE_MARGIN thresholds either way, else "low"
+    (a later process measures it again).
 
     One statistic, the median of the paired rounds' ratios, gives both the verdict and the
     number its reason states ("eager is 5.8% faster than default; kept eager")."""
@@ -313,12 +318,16 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
         elif outcome == "undecided" and contended_mean is not None:
             count, mean = contended_mean
             if count >= CLOSE_AFTER and abs(math.log(mean)) <= CLOSE_MARGIN * threshold:
-                outcome, confidence = "keep", "low"
+                outcome, confidence = "keep", "close"
                 why = (f"too close to call on this machine: over {count} contended measurements "
                        f"the ratio averaged {mean:.3f} (geometric mean); the serving tier stays")
     if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays
-        outcome, confidence = "keep", "low"
+        margin = CLOSE_MARGIN * threshold
+        close = pair.clean >= MIN_CLEAN and -margin <= gain_low and gain_high <= margin
+        outcome, confidence = "keep", "close" if close else "low"
         why += f"; still undecided at attempt {attempt}: the serving tier stays"
+        if close:
+            why += f" (the two are within {margin:.0%} of each other either way)"
     return GateDecision(pair.graph_id, pair.candidate, pair.serving, outcome == "adopt",
                         _words(pair, outcome, confidence, why, threshold),
                         pair.candidate_ms, pair.serving_ms, threshold, time_s, outcome,

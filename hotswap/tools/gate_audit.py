@@ -14,8 +14,9 @@ decision's regret is
     (time of the tier the gate chose - time of the faster one) / time of the faster one
 
 Printed per decision: the pair, the outcome ("adopt": the candidate serves; "keep": it does
-not), its confidence ("confident": its 95 % interval was clear of the threshold; "low": over
-three measurements with clean rounds it never was, and the serving tier stayed; contended
+not), its confidence ("confident": its 95 % interval was clear of the threshold; "close" or
+"low": over three measurements with clean rounds it never was, and the serving tier stayed,
+"close" where the two were within 2.5 thresholds of each other either way; contended
 measurements are retried for as long as it takes, and decide alone only when every round
 agrees by far), the gain the gate measured and its interval, the reference's gain, and the
 regret. Per graph: when each tier arrived (loaded in the serving process) and how long after

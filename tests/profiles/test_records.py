@@ -155,6 +155,10 @@ def test_gate_decides_on_the_interval_not_on_two_medians() -> None:
     assert "still undecided at attempt 3: the serving tier stays" in last.reason
     never = gate_decision(_pair(0.5, -math.inf, math.inf, contended=24), threshold=0.02)
     assert (never.outcome, never.confidence) == ("keep", "low")
+    # An interval within 2.5 thresholds either way (-1 % to +4 %): too close to matter.
+    close = gate_decision(_pair(0.985, 0.96, 1.01), threshold=0.02, attempt=3)
+    assert (close.outcome, close.confidence, close.adopt) == ("keep", "close", False)
+    assert "within 5% of each other either way" in close.reason
 
 
 def test_median_interval_is_the_binomial_order_statistics() -> None:

@@ -13,7 +13,8 @@ A decision needs no contention-free machine: rounds in which another task preemp
 benchmark are seen and left out, and the decision rests on a 95 % interval of the rounds'
 ratios, not on one median each; where too few rounds were clean, a gap that every round shows
 by a wide margin still decides (bench.DECISIVE). An interval across the threshold is measured
-again up to MAX_ATTEMPTS times, then the serving tier stays, marked "low" confidence. A
+again up to MAX_ATTEMPTS times, then the serving tier stays, marked "close" confidence where
+the interval lies within bench.CLOSE_MARGIN thresholds either way, else "low". A
 measurement contention spoiled decides nothing: it is measured again for as long as it takes,
 after pauses that double up to RETRY_CAP_S, and the tier with the faster median serves
 meanwhile; the graph is not final until then.
@@ -22,7 +23,8 @@ meanwhile; the graph is not final until then.
 graph's state. The ladder (ladder.py) measures, logs, applies the decision, starts its retry
 timer, and keeps one measurement at a time per graph. A tier kept out is remembered in the
 artifact cache as a verdict entry (``pack_verdict``: the decision and what it was measured
-under), so a warm process does not serve it either; a low-confidence one it measures again.
+under), so a warm process does not serve it either; a low-confidence one it measures again
+(a close one it does not: what that could gain is bounded, and measuring it cost every start).
 """
 
 from __future__ import annotations
@@ -75,14 +77,14 @@ def pack_verdict(decision: GateDecision, device: str, date_unix_s: float) -> byt
 @dataclass(frozen=True)
 class StoredVerdict:
     reason: str
-    confident: bool
+    confident: bool  # settled: a confident or close verdict, not measured again
 
     @classmethod
     def unpack(cls, data: Buffer) -> StoredVerdict:
         verdict = msgpack.unpackb(data, raw=False)
         confidence = verdict.get("confidence", "confident")  # older entries: as they decided
         return cls(f"gate (earlier run, {confidence or 'undecided'}): {verdict['reason']}",
-                   confidence == "confident")
+                   confidence in ("confident", "close"))
 
 
 def verdict_label(decision: GateDecision) -> str:
