@@ -211,6 +211,7 @@ def plot(path: str, title: str, runs: dict[str, Sequence[Request]],
                       f"p99 settled {settle}")
         if summary.settled_s is not None:
             ax.axvline(summary.settled_s, color=color, linestyle="--", linewidth=0.8)
+    ax.set_xlim(0, max((w.end_s for s in summaries for w in s.windows), default=1.0))
     ax.set_yscale("log")
     ax.set_xlabel("request sent at (s since the server process was launched)")
     ax.set_ylabel("latency (ms): dots each request, lines each window's p99")

@@ -109,7 +109,8 @@ def serve_variant(variant: str, model: str, args: argparse.Namespace) -> dict[st
     from hotswap.tools.bench.main import _warm_service, row_env, stop_service
 
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hotswap-serve-") as cache:
+    # ignore_cleanup_errors: a file a straggler wrote must not end the whole benchmark
+    with tempfile.TemporaryDirectory(prefix="hotswap-serve-", ignore_cleanup_errors=True) as cache:
         namespace = argparse.Namespace(**{**vars(args), "service_dir":
                                           os.path.join(cache, "service")})
         env = row_env(variant, cache, namespace)
@@ -200,8 +201,15 @@ async def _send(client: httpx.AsyncClient, url: str, i: int, due: float,
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (uvicorn's graceful stop), then SIGKILL to what is left of its process group
-    (a compile subprocess it started)."""
+    """SIGTERM (uvicorn's graceful stop), then SIGKILL to what is left of its process group,
+    then to every process it had started (compile workers, their compile pools): they write
+    into the variant's cache folders, which are removed next."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -213,6 +221,13 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    _, alive = psutil.wait_procs(tree, timeout=10)  # workers exit once their parent has
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _note(run: dict[str, Any]) -> str:

@@ -161,10 +161,16 @@ def stop_service(env: dict[str, str]) -> None:
 
 def _warm_service(args: argparse.Namespace) -> float:
     """Start the compile service the @service rows share and have it compile a model none of
-    them runs ("pointwise"): a service a process started earlier. Off every row's clock."""
+    them runs ("pointwise"): a service a process started earlier. Off every row's clock.
+    The service keeps the caches of the process that started it, so they live beside
+    ``args.service_dir``, not in that row's own folder, which goes when the row ends (with
+    triton writing into it, on CUDA, its removal failed)."""
     t = time.monotonic()
+    caches = cold_env(os.path.join(os.path.dirname(args.service_dir), "service-caches"))
     warm = spawn_row("hotswap:async@service", argparse.Namespace(**{**vars(args),
-                                                                    "model": "pointwise"}))
+                                                                    "model": "pointwise"}),
+                     env={k: caches[k] for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+                                                 "HOTSWAP_CACHE_DIR")})
     took = time.monotonic() - t
     print(f"  compile service in {args.service_dir}: started and warmed (a pointwise model "
           f"compiled) in {took:.1f} s{'; ' + warm['error'] if 'error' in warm else ''}",
