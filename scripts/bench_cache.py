@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Runs from a checkout as it is (e.g. on a GPU machine without network): hotswap is one level up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hotswap.tools.bench.main import spawn_row
+from hotswap.tools.bench.spawn import spawn_row
 from hotswap.tools.common import cuda_available
 
 

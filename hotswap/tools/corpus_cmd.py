@@ -85,7 +85,7 @@ def _max_error(workload: Any, compiled: Any) -> float:
 
 def spawn_case(model: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """``run_case`` in a fresh process with empty caches; an error result if it dies."""
-    from hotswap.tools.bench.main import cold_env
+    from hotswap.tools.bench.spawn import cold_env
 
     with tempfile.TemporaryDirectory(prefix="hotswap-corpus-") as cache:
         env = cold_env(cache)

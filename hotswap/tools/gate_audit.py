@@ -45,8 +45,8 @@ import tempfile
 import time
 from typing import Any
 
-from hotswap.tools.bench.main import cold_env
 from hotswap.tools.bench.row import BENCH_MODELS, build
+from hotswap.tools.bench.spawn import cold_env
 from hotswap.tools.common import cuda_available, standalone, subcommand
 
 __all__ = ["Verdict", "add_parser", "main", "summarize", "verdicts"]

@@ -35,8 +35,8 @@ from typing import Any
 
 from hotswap.fleet import LocalCluster
 from hotswap.testing.servers import RedisServer, free_port
-from hotswap.tools.bench.main import spawn_row
 from hotswap.tools.bench.row import is_bench_model
+from hotswap.tools.bench.spawn import spawn_row
 from hotswap.tools.common import cuda_available, standalone, subcommand
 
 __all__ = ["add_parser", "main"]

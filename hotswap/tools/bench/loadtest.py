@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 def serve_variant(variant: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     """Launch ``variant``'s server in a fresh process with cold caches, drive it for
     ``args.duration_s``, and return its requests and what it said of itself."""
-    from hotswap.tools.bench.main import _warm_service, row_env, stop_service
+    from hotswap.tools.bench.spawn import row_env, stop_service, warm_service
 
     start = time.monotonic()
     # ignore_cleanup_errors: a file a straggler wrote must not end the whole benchmark
@@ -119,7 +119,7 @@ def serve_variant(variant: str, model: str, args: argparse.Namespace) -> dict[st
         if "HOTSWAP_WORKER_IDLE_EXIT_S" not in os.environ:
             del env["HOTSWAP_WORKER_IDLE_EXIT_S"]  # a server keeps hotswap's default
         if "@service" in variant:
-            _warm_service(namespace)
+            warm_service(namespace)
         print(f"  serving {model} as {variant} ...", end="", flush=True, file=sys.stderr)
         log_path = os.path.join(args.out, f"serve-{_slug(model)}-{_slug(variant)}.log")
         try:
