@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,7 @@ def test_status_says_why_pending_tiers_wait_on_cpu(monkeypatch: pytest.MonkeyPat
 
 _CUT_SHORT = r"""
 import json
+import os
 from torch._inductor import cpu_vec_isa
 from hotswap.engine.loading import load_guard
 
@@ -215,7 +217,7 @@ def killed_once(self, code):
     return real(self, code)
 
 cpu_vec_isa.VecISA.check_build = killed_once
-load_guard.probe_vec_isa()
+load_guard.probe_vec_isa(shared_dir=os.environ["PROBE_DIR"])  # no other worker's answer
 promised = [str(i) for i in load_guard._promised(cpu_vec_isa)]
 print(json.dumps({"found": [str(i) for i in cpu_vec_isa.valid_vec_isa_list()],
                   "promised": promised, "failed": failed}))
@@ -223,7 +225,8 @@ print(json.dumps({"found": [str(i) for i in cpu_vec_isa.valid_vec_isa_list()],
 
 
 def test_a_probe_cut_short_by_a_kill_is_run_again(tmp_path: Path) -> None:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "PROBE_DIR": str(tmp_path / "probes")}
     done = subprocess.run([sys.executable, "-c", _CUT_SHORT], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -232,3 +235,46 @@ def test_a_probe_cut_short_by_a_kill_is_run_again(tmp_path: Path) -> None:
         pytest.skip("not an x86 machine: inductor's ISA list is not probed by CPU flags here")
     assert result["failed"]  # the first answers were "no"
     assert result["found"] == result["promised"]  # and the second probe found them all
+
+
+_SHARED = r"""
+import json
+import sys
+from torch._inductor import cpu_vec_isa
+from hotswap.engine.loading import load_guard
+
+real, builds = cpu_vec_isa.VecISA.check_build, []
+
+def counted(self, code):
+    builds.append(str(self))
+    return real(self, code)
+
+cpu_vec_isa.VecISA.check_build = counted
+load_guard.probe_vec_isa(shared_dir=sys.argv[1])
+print(json.dumps({"found": [str(i) for i in cpu_vec_isa.valid_vec_isa_list()],
+                  "builds": builds}))
+"""
+
+
+def _probe_in_a_worker(shared: Path, inductor: Path) -> dict[str, list[str]]:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    done = subprocess.run([sys.executable, "-c", _SHARED, str(shared)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, list[str]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_one_worker_probes_and_the_others_take_its_answer(tmp_path: Path) -> None:
+    shared = tmp_path / "probes"
+    first = _probe_in_a_worker(shared, tmp_path / "a")
+    if not first["builds"]:
+        pytest.skip("not an x86 machine: inductor's ISA list is not probed by CPU flags here")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+    assert len(list(shared.glob("vec_isa-*.msgpack"))) == 1
+    # A later worker (its own inductor cache, so nothing cached there) builds nothing.
+    assert _probe_in_a_worker(shared, tmp_path / "b") == {"found": first["found"], "builds": []}
+    # A folder others may write is not trusted: that worker probes for itself.
+    shared.chmod(0o777)
+    again = _probe_in_a_worker(shared, tmp_path / "c")
+    assert again["found"] == first["found"] and again["builds"]

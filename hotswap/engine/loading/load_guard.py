@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import os
 import platform
+import shutil
 import sys
 import threading
 from collections.abc import Iterator
@@ -232,17 +233,133 @@ def record_precompiled_headers() -> None:
     codecache._precompile_header = precompile_header  # type: ignore[assignment]
 
 
-def probe_vec_isa() -> None:
-    """Workers: run inductor's vector-ISA probe with the ISAs this CPU has checked side by
-    side (each check is a compiler run and a process that loads its result; inductor caches
-    each answer, and then picks from them as it always does)."""
-    from concurrent.futures import ThreadPoolExecutor
+# How long a worker waits for another's probe of the same ISAs before probing itself.
+PROBE_LOCK_WAIT_S = 120.0
 
+
+def probe_vec_isa(shared_dir: str | None = None) -> None:
+    """Workers: the vector ISAs inductor may build for, probed once per machine.
+
+    Inductor's probe builds a program per ISA and loads each in a Python process that imports
+    torch; in a job on the busy 2-core box it took 12.6 s, with the pool's other worker
+    probing the same ISAs beside it. So the answer is shared: under a lock, the first worker
+    probes (the ISAs side by side) and writes what it found to ``shared_dir`` (default: a
+    private folder in inductor's cache directory, ``shared_answers_dir``), and every other worker
+    of the machine, now or later, takes that answer as its own (``adopt``), under a key of
+    torch's build, this CPU's flags and the compiler. Without a trusted folder (another user
+    owns it, say), each worker probes for itself, as before."""
+    import filelock
     from torch._inductor import cpu_vec_isa
 
-    cache_info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
-    if cache_info is not None and cache_info().currsize:
+    if _answered(cpu_vec_isa):
         return  # probed (and checked) already in this worker: every later job lands here
+    answer = _answer_path(shared_dir)
+    if answer is None:
+        _probe_here(cpu_vec_isa)
+        return
+    try:
+        with filelock.FileLock(str(answer) + ".lock", timeout=PROBE_LOCK_WAIT_S):
+            if _adopt_answer(answer, cpu_vec_isa):
+                return
+            _probe_here(cpu_vec_isa)
+            _write_answer(answer, probes().get("vec_isa"))
+    except (OSError, filelock.Timeout):  # a lock held too long, a folder gone: probe here
+        if not _answered(cpu_vec_isa):
+            _probe_here(cpu_vec_isa)
+
+
+def _answered(cpu_vec_isa: Any) -> bool:
+    """Whether this process has the ISAs already (probed, or another's answer adopted)."""
+    cache_info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
+    return cache_info is not None and bool(cache_info().currsize)
+
+
+def shared_answers_dir() -> str:
+    """Where workers share the probe's answer: beside what inductor caches of the probe (the
+    programs it built), in its cache directory; a cold inductor cache probes again."""
+    from hotswap.executors.local import inductor_cache_dir
+
+    return os.path.join(inductor_cache_dir(), "hotswap-probes")
+
+
+def _answer_path(shared_dir: str | None) -> Any:
+    """The answer file for this torch, CPU and compiler in a folder this user alone may
+    write (made if missing), or None where there is none."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from hotswap.cache.trust import ensure_private_dir
+
+    folder = Path(shared_dir or shared_answers_dir())
+    try:
+        ensure_private_dir(folder)
+    except OSError:
+        return None
+    key = hashlib.sha256(json.dumps(_machine_key(), sort_keys=True).encode()).hexdigest()
+    return folder / f"vec_isa-{key[:32]}.msgpack"
+
+
+def _machine_key() -> dict[str, Any]:
+    """What a probe's answer depends on: torch's build, this CPU's flags, the compiler."""
+    import torch
+    from torch._inductor import cpu_vec_isa
+
+    key: dict[str, Any] = {"torch": torch.__version__, "machine": platform.machine()}
+    checker = getattr(cpu_vec_isa, "x86_isa_checker", None)
+    with contextlib.suppress(Exception):
+        key["cpu_flags"] = sorted(checker()) if checker is not None else []
+    with contextlib.suppress(Exception):
+        from torch._inductor import cpp_builder
+
+        compiler = str(cpp_builder.get_cpp_compiler())
+        path = shutil.which(compiler) or compiler
+        st = os.stat(path)
+        key["compiler"] = [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+    return key
+
+
+def _adopt_answer(path: Any, cpu_vec_isa: Any) -> bool:
+    """Take another worker's answer at ``path`` as this worker's; False where there is none
+    (or it is malformed, or names an ISA this torch does not build with)."""
+    import msgpack
+
+    from hotswap.cache.trust import read_private
+
+    try:
+        records = msgpack.unpackb(read_private(path), raw=False)
+        adopt({"vec_isa": records})
+    except (OSError, ValueError, TypeError, msgpack.UnpackException):
+        return False
+    cpu_vec_isa.pick_vec_isa()
+    return True
+
+
+def _write_answer(path: Any, records: Any) -> None:
+    """Write a complete probe's answer for the other workers (none if it was cut short)."""
+    import tempfile
+
+    import msgpack
+
+    if not records:
+        return
+    with contextlib.suppress(OSError):
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(msgpack.packb(records, use_bin_type=True))
+            os.replace(tmp, path)  # readers see the whole answer or none
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _probe_here(cpu_vec_isa: Any) -> None:
+    """Inductor's probe in this process, the ISAs this CPU has checked side by side (each
+    check is a compiler run and a process that loads its result; inductor caches each answer,
+    and then picks from them as it always does)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     candidates = _promised(cpu_vec_isa)
     if len(candidates) > 1:
         with ThreadPoolExecutor(len(candidates), thread_name_prefix="hotswap-probe") as pool:
