@@ -17,8 +17,13 @@ Dask cluster) get a bytecode cache of hotswap's own::
 ``child_env`` sets ``PYTHONPYCACHEPREFIX`` to it and drops ``PYTHONDONTWRITEBYTECODE``
 (HOTSWAP_PYCACHE: ``auto``, the default, where a process started with that environment would
 otherwise recompile torch's sources at every start and the environment names no
-PYTHONPYCACHEPREFIX of its own; ``on``: always; ``off``: never). The caller's own process is
-left as it is, ``-B`` included (a flag, not passed on to the processes hotswap starts).
+PYTHONPYCACHEPREFIX of its own; ``on``: always; ``off``: never). The caller's own process
+writes nothing there, ``-B`` included (a flag, not passed on to the processes hotswap starts);
+but where it writes no bytecode anyway (``sys.dont_write_bytecode``) and has none of torch's,
+``read_in_this_process`` points its later imports at that folder (``sys.pycache_prefix``):
+inductor's modules, which the load path imports while the user's calls run, then come as the
+workers compiled them instead of being compiled from source holding the GIL (the serving
+process's stalls of 300-770 ms on the GPU machine).
 
 Bytecode in that folder is executed: it is used only if the folder is this user's, writable
 by no one else, below folders no one else can swap (``hotswap.cache.trust``, as the artifact
@@ -42,7 +47,8 @@ from hotswap.cache.store import FORMAT_VERSION
 from hotswap.cache.trust import ensure_private_dir
 
 __all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env", "compile_rate",
-           "imported_source_bytes", "plan", "probe_sources", "recompile_reason", "usage"]
+           "imported_source_bytes", "plan", "probe_sources", "read_in_this_process",
+           "recompile_reason", "usage"]
 
 log = logging.getLogger("hotswap")
 
@@ -171,6 +177,21 @@ def plan(env: Mapping[str, str]) -> Bytecode:
     except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
         return Bytecode(setting, recompiles, None, _say_once(
             f"not used: {e}; the processes hotswap starts compile Python sources as before"))
+
+
+def read_in_this_process() -> Path | None:
+    """This process imports from hotswap's bytecode cache from now on, where that changes
+    nothing but speed: it writes no bytecode (``sys.dont_write_bytecode``), names no prefix of
+    its own, and would compile torch's modules from source (``plan``). Returns the folder, or
+    None where nothing changed. Modules without bytecode there compile from source as before,
+    and nothing is written."""
+    if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
+        return None
+    found = plan(os.environ)
+    if found.folder is None or found.recompiles is None:
+        return None
+    sys.pycache_prefix = str(found.folder)
+    return found.folder
 
 
 def _say_once(note: str) -> str:

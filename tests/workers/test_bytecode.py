@@ -130,3 +130,28 @@ def test_a_worker_started_without_bytecode_writes_it_into_the_cache(
     assert mirrored.is_file()  # the job's module, compiled by the worker
     files, size = bytecode.usage(folder)
     assert files > 20 and size > 0  # the worker's other imports too
+
+
+def test_a_process_that_writes_no_bytecode_reads_the_cache_for_its_later_imports(
+        sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NO_WRITE, "1")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    folder = bytecode.read_in_this_process()
+    assert folder == bytecode.cache_folder() and sys.pycache_prefix == str(folder)
+
+
+@pytest.mark.parametrize("case", ["writes bytecode", "own prefix", "bytecode beside", "off"])
+def test_a_process_is_left_alone_where_reading_the_cache_would_change_more_than_speed(
+        case: str, sources: list[Path], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setenv(NO_WRITE, "1")
+    monkeypatch.setattr(sys, "dont_write_bytecode", case != "writes bytecode")
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path) if case == "own prefix" else None)
+    if case == "bytecode beside":
+        for source in sources:
+            py_compile.compile(str(source), cfile=str(bytecode._bytecode_path(source, None)))
+    if case == "off":
+        monkeypatch.setenv("HOTSWAP_PYCACHE", "off")
+    before = sys.pycache_prefix
+    assert bytecode.read_in_this_process() is None and sys.pycache_prefix == before

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from hotswap.engine import threads
 from hotswap.engine.loading.load_guard import count_compiler_runs
 from hotswap.engine.loading.loader import at_lowest_priority
+from hotswap.system import bytecode
 
 __all__ = ["start_warmup", "wait_warmup"]
 
@@ -36,6 +37,9 @@ log = logging.getLogger("hotswap")
 
 
 def _common() -> None:
+    # Inductor's modules as the workers compiled them, where this process would compile them
+    # from source (an environment without bytecode that writes none): bytecode.py.
+    bytecode.read_in_this_process()
     # Dynamo first: it and inductor import each other, and two threads entering that cycle
     # at different modules at once get a half-initialized module and an ImportError (one of
     # them could be the user's first call). Entering at dynamo, as the user's thread does,
