@@ -39,7 +39,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,13 +352,18 @@ class ArtifactCache:
     def _entry_paths(self) -> Iterator[Path]:
         """Every entry file: named by its key, in its key's shard, not a link. Anything else
         under ``entries`` is not hotswap's, and listing, verifying and clearing leave it."""
-        entries = self.root / "entries"
+        return self._sharded("entries", ".hsa", _is_key)
+
+    def _sharded(self, folder: str, suffix: str, named: Callable[[str], bool]) -> Iterator[Path]:
+        """The files ``<folder>/<name[:2]>/<name><suffix>`` whose name is ``named``, not
+        links, in a folder of this user's."""
+        top = self.root / folder
         try:
-            check_private_dir(entries)
+            check_private_dir(top)
         except FileNotFoundError:
             return
-        yield from (p for p in entries.glob("*/*.hsa")
-                    if _is_key(p.stem) and p.parent.name == p.stem[:2]
+        yield from (p for p in top.glob(f"*/*{suffix}")
+                    if named(p.stem) and p.parent.name == p.stem[:2]
                     and not p.parent.is_symlink() and not p.is_symlink())
 
     def _shared_path(self, sha: str, *, make: bool = False) -> Path:
@@ -373,14 +378,7 @@ class ArtifactCache:
 
     def _shared_paths(self) -> Iterator[Path]:
         """Every blob: named by its digest, in its shard, not a link."""
-        shared = self.root / "shared"
-        try:
-            check_private_dir(shared)
-        except FileNotFoundError:
-            return
-        yield from (p for p in shared.glob("*/*.blob")
-                    if _is_digest(p.stem) and p.parent.name == p.stem[:2]
-                    and not p.parent.is_symlink() and not p.is_symlink())
+        return self._sharded("shared", ".blob", _is_digest)
 
     def _write_shared(self, sha: str, data: memoryview) -> None:
         """Store shared content unless a blob of its digest and length is there."""

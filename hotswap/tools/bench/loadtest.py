@@ -64,17 +64,13 @@ ANSWER_TIMEOUT_S = 60.0
 def run(args: argparse.Namespace) -> int:
     """Every model, every variant: serve, drive, then print, plot and save."""
     from hotswap.tools.bench.report import machine
-    from hotswap.tools.bench.row import BENCH_MODELS, is_bench_model
+    from hotswap.tools.bench.row import bench_models
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    bad = [m for m in models if not is_bench_model(m)]
-    if bad:
-        raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)} or "
-                         "corpus:NAME (hotswap.tools.corpus)")
+    models = bench_models(args.models)
     for name, value in (("--rate", args.rate), ("--duration-s", args.duration_s),
                         ("--window-s", args.window_s)):
         if value <= 0:

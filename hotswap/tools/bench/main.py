@@ -64,7 +64,7 @@ from typing import Any
 
 from hotswap.tools.bench.loadtest import DEFAULT_VARIANTS, VARIANTS
 from hotswap.tools.bench.report import machine, missed, report, write_markdown
-from hotswap.tools.bench.row import BENCH_MODELS, dispatch_overhead, is_bench_model, run_row
+from hotswap.tools.bench.row import BENCH_MODELS, bench_models, dispatch_overhead, run_row
 from hotswap.tools.bench.spawn import spawn_row, stop_service, warm_service
 from hotswap.tools.common import cuda_available, standalone, subcommand
 
@@ -238,11 +238,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    bad = [m for m in models if not is_bench_model(m)]
-    if bad:
-        raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)} or "
-                         "corpus:NAME (hotswap.tools.corpus)")
+    models = bench_models(args.models)
     everything: dict[str, Any] = {"machine": machine(), "rows": [], "dispatch": {}}
     cluster = None
     if any(r.endswith("@cluster") for r in rows) and args.cluster == "local":

@@ -26,6 +26,16 @@ def is_bench_model(name: str) -> bool:
     return name in BENCH_MODELS or (name.startswith("corpus:") and zoo.known(name))
 
 
+def bench_models(text: str) -> list[str]:
+    """The models of a ``--models`` comma list; SystemExit naming the unknown ones."""
+    models = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in models if not is_bench_model(m)]
+    if bad:
+        raise SystemExit(f"unknown bench models {bad}; choose from {list(BENCH_MODELS)} or "
+                         "corpus:NAME (hotswap.tools.corpus)")
+    return models
+
+
 def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
     """A zoo model in inference (bf16 on CUDA, float32 on CPU) and its inputs."""
     from hotswap.tools import zoo
