@@ -40,6 +40,7 @@ from hotswap.engine.compose import compose
 from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.graphs import Graphs
 from hotswap.engine.journey import GraphJourney, GraphStatus
+from hotswap.engine.loading.first_run import FirstRun
 from hotswap.engine.logs import setup_logging
 from hotswap.engine.options import Options, Tier
 from hotswap.engine.policy.ladder import Ladder, Measure
@@ -123,7 +124,7 @@ class Coordinator:
         compat.reset_with_dynamo(self)
         prepared = prepare(gm, example_inputs, keys=self._keys, ship=self.composition.remote,
                            start_s=t0)
-        journey = self._journey(gm, prepared)
+        journey = self._journey(gm, prepared, FirstRun.capture(gm, example_inputs))
         if self.recorder.profiling:
             self.recorder.dynamo_trace(journey, t0)
             self.recorder.graph_seen(journey.graph_id, gm, example_inputs, journey.origin)
@@ -153,7 +154,8 @@ class Coordinator:
               threads: int | None) -> dict[str, str]:
         return self.cache.keys(gm, inputs, grad, self.ladder.tiers, threads)
 
-    def _journey(self, gm: torch.fx.GraphModule, prepared: Prepared) -> GraphJourney:
+    def _journey(self, gm: torch.fx.GraphModule, prepared: Prepared,
+                 first_run: FirstRun | None = None) -> GraphJourney:
         """The graph's runner (eager until a tier swaps in) and its journey. A shipped graph's
         first call, once served, starts this process's load path (warmup.py): its imports
         hold the GIL for a second or more, so not during the call dynamo is tracing; a load
@@ -166,7 +168,7 @@ class Coordinator:
                                       verify=self.options.verify, after_first_call=warm)
         journey = GraphJourney(runner, gm, tiers, self.recorder, prepared,
                                raise_failures=self.options.on_failure == "raise",
-                               retain=self._retain)
+                               retain=self._retain, first_run=first_run)
         self.graphs.add(journey)
         return journey
 

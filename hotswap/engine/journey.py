@@ -38,6 +38,7 @@ import torch
 
 from hotswap.counting import bump
 from hotswap.engine.graph import GraphRunner, TierFailed
+from hotswap.engine.loading.first_run import FirstRun
 from hotswap.engine.options import Tier
 from hotswap.engine.shipping.request import GraphRequest, Prepared
 from hotswap.engine.shipping.wire import CachedEntry, InputMeta
@@ -197,7 +198,8 @@ class GraphJourney:
 
     def __init__(self, runner: GraphRunner, gm: torch.fx.GraphModule, tiers: list[Tier],
                  recorder: Recorder, prepared: Prepared | None = None, *,
-                 raise_failures: bool = False, retain: bool = False) -> None:
+                 raise_failures: bool = False, retain: bool = False,
+                 first_run: FirstRun | None = None) -> None:
         prepared = prepared or Prepared(origin="")
         self.runner = runner
         self.graph_id = runner.graph_id
@@ -209,6 +211,9 @@ class GraphJourney:
         self.here_because = prepared.here_because  # why it compiles here, not in a worker
         self.origin = prepared.origin              # where the graph came from (cache labels)
         self.keys: dict[str, str] = dict(prepared.keys)  # tier -> cache key
+        # Copies of the example inputs each loaded tier first runs on (first_run.py); None
+        # where no run is safe or worth it, and once the graph is final.
+        self.first_run = first_run
         self._raise_failures = raise_failures
         self._retain = retain                    # keep request and entries once final
         self._lock = threading.Lock()
@@ -447,6 +452,7 @@ class GraphJourney:
 
     def let_go(self) -> None:
         """The ladder is final: nothing will ship or measure this graph again."""
+        self.first_run = None  # no tier loads any more
         if self._retain:
             return
         with self._lock:

@@ -33,7 +33,8 @@ __all__ = [
 # hotswap's own stages, in the order a tier goes through them.
 STAGE_ORDER = ("dynamo_trace", "serialize", "cache_lookup", "queue_wait", "worker_deserialize",
                "graph_unpickle", "inductor_compile", "collect_files", "transfer", "load",
-               "cache_load", "inprocess_compile", "gate_bench", "swap", "first_call")
+               "cache_load", "first_run", "inprocess_compile", "gate_bench", "swap",
+               "first_call")
 COMPILE_ORDER = ("aot_autograd", "lowering", "codegen", "autotuning", "kernel_compile",
                  "artifact_save", "load", "inductor_other")
 

@@ -179,3 +179,16 @@ def test_a_fresh_process_loads_gpu_artifacts_without_running_a_compiler(tmp_path
     from tests.engine.test_load_guard import check_fresh_loads_run_no_compiler
 
     check_fresh_loads_run_no_compiler(tmp_path, "cuda")
+
+
+def test_a_loaded_tier_runs_once_on_copies_before_it_serves() -> None:
+    torch._dynamo.reset()
+    x, w = matmul_relu_inputs()
+    compiled = hotswap.compile(matmul_relu, mode="async", fullgraph=True)
+    with torch.no_grad():
+        expected = matmul_relu(x, w)
+        _serve_until_final(compiled, lambda: compiled(x, w))
+        [status] = hotswap.status(compiled)
+        assert status.tier == "default" and status.timings_s["default/first_run"] > 0.0
+        x.zero_()  # the run read copies: the user's tensors are the user's
+        torch.testing.assert_close(compiled(x, w), torch.zeros_like(expected))

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from hotswap.engine.journey import GraphJourney
+from hotswap.engine.loading.cudagraphs import CudaGraphed
 from hotswap.engine.options import Tier
 from hotswap.engine.recording import Recorder
 from hotswap.engine.shipping.request import count_error, devices_of
@@ -77,6 +78,16 @@ class WorkerJobs:
         t = time.monotonic()
         fn = self._loads.load(entry, tier.load_config)
         self._recorder.span(journey, tier.name, stage, t, time.monotonic())
+        first_run = journey.first_run
+        if first_run is not None and not isinstance(fn, CudaGraphed):
+            t = time.monotonic()
+            try:  # what its first user call would pay (first_run.py), paid here
+                first_run.run(fn)
+            except Exception as e:
+                log.info("hotswap: graph %s tier %r: its first run before serving failed "
+                         "(%s: %s); it serves all the same", journey.graph_id, tier.name,
+                         type(e).__name__, e)
+            self._recorder.span(journey, tier.name, "first_run", t, time.monotonic())
         return fn
 
     def cancel(self) -> None:

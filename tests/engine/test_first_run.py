@@ -1,0 +1,86 @@
+"""A loaded tier's first run before it serves (hotswap/engine/loading/first_run.py): which
+graphs get one, what is copied, and that a loaded tier runs once on the copies before the
+user's next call reaches it. CUDA alone gets runs in production; these tests count the CPU as
+such a device (``LAZY_DEVICES``) to see the path without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotswap.engine.coordinator import Coordinator
+from hotswap.engine.loading import first_run
+from hotswap.engine.loading.first_run import FirstRun
+from hotswap.engine.options import Options
+from hotswap.testing.fake import FakeCompiler
+
+
+@pytest.fixture
+def cpu_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(first_run, "LAZY_DEVICES", ("cuda", "cpu"))
+
+
+def _graph(fn: object, *inputs: object) -> torch.fx.GraphModule:
+    return torch.fx.symbolic_trace(fn)  # type: ignore[arg-type]
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w
+
+
+def _in_place(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.add_(w.sum())
+
+
+def test_a_cpu_graph_gets_no_run() -> None:
+    with torch.no_grad():
+        assert FirstRun.capture(_graph(_linear), [torch.randn(2, 3), torch.randn(3, 4)]) is None
+
+
+def test_the_copies_keep_strides_and_parameters_are_not_copied(cpu_runs: None) -> None:
+    x = torch.randn(4, 3).t()  # not contiguous
+    w = torch.nn.Parameter(torch.randn(4, 5))
+    with torch.no_grad():
+        run = FirstRun.capture(_graph(_linear), [x, w])
+    assert run is not None
+    copy, param = run._inputs
+    assert param is w and copy is not x and copy.stride() == x.stride()
+    torch.testing.assert_close(copy, x)
+    x.zero_()  # the user's tensor changes; the copy does not
+    assert copy.abs().sum() > 0
+    assert run.run(lambda a, b: a @ b) >= 0.0
+
+
+@pytest.mark.parametrize("case", ["in place", "grad enabled", "input needs grad", "too large",
+                                  "symbolic"])
+def test_no_run_where_it_would_not_be_safe(case: str, cpu_runs: None,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    gm = _graph(_in_place if case == "in place" else _linear)
+    if case == "input needs grad":
+        x.requires_grad_(True)
+    if case == "too large":
+        monkeypatch.setattr(first_run, "MAX_COPY_BYTES", 16)
+    inputs: list[object] = [x, w] if case != "symbolic" else [x, object()]
+    with torch.set_grad_enabled(case == "grad enabled"):
+        assert FirstRun.capture(gm, inputs) is None
+
+
+def test_a_loaded_tier_runs_once_on_the_copies_before_it_serves(cpu_runs: None) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    fake = FakeCompiler(hold=True)
+    coordinator = Coordinator(Options.create(mode="async"), compiler=fake)
+    compiled = torch.compile(model, backend=coordinator)
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(compiled(x), expected)  # eager: the tier is held
+        fake.release()
+        [status] = coordinator.wait(timeout_s=30)
+        assert status.tier == "default" and fake.calls["default"] == 1  # its first run
+        assert status.timings_s["default/first_run"] >= 0.0
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), expected)
+    assert fake.calls["default"] == 4  # the run, then the three calls
+    [done] = coordinator.status()
+    assert done.final
