@@ -35,9 +35,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,17 +180,36 @@ def plan(env: Mapping[str, str]) -> Bytecode:
             f"not used: {e}; the processes hotswap starts compile Python sources as before"))
 
 
-def read_in_this_process() -> Path | None:
+# How long a child compiling the load path's bytecode may take before this process goes on.
+COMPILE_CHILD_S = 300.0
+
+
+def read_in_this_process(modules: Sequence[str] = ()) -> Path | None:
     """This process imports from hotswap's bytecode cache from now on, where that changes
     nothing but speed: it writes no bytecode (``sys.dont_write_bytecode``), names no prefix of
     its own, and would compile torch's modules from source (``plan``). Returns the folder, or
-    None where nothing changed. Modules without bytecode there compile from source as before,
-    and nothing is written."""
+    None where nothing changed. Nothing is written by this process.
+
+    ``modules``: what it is about to import. Where their bytecode is not in the cache yet (the
+    first process ever), a child process imports them first, writing it (``child_env``), and
+    this thread waits for it: compiling a large module holds the GIL for its whole compile
+    (inductor's imports from source stalled the serving process's calls by 400-750 ms on the
+    GPU machine), a child holds none of this process's, and the imports here then read
+    bytecode."""
     if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
         return None
     found = plan(os.environ)
     if found.folder is None or found.recompiles is None:
         return None
+    sources = probe_sources()
+    if modules and not all(_current(s, _bytecode_path(s, str(found.folder))) for s in sources):
+        code = "".join(f"import {m}\n" for m in modules)
+        try:
+            subprocess.run([sys.executable, "-c", code], env=child_env(dict(os.environ)),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=COMPILE_CHILD_S, check=False)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.debug("hotswap: compiling the load path's bytecode in a child failed: %s", e)
     sys.pycache_prefix = str(found.folder)
     return found.folder
 

@@ -155,3 +155,18 @@ def test_a_process_is_left_alone_where_reading_the_cache_would_change_more_than_
         monkeypatch.setenv("HOTSWAP_PYCACHE", "off")
     before = sys.pycache_prefix
     assert bytecode.read_in_this_process() is None and sys.pycache_prefix == before
+
+
+def test_a_child_compiles_what_this_process_is_about_to_import_into_the_cache(
+        sources: list[Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The first process ever: nothing in the cache yet, so a child imports the modules first
+    # and writes their bytecode there; this process then reads it (and writes nothing).
+    (tmp_path / "hs_about_to_import.py").write_text("VALUE = 42\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(NO_WRITE, "1")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    folder = bytecode.read_in_this_process(["hs_about_to_import"])
+    assert folder is not None
+    assert list(folder.rglob("hs_about_to_import.*.pyc"))
+    assert not list(tmp_path.rglob("__pycache__"))

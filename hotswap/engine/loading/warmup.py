@@ -36,10 +36,21 @@ __all__ = ["start_warmup", "wait_warmup"]
 log = logging.getLogger("hotswap")
 
 
+# What the warm-up imports (the common step's, and the CUDA step's where there is a GPU).
+_COMMON_MODULES = ("torch._dynamo", "torch._functorch._aot_autograd.autograd_cache",
+                   "torch._inductor.codecache", "torch._inductor.compile_fx",
+                   "torch._inductor.standalone_compile")
+_CUDA_MODULES = ("torch._inductor.runtime.triton_heuristics", "torch.utils._triton")
+
+
 def _common() -> None:
-    # Inductor's modules as the workers compiled them, where this process would compile them
-    # from source (an environment without bytecode that writes none): bytecode.py.
-    bytecode.read_in_this_process()
+    # Inductor's modules as bytecode from hotswap's cache, compiled by another process, where
+    # this one would compile them from source holding the GIL (an environment without
+    # bytecode that writes none): bytecode.py.
+    import torch
+
+    bytecode.read_in_this_process(
+        _COMMON_MODULES + (_CUDA_MODULES if torch.cuda.is_available() else ()))
     # Dynamo first: it and inductor import each other, and two threads entering that cycle
     # at different modules at once get a half-initialized module and an ImportError (one of
     # them could be the user's first call). Entering at dynamo, as the user's thread does,
