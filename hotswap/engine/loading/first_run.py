@@ -1,12 +1,12 @@
 """A loaded GPU artifact's first run, on hotswap's thread, before it serves.
 
-An artifact's first calls do work its later ones do not: CUDA loads each kernel's module at
+An artifact's first call does work its later ones do not: CUDA loads each kernel's module at
 its first launch (lazy loading), inductor's runtime sets up each kernel's launcher, and the
-caching allocator grows to the graph's working set. Done in the user's calls, that work was
-the serving process's worst stalls: GPT-2 on the H200 served calls of 260-440 ms in the two
-seconds after its compiled tier swapped in, against 4-8 ms before and after. So a tier loaded
-for a CUDA graph first runs once here, on the scheduler's thread, on copies of the graph's
-example inputs (``FirstRun``), and only then swaps in.
+caching allocator grows to the graph's working set: 50-80 ms for GPT-2's default tier on the
+H200, against 1-3 ms for a later call. Done in the user's first call after the swap, that
+was a stall of its own; so a tier loaded for a CUDA graph first runs once here, on the
+scheduler's thread, on copies of the graph's example inputs (``FirstRun``), and only then
+swaps in.
 
 What is copied and what is not: a tensor input that is a parameter is used as it is (it is
 the model's, alive as long as the model is, and a copy of every weight would double the
