@@ -71,6 +71,9 @@ log = logging.getLogger("hotswap")
 # 4: a header may name shared spans of the payload stored apart from it.
 FORMAT_VERSION = 4
 MAGIC = b"HSWPA\x00\x01\x00"
+# How old a blob no entry names must be before a put removes it (a put in another process
+# writes its blobs before it records them, but never takes this long).
+SHARED_GRACE_S = 3600.0
 # Longest wait for another process's hold on the index (a stopped one holds it for ever):
 # then filelock.Timeout, an OSError, which every caller treats as "index unavailable".
 INDEX_LOCK_WAIT_S = 10.0
@@ -179,7 +182,8 @@ class ArtifactCache:
                 if record is None:
                     if size is None:
                         size = self._path(key).stat().st_size
-                    header = header or {}
+                    # the blobs it names must be known, or an eviction could take them
+                    header = header or _read_header(self._path(key)) or {}
                     record = index[key] = {"size": size, "tier": header.get("tier", ""),
                                            "origin": header.get("origin", ""),
                                            "created_s": header.get("created_s", 0.0),
@@ -217,9 +221,13 @@ class ArtifactCache:
         with self._lock:
             index = self._read_index()
             now = time.time()
+            replaced = index.pop(key, None)  # an entry stored again: its old blobs may go
             index[key] = {"size": size, "tier": tier, "origin": origin, "created_s": now,
                           "used_s": now, "shared": [[sha, n] for sha, _, n in spans]}
+            if replaced is not None:
+                self._remove_unnamed(index, replaced["shared"])
             self._evict(index, keep=key)
+            self._sweep_shared(index)
             self._write_index(index)
             # Blobs go only under this lock, once no record names them: one that another
             # process's eviction removed between our write and our record is written again.
@@ -434,13 +442,29 @@ class ArtifactCache:
         if record is None:
             return 0
         freed: int = record["size"]
+        return freed + self._remove_unnamed(index, record["shared"])
+
+    def _remove_unnamed(self, index: dict[str, dict[str, Any]], shared: list[list[Any]]) -> int:
+        """Remove the blobs of ``shared`` that no record of ``index`` names; bytes freed."""
+        freed = 0
         still = _shared_sizes(index)
-        for sha, n in record["shared"]:
+        for sha, n in shared:
             if sha not in still:
                 freed += n
                 with contextlib.suppress(FileNotFoundError, UntrustedPath):
                     self._shared_path(sha).unlink()
         return freed
+
+    def _sweep_shared(self, index: dict[str, dict[str, Any]]) -> None:
+        """Remove blobs no record names that are older than SHARED_GRACE_S: left by a put cut
+        short (a full disk, a kill) between its blob and its record. A younger one may be a
+        put's under way in another process (it writes its blobs before taking the lock)."""
+        named = _shared_sizes(index)
+        old = time.time() - SHARED_GRACE_S
+        for blob in self._shared_paths():
+            with contextlib.suppress(OSError):
+                if blob.stem not in named and blob.lstat().st_mtime < old:
+                    blob.unlink()
 
     def _verify(self, parts: tuple[bytes, bytes, bytes], key: str
                 ) -> tuple[dict[str, Any], bytes]:
@@ -498,7 +522,7 @@ class ArtifactCache:
                           "used_s": st.st_atime, "shared": _shared_record(header)}
                 # Labels from a header as written (unverified): kept only if well formed.
                 index[path.stem] = index_record(record) or {
-                    **record, "tier": "", "origin": "", "created_s": st.st_mtime}
+                    **record, "tier": "", "origin": "", "created_s": st.st_mtime, "shared": []}
         return index
 
     def _write_index(self, index: dict[str, dict[str, Any]]) -> None:
@@ -639,7 +663,7 @@ def _shared_record(header: dict[str, Any] | None) -> list[list[Any]]:
         return []
     return [[s[0], s[2]] for s in spans
             if isinstance(s, list) and len(s) == 3 and _is_digest(s[0])
-            and isinstance(s[2], int) and s[2] > 0]
+            and isinstance(s[2], int) and not isinstance(s[2], bool) and 0 < s[2] < 2**40]
 
 
 def _shared_sizes(index: dict[str, dict[str, Any]]) -> dict[str, int]:

@@ -209,3 +209,36 @@ def test_shared_spans_must_lie_inside_the_payload_and_apart(tmp_path: Path) -> N
             cache.put(KEY_A, b"0123456789", shared=spans)
     cache.put(KEY_A, b"0123456789", shared=[(6, 4), (0, 2)])
     assert cache.get(KEY_A) == b"0123456789"
+
+
+def test_blobs_no_entry_names_go_once_old_and_a_replaced_entry_lets_its_own_go(
+        tmp_path: Path) -> None:
+    import os
+    import time
+
+    cache = _cache(tmp_path / "c")
+    _put_entry(cache, KEY_A, _entry(b"a" * 500, b"h" * (128 * 1024)))
+    [first] = (tmp_path / "c" / "shared").glob("*/*.blob")
+    # The same key stored again with another header: the old header goes with the old record.
+    _put_entry(cache, KEY_A, _entry(b"a" * 500, b"g" * (128 * 1024)))
+    assert not first.exists() and cache.stats()["shared_files"] == 1
+    # A blob a put cut short left (no record names it): kept while young, removed once old.
+    stray = first.parent.parent / ("ab")
+    stray.mkdir(exist_ok=True)
+    young, old = stray / ("ab" + "1" * 62 + ".blob"), stray / ("ab" + "2" * 62 + ".blob")
+    for blob in (young, old):
+        blob.write_bytes(b"left behind")
+        blob.chmod(0o600)
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    cache.put(KEY_B, b"another entry")
+    assert young.exists() and not old.exists()
+
+
+def test_an_entry_noted_without_a_record_keeps_the_blobs_it_names(tmp_path: Path) -> None:
+    header = b"h" * (128 * 1024)
+    cache = _cache(tmp_path / "c")
+    _put_entry(cache, KEY_A, _entry(b"a" * 500, header))
+    (tmp_path / "c" / "index.msgpack").write_bytes(b"\x80")  # an empty index: no record
+    cache.touch(KEY_A)
+    [entry] = cache.entries()
+    assert entry.shared_bytes == len(header)

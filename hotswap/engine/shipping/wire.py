@@ -161,7 +161,7 @@ class BenchRequest:
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> BenchRequest:
-        entries = {t: e if isinstance(e, bytes) else CachedEntry(**e)
+        entries = {t: e if isinstance(e, bytes | bytearray) else CachedEntry(**e)
                    for t, e in data["entries"].items()}
         return cls(**{**data, "entries": entries, "inputs": _metas_from_wire(data["inputs"]),
                       "pair": tuple(data.get("pair", ()))})
