@@ -20,10 +20,10 @@ otherwise recompile torch's sources at every start and the environment names no
 PYTHONPYCACHEPREFIX of its own; ``on``: always; ``off``: never). The caller's own process
 writes nothing there, ``-B`` included (a flag, not passed on to the processes hotswap starts);
 but where it writes no bytecode anyway (``sys.dont_write_bytecode``) and has none of torch's,
-``read_in_this_process`` points its later imports at that folder (``sys.pycache_prefix``):
-inductor's modules, which the load path imports while the user's calls run, then come as the
-workers compiled them instead of being compiled from source holding the GIL (the serving
-process's stalls of 300-770 ms on the GPU machine).
+``read_for_imports`` points the load path's own imports at that folder (``sys.pycache_prefix``,
+for those imports alone): inductor's modules, which the load path imports while the user's
+calls run, then come as bytecode instead of being compiled from source holding the GIL (the
+serving process's stalls of 400-750 ms on the GPU machine).
 
 Bytecode in that folder is executed: it is used only if the folder is this user's, writable
 by no one else, below folders no one else can swap (``hotswap.cache.trust``, as the artifact
@@ -32,13 +32,15 @@ cache it sits in). Otherwise the processes start as before and hotswap says why,
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib.util
 import logging
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +50,7 @@ from hotswap.cache.store import FORMAT_VERSION
 from hotswap.cache.trust import ensure_private_dir
 
 __all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env", "compile_rate",
-           "imported_source_bytes", "plan", "probe_sources", "read_in_this_process",
+           "imported_source_bytes", "plan", "probe_sources", "read_for_imports",
            "recompile_reason", "usage"]
 
 log = logging.getLogger("hotswap")
@@ -184,34 +186,67 @@ def plan(env: Mapping[str, str]) -> Bytecode:
 COMPILE_CHILD_S = 300.0
 
 
-def read_in_this_process(modules: Sequence[str] = ()) -> Path | None:
-    """This process imports from hotswap's bytecode cache from now on, where that changes
-    nothing but speed: it writes no bytecode (``sys.dont_write_bytecode``), names no prefix of
-    its own, and would compile torch's modules from source (``plan``). Returns the folder, or
-    None where nothing changed. Nothing is written by this process.
+@contextlib.contextmanager
+def read_for_imports(modules: Sequence[str] = ()) -> Iterator[Path | None]:
+    """Inside the block, this process reads bytecode from hotswap's cache (``sys.pycache_prefix``,
+    restored after), where that changes nothing but speed: it writes no bytecode
+    (``sys.dont_write_bytecode``), names no prefix of its own, and would compile torch's
+    modules from source (``plan``). Yields the folder, or None where nothing changed. Only
+    the block's own imports are meant (a prefix also hides the ``__pycache__`` beside every
+    source, the standard library's too), and nothing is written by this process.
 
-    ``modules``: what it is about to import. Where their bytecode is not in the cache yet (the
+    ``modules``: what the block imports. Where their bytecode is not in the cache yet (the
     first process ever), a child process imports them first, writing it (``child_env``), and
     this thread waits for it: compiling a large module holds the GIL for its whole compile
     (inductor's imports from source stalled the serving process's calls by 400-750 ms on the
-    GPU machine), a child holds none of this process's, and the imports here then read
-    bytecode."""
+    GPU machine), a child holds none of this process's. A child still running at exit is
+    killed."""
+    folder = _reading_folder()
+    if folder is None:
+        yield None
+        return
+    if modules and not all(_current(s, _bytecode_path(s, str(folder))) for s in probe_sources()):
+        _compile_in_a_child(modules)
+    sys.pycache_prefix = str(folder)
+    try:
+        yield folder
+    finally:
+        sys.pycache_prefix = None
+
+
+def _reading_folder() -> Path | None:
     if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
         return None
     found = plan(os.environ)
-    if found.folder is None or found.recompiles is None:
-        return None
-    sources = probe_sources()
-    if modules and not all(_current(s, _bytecode_path(s, str(found.folder))) for s in sources):
-        code = "".join(f"import {m}\n" for m in modules)
-        try:
-            subprocess.run([sys.executable, "-c", code], env=child_env(dict(os.environ)),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=COMPILE_CHILD_S, check=False)
-        except (OSError, subprocess.SubprocessError) as e:
-            log.debug("hotswap: compiling the load path's bytecode in a child failed: %s", e)
-    sys.pycache_prefix = str(found.folder)
-    return found.folder
+    return found.folder if found.recompiles is not None else None
+
+
+_children: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_children() -> None:
+    for child in list(_children):
+        with contextlib.suppress(OSError):
+            child.kill()
+
+
+def _compile_in_a_child(modules: Sequence[str]) -> None:
+    code = "".join(f"import {m}\n" for m in modules)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code], env=child_env(dict(os.environ)),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as e:
+        log.debug("hotswap: compiling the load path's bytecode in a child failed: %s", e)
+        return
+    _children.add(child)
+    try:
+        child.wait(timeout=COMPILE_CHILD_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    finally:
+        _children.discard(child)
 
 
 def _say_once(note: str) -> str:

@@ -84,3 +84,49 @@ def test_a_loaded_tier_runs_once_on_the_copies_before_it_serves(cpu_runs: None) 
     assert fake.calls["default"] == 4  # the run, then the three calls
     [done] = coordinator.status()
     assert done.final
+
+
+def _draws(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x @ w) + torch.randn_like(w)
+
+
+def _dropout(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x @ w, 0.1, True)
+
+
+def _eval_dropout(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x @ w, 0.1, False)
+
+
+def _sets_item() -> torch.fx.GraphModule:
+    """``w[0] = 1.0; return x @ w`` (symbolic tracing cannot assign items)."""
+    import operator
+
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    graph.call_function(operator.setitem, (w, 0, 1.0))
+    graph.output(graph.call_function(operator.matmul, (x, w)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize(("fn", "runs"), [(_draws, False), (_dropout, False),
+                                          (_eval_dropout, True), (None, False)],
+                         ids=["random", "dropout in training", "dropout in eval", "setitem"])
+def test_graphs_that_draw_random_numbers_or_assign_items_get_no_run(
+        fn: object, runs: bool, cpu_runs: None) -> None:
+    gm = _sets_item() if fn is None else _graph(fn)
+    with torch.no_grad():
+        run = FirstRun.capture(gm, [torch.randn(3, 4), torch.randn(4, 4)])
+    assert (run is not None) is runs
+
+
+def test_every_graphs_copies_together_stay_under_the_limit(
+        cpu_runs: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(first_run, "_held_bytes", 0)
+    monkeypatch.setattr(first_run, "MAX_COPY_BYTES", 3 * (3 * 4 + 4 * 4) * 4 - 1)  # 2 graphs
+    with torch.no_grad():
+        runs = [FirstRun.capture(_graph(_linear), [torch.randn(3, 4), torch.randn(4, 4)])
+                for _ in range(3)]
+        assert [r is not None for r in runs] == [True, True, False]
+        del runs  # their copies go: room again
+        assert FirstRun.capture(_graph(_linear), [torch.randn(3, 4), torch.randn(4, 4)])

@@ -137,8 +137,9 @@ def test_a_process_that_writes_no_bytecode_reads_the_cache_for_its_later_imports
     monkeypatch.setenv(NO_WRITE, "1")
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.setattr(sys, "pycache_prefix", None)
-    folder = bytecode.read_in_this_process()
-    assert folder == bytecode.cache_folder() and sys.pycache_prefix == str(folder)
+    with bytecode.read_for_imports() as folder:
+        assert folder == bytecode.cache_folder() and sys.pycache_prefix == str(folder)
+    assert sys.pycache_prefix is None  # the block's imports alone: __pycache__ counts again
 
 
 @pytest.mark.parametrize("case", ["writes bytecode", "own prefix", "bytecode beside", "off"])
@@ -154,7 +155,8 @@ def test_a_process_is_left_alone_where_reading_the_cache_would_change_more_than_
     if case == "off":
         monkeypatch.setenv("HOTSWAP_PYCACHE", "off")
     before = sys.pycache_prefix
-    assert bytecode.read_in_this_process() is None and sys.pycache_prefix == before
+    with bytecode.read_for_imports() as folder:
+        assert folder is None and sys.pycache_prefix == before
 
 
 def test_a_child_compiles_what_this_process_is_about_to_import_into_the_cache(
@@ -166,7 +168,7 @@ def test_a_child_compiles_what_this_process_is_about_to_import_into_the_cache(
     monkeypatch.setenv(NO_WRITE, "1")
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.setattr(sys, "pycache_prefix", None)
-    folder = bytecode.read_in_this_process(["hs_about_to_import"])
-    assert folder is not None
+    with bytecode.read_for_imports(["hs_about_to_import"]) as folder:
+        assert folder is not None
     assert list(folder.rglob("hs_about_to_import.*.pyc"))
     assert not list(tmp_path.rglob("__pycache__"))

@@ -14,23 +14,33 @@ model's memory); every other tensor input is cloned (its strides kept) when the 
 first seen, so the run reads what the user's first call passed without holding the user's
 tensors. Nothing runs where that is not safe:
 
-- a graph that updates a tensor in place (a method or function whose name ends in ``_``):
-  its run would write to a parameter, or differ from the user's;
+- a graph that updates a tensor in place (a method or function whose name ends in ``_``, an
+  item assignment, an augmented operator): its run would write to a parameter;
+- a graph that draws random numbers (``rand*``, ``bernoulli``, ``multinomial``, dropout in
+  training, ...): its run would draw from the device's generator, which the user's thread
+  shares, and shift the user's random stream;
 - a graph with an input that needs grad, or compiled with grad enabled: the run would build
   an autograd graph nobody uses;
 - inputs on the CPU only (no lazy kernel loading there, and a run competes with the caller's
   calls for the cores), or non-parameter inputs over ``MAX_COPY_BYTES``;
 - a CUDA-graph tier (``CudaGraphed``): its capture must happen in the serving thread.
 
-The copies go when the graph is final (``GraphJourney``). A run that fails is logged and the
-tier swaps in as it would have; its first user call then pays what the run would have.
+The run goes on a stream of its own, after the copies were made (an event recorded then), and
+waits for that stream alone, not the device. The copies go when the graph is final
+(``GraphJourney``); all graphs' copies together stay under ``MAX_COPY_BYTES`` (a graph past it
+gets none). A run that fails is logged and the tier swaps in as it would have; its first user
+call then pays what the run would have. A CUDA graph the user captures in another thread with
+the global capture mode (``torch.cuda.graph``'s default) while a tier loads may see the load's
+CUDA calls refused; capture with ``capture_error_mode="thread_local"`` where tiers may load.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -39,8 +49,20 @@ __all__ = ["LAZY_DEVICES", "MAX_COPY_BYTES", "FirstRun"]
 
 log = logging.getLogger("hotswap")
 
-# The most a graph's copied inputs may take (bytes, all devices together).
+# The most every graph's copied inputs together may take (bytes, all devices).
 MAX_COPY_BYTES = 256 * 2**20
+_held_lock = threading.Lock()
+_held_bytes = 0  # what the live FirstRun objects' copies take
+# Torch-level calls that draw random numbers (dropout only in training: checked apart).
+_RANDOM = ("rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+           "bernoulli", "multinomial", "normal", "poisson", "uniform", "exponential",
+           "geometric", "cauchy", "log_normal", "rrelu", "native_dropout")
+_DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+             "feature_alpha_dropout")
+_IN_PLACE = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul,
+                       operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow,
+                       operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                       operator.irshift, operator.imatmul})
 # Device kinds whose first run pays work later runs do not (a graph on none of them is not run).
 LAZY_DEVICES = ("cuda",)
 
@@ -49,13 +71,35 @@ class FirstRun:
     """Copies of a graph's example inputs, to run each of its loaded tiers once before it
     serves. ``capture`` returns None where a run would not be safe or worth it."""
 
-    def __init__(self, inputs: tuple[Any, ...], devices: tuple[torch.device, ...]) -> None:
+    def __init__(self, inputs: tuple[Any, ...], devices: tuple[torch.device, ...],
+                 size: int = 0) -> None:
         self._inputs = inputs
         self._devices = devices
+        self._size = size
+        self._ready = [torch.cuda.Event() for _ in devices]  # type: ignore[no-untyped-call]
+        for event, device in zip(self._ready, devices, strict=True):
+            event.record(torch.cuda.current_stream(device))  # the copies are made by then
+
+    def __del__(self) -> None:
+        global _held_bytes
+        with _held_lock:
+            _held_bytes -= getattr(self, "_size", 0)
 
     @classmethod
     def capture(cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FirstRun | None:
-        if torch.is_grad_enabled() or _updates_in_place(gm):
+        """Copies for a graph's first runs, or None (no run: not safe, not worth it, or an
+        error meanwhile: it is never the user's call's)."""
+        try:
+            return cls._capture(gm, example_inputs)
+        except Exception as e:
+            log.debug("hotswap: no first run before serving: %s: %s", type(e).__name__, e)
+            return None
+
+    @classmethod
+    def _capture(cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+                 ) -> FirstRun | None:
+        global _held_bytes
+        if torch.is_grad_enabled() or _updates_in_place(gm) or _draws_random(gm):
             return None
         copied: list[Any] = []
         devices: set[torch.device] = set()
@@ -81,30 +125,71 @@ class FirstRun:
                 return None
         if not devices:
             return None
-        return cls(tuple(copied), tuple(sorted(devices, key=str)))
+        with _held_lock:
+            if _held_bytes + size > MAX_COPY_BYTES:
+                return None
+            _held_bytes += size
+        if not all(d.type == "cuda" for d in devices):  # the CPU counted as lazy (tests)
+            return _Plain(tuple(copied), size)
+        return cls(tuple(copied), tuple(sorted(devices, key=str)), size)
 
     def run(self, fn: Any) -> float:
-        """Call ``fn`` once on the copies and wait for the devices; the seconds it took."""
+        """Call ``fn`` once on the copies, on a stream of its own, and wait for that stream;
+        the seconds it took."""
         start = time.monotonic()
-        with torch.no_grad():
+        device = self._devices[0]
+        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        for event in self._ready:
+            side.wait_event(event)
+        with torch.no_grad(), torch.cuda.stream(side):
             fn(*self._inputs)
-        for device in self._devices:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        side.synchronize()
         return time.monotonic() - start
 
 
-def _updates_in_place(gm: torch.fx.GraphModule) -> bool:
-    """Whether the graph calls an in-place method or function (``add_``, ``copy_``, ...)."""
+class _Plain(FirstRun):
+    """A first run on devices without streams (the CPU, where tests count it as lazy)."""
+
+    def __init__(self, inputs: tuple[Any, ...], size: int) -> None:
+        self._inputs, self._devices, self._size = inputs, (), size
+
+    def run(self, fn: Any) -> float:
+        start = time.monotonic()
+        with torch.no_grad():
+            fn(*self._inputs)
+        return time.monotonic() - start
+
+
+def _calls(gm: torch.fx.GraphModule) -> Iterator[tuple[Any, str]]:
+    """(node, the name of what it calls) of every call in the graph."""
     for node in gm.graph.nodes:
-        if node.op not in ("call_method", "call_function"):
-            continue
-        name = node.target if isinstance(node.target, str) else getattr(
-            node.target, "__name__", "")
-        if name.endswith("_") and not name.endswith("__"):
+        if node.op in ("call_method", "call_function"):
+            name = node.target if isinstance(node.target, str) else getattr(
+                node.target, "__name__", "")
+            yield node, str(name)
+
+
+def _updates_in_place(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph updates a tensor in place: an in-place method or function (``add_``,
+    ``copy_``), an item assignment or augmented operator, ``out=`` or ``inplace=True``."""
+    for node, name in _calls(gm):
+        if (name.endswith("_") and not name.endswith("__")) or node.target in _IN_PLACE \
+                or name in ("__setitem__", "setitem") or name.startswith("__i"):
             return True
         if node.kwargs.get("out") is not None or node.kwargs.get("inplace") is True:
             return True
+    return False
+
+
+def _draws_random(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph draws random numbers (dropout: unless its ``training`` is False)."""
+    for node, name in _calls(gm):
+        if name in _RANDOM:
+            return True
+        if name in _DROPOUTS:
+            training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+            if training is not False:
+                return True
     return False
 
 

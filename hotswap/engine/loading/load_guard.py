@@ -37,7 +37,7 @@ from typing import Any
 from hotswap.counting import bump
 
 __all__ = ["adopt", "count_compiler_runs", "cpp_sources", "load_config", "probe_vec_isa",
-           "probes", "record_precompiled_headers", "reprobe_if_cut_short"]
+           "probes", "record_precompiled_headers", "reprobe_if_cut_short", "uncounted"]
 
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.spawn", "os.system",
                            "os.exec", "os.fork"})
@@ -76,6 +76,18 @@ def count_compiler_runs() -> Iterator[None]:
         yield
     finally:
         _watched.depth -= 1
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Processes this thread starts inside the block are not a load's compiler runs (within a
+    ``count_compiler_runs`` block: hotswap's own helpers, such as a bytecode compile)."""
+    depth = _depth()
+    _watched.depth = 0
+    try:
+        yield
+    finally:
+        _watched.depth = depth
 
 
 def load_config() -> dict[str, Any]:
@@ -262,7 +274,9 @@ def probe_vec_isa(shared_dir: str | None = None) -> None:
             if _adopt_answer(answer, cpu_vec_isa):
                 return
             _probe_here(cpu_vec_isa)
-            _write_answer(answer, probes().get("vec_isa"))
+            found = probes().get("vec_isa") or []
+            if len(found) == len(_promised(cpu_vec_isa)):  # a probe cut short is not shared
+                _write_answer(answer, found)
     except (OSError, filelock.Timeout):  # a lock held too long, a folder gone: probe here
         if not _answered(cpu_vec_isa):
             _probe_here(cpu_vec_isa)
@@ -303,9 +317,10 @@ def _answer_path(shared_dir: str | None) -> Any:
 def _machine_key() -> dict[str, Any]:
     """What a probe's answer depends on: torch's build, this CPU's flags, the compiler."""
     import torch
-    from torch._inductor import cpu_vec_isa
+    from torch._inductor import config, cpu_vec_isa
 
-    key: dict[str, Any] = {"torch": torch.__version__, "machine": platform.machine()}
+    key: dict[str, Any] = {"torch": torch.__version__, "machine": platform.machine(),
+                           "vec_isa_ok": getattr(config.cpp, "vec_isa_ok", None)}
     checker = getattr(cpu_vec_isa, "x86_isa_checker", None)
     with contextlib.suppress(Exception):
         key["cpu_flags"] = sorted(checker()) if checker is not None else []
@@ -336,7 +351,7 @@ def _adopt_answer(path: Any, cpu_vec_isa: Any) -> bool:
 
 
 def _write_answer(path: Any, records: Any) -> None:
-    """Write a complete probe's answer for the other workers (none if it was cut short)."""
+    """Write a complete probe's answer for the other workers."""
     import tempfile
 
     import msgpack

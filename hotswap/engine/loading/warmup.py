@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from hotswap.engine import threads
+from hotswap.engine.loading import load_guard
 from hotswap.engine.loading.load_guard import count_compiler_runs
 from hotswap.engine.loading.loader import at_lowest_priority
 from hotswap.system import bytecode
@@ -44,22 +45,26 @@ _CUDA_MODULES = ("torch._inductor.runtime.triton_heuristics", "torch.utils._trit
 
 
 def _common() -> None:
-    # Inductor's modules as bytecode from hotswap's cache, compiled by another process, where
-    # this one would compile them from source holding the GIL (an environment without
-    # bytecode that writes none): bytecode.py.
     import torch
 
-    bytecode.read_in_this_process(
-        _COMMON_MODULES + (_CUDA_MODULES if torch.cuda.is_available() else ()))
-    # Dynamo first: it and inductor import each other, and two threads entering that cycle
-    # at different modules at once get a half-initialized module and an ImportError (one of
-    # them could be the user's first call). Entering at dynamo, as the user's thread does,
-    # makes one thread wait for the other instead.
-    import torch._dynamo
-    import torch._functorch._aot_autograd.autograd_cache
-    import torch._inductor.codecache
-    import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
-    import torch._inductor.standalone_compile
+    # Inductor's modules as bytecode from hotswap's cache (compiled by a child process the
+    # first time), where this process would compile them from source holding the GIL (an
+    # environment without bytecode that writes none): bytecode.py. The child is no compiler
+    # run of a load's (load_guard).
+    modules = _COMMON_MODULES + (_CUDA_MODULES if torch.cuda.is_available() else ())
+    with load_guard.uncounted(), bytecode.read_for_imports(modules):
+        # Dynamo first: it and inductor import each other, and two threads entering that
+        # cycle at different modules at once get a half-initialized module and an ImportError
+        # (one of them could be the user's first call). Entering at dynamo, as the user's
+        # thread does, makes one thread wait for the other instead.
+        import torch._dynamo
+        import torch._functorch._aot_autograd.autograd_cache
+        import torch._inductor.codecache
+        import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
+        import torch._inductor.standalone_compile
+        if torch.cuda.is_available():
+            import torch._inductor.runtime.triton_heuristics
+            import torch.utils._triton
 
     torch_key = getattr(torch._inductor.codecache, "torch_key", None)  # one file hash per process
     if torch_key is not None:
