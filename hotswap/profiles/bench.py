@@ -261,9 +261,10 @@ DECISIVE = 1.5
 # cannot make one tier look faster measurement after measurement.
 CONSISTENT = 3
 # Contended measurements after which a pair whose ratios' geometric mean stays within
-# CLOSE_MARGIN thresholds of 1.0 is too close to call on this machine: the serving tier stays.
-# So does a pair still undecided at its last attempt whose 95 % interval lies within
-# CLOSE_MARGIN thresholds either way. Either is a "close" verdict: what it may cost is bounded
+# CLOSE_MARGIN thresholds of 1.0 is too close to call on this machine: the serving tier stays
+# ("low": contention pulls ratios toward 1.0, so a later process measures it again). A pair
+# still undecided at its last attempt whose 95 % interval of clean rounds lies within
+# CLOSE_MARGIN thresholds either way is a "close" verdict: what it may cost is bounded
 # (CLOSE_MARGIN * threshold, 5 % at the default 2 %), so later processes take it as it is
 # instead of measuring the pair again at every start.
 CLOSE_AFTER = 5
@@ -291,7 +292,7 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
     the serving tier) put the same tier ahead by more than ``threshold``, CONSISTENT in all.
     ``contended_mean``: (how many contended measurements of the pair, this one included; the
     geometric mean of their ratios); from CLOSE_AFTER on, a mean within CLOSE_MARGIN
-    thresholds of 1.0 keeps the serving tier ("close" confidence: too close to call here).
+    thresholds of 1.0 keeps the serving tier ("low" confidence: too close to call here).
     Anything else is "undecided" — unless ``last_attempt``: then the serving tier stays,
     "close" where the interval lies within CLOSE_MARGIN thresholds either way, else "low"
     (a later process measures it again).
@@ -318,7 +319,7 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
         elif outcome == "undecided" and contended_mean is not None:
             count, mean = contended_mean
             if count >= CLOSE_AFTER and abs(math.log(mean)) <= CLOSE_MARGIN * threshold:
-                outcome, confidence = "keep", "close"
+                outcome, confidence = "keep", "low"
                 why = (f"too close to call on this machine: over {count} contended measurements "
                        f"the ratio averaged {mean:.3f} (geometric mean); the serving tier stays")
     if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays
