@@ -191,6 +191,8 @@ class Candidate:
     against: str = ""         # the tier it is weighed against ("eager" too), once measured
     evidence: float = 0.0     # contended measurements' log ratios, summed (gate.Retry)
     streak: int = 0           # contended measurements in a row with one tier ahead (gate.Retry)
+    clean: int = 0            # clean rounds of the contended measurements so far (gate.Retry)
+    blind: int = 0            # contended measurements without one clean round (gate.Retry)
 
 
 class GraphJourney:

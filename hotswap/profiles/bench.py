@@ -261,8 +261,11 @@ DECISIVE = 1.5
 # cannot make one tier look faster measurement after measurement.
 CONSISTENT = 3
 # Contended measurements after which a pair whose ratios' geometric mean stays within
-# CLOSE_MARGIN thresholds of 1.0 is too close to call on this machine: the serving tier stays
-# ("low": contention pulls ratios toward 1.0, so a later process measures it again). A pair
+# CLOSE_MARGIN thresholds of 1.0 is too close to call on this machine: the serving tier stays.
+# Each measurement's ratio is the median of its clean rounds: where every one had some (and
+# MIN_CLEAN together), contention bent none and the verdict is "close"; where one came from
+# contended rounds alone (their fastest blocks, pulled toward 1.0), "low" and a later process
+# measures it again. A pair
 # still undecided at its last attempt whose 95 % interval of clean rounds lies within
 # CLOSE_MARGIN thresholds either way is a "close" verdict: what it may cost is bounded
 # (CLOSE_MARGIN * threshold, 5 % at the default 2 %), so later processes take it as it is
@@ -283,7 +286,7 @@ def direction(pair: Paired, threshold: float) -> int:
 
 def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attempt: int = 1,
                   last_attempt: bool = True, streak: int = 0,
-                  contended_mean: tuple[int, float] | None = None) -> GateDecision:
+                  contended_mean: tuple[int, float, bool] | None = None) -> GateDecision:
     """Adopt the candidate when it is ``threshold`` faster (0.02: 2 %) and surely faster (its
     interval's slow end still gains); keep it out when even the fast end of the interval gains
     less than ``threshold``. With fewer than MIN_CLEAN clean rounds, decide only when every
@@ -291,8 +294,10 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
     and the ``streak`` contended measurements before it (signed: +n the candidate ahead, -n
     the serving tier) put the same tier ahead by more than ``threshold``, CONSISTENT in all.
     ``contended_mean``: (how many contended measurements of the pair, this one included; the
-    geometric mean of their ratios); from CLOSE_AFTER on, a mean within CLOSE_MARGIN
-    thresholds of 1.0 keeps the serving tier ("low" confidence: too close to call here).
+    geometric mean of their ratios; whether every one's ratio came from clean rounds, MIN_CLEAN
+    of them together); from CLOSE_AFTER on, a mean within CLOSE_MARGIN thresholds of 1.0
+    keeps the serving tier: "close" where the ratios came from clean rounds (contention bent
+    none of them), else "low" (too close to call here; a later process measures again).
     Anything else is "undecided" — unless ``last_attempt``: then the serving tier stays,
     "close" where the interval lies within CLOSE_MARGIN thresholds either way, else "low"
     (a later process measures it again).
@@ -317,9 +322,9 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
             why = (f"{'faster' if way > 0 else 'slower'} by more than the threshold in each "
                    f"of {streak * way + 1} contended measurements in a row")
         elif outcome == "undecided" and contended_mean is not None:
-            count, mean = contended_mean
+            count, mean, pooled = contended_mean
             if count >= CLOSE_AFTER and abs(math.log(mean)) <= CLOSE_MARGIN * threshold:
-                outcome, confidence = "keep", "low"
+                outcome, confidence = "keep", "close" if pooled else "low"
                 why = (f"too close to call on this machine: over {count} contended measurements "
                        f"the ratio averaged {mean:.3f} (geometric mean); the serving tier stays")
     if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays

@@ -128,15 +128,15 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
             attempt=4)),
     "contended: as long again, after 1 s, the faster median serving meanwhile": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 0, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1, LOG_HALF, 1),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1, LOG_HALF, 1, clean=4),
             meanwhile=CANDIDATE)),
     "contended at the last attempt: pauses double, attempts do not count": (
         _of(BenchReply([], pairs=[CONTENDED])), MAX_ATTEMPTS, 2, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(4.0, MAX_ATTEMPTS, 3, LOG_HALF, 1),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(4.0, MAX_ATTEMPTS, 3, LOG_HALF, 1, clean=4),
             attempt=MAX_ATTEMPTS, meanwhile=CANDIDATE)),
     "contended: the pause stops growing at its cap": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 5, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 6, LOG_HALF, 1),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 6, LOG_HALF, 1, clean=4),
             meanwhile=CANDIDATE)),
     "every round contended, every round 10x slower: keep": (
         _of(BenchReply([], pairs=[SWEPT_SLOWER])), 1, 0, 0.02, _measured(
@@ -154,12 +154,12 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
             Action.RETRY, SPLIT, "'max-autotune' is 10.0x faster than 'default' so far; "
             "deciding (" + _SWEPT.format(0.1) + "contended: 24 of 24 rounds preempted; "
             "rounds candidate / serving from 0.08 to 1.20)",
-            retry=Retry(1.0, 1, 1, math.log(0.1), 1), meanwhile=CANDIDATE)),
+            retry=Retry(1.0, 1, 1, math.log(0.1), 1, blind=1), meanwhile=CANDIDATE)),
     "every round contended and agreeing, but by less than 1.5x: again": (
         _of(BenchReply([], pairs=[NARROW])), 1, 0, 0.02, _measured(
             Action.RETRY, NARROW, "'max-autotune' is 20.0% faster than 'default' so far; "
             "deciding (" + _SWEPT.format(0.8) + "contended: 24 of 24 rounds preempted; rounds "
-            "candidate / serving from 0.70 to 0.90)", retry=Retry(1.0, 1, 1, math.log(0.8), 1),
+            "candidate / serving from 0.70 to 0.90)", retry=Retry(1.0, 1, 1, math.log(0.8), 1, blind=1),
             meanwhile=CANDIDATE)),
     "gain at the threshold, surely faster: adopt": (
         _of(BenchReply([], pairs=[AT_THRESHOLD])), 1, 0, 0.25, _measured(
@@ -273,7 +273,7 @@ def test_one_lucky_contended_measurement_does_not_serve_a_tier_the_others_had_sl
     decision = decide(_of(BenchReply([], pairs=[lucky]), "eager", "scalar"), attempt=1,
                       contended=9, threshold=0.02, now_s=NOW_S, evidence=earlier)
     assert decision.action is Action.RETRY and decision.meanwhile == "eager"
-    assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86), 1)
+    assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86), 1, blind=1)
 
 
 def _in_a_row(pair: Paired, streak: int) -> Decision:
@@ -316,7 +316,7 @@ def test_far_apart_but_never_three_in_a_row_is_measured_again_however_long_it_ta
     decision = decide(_of(BenchReply([], pairs=[CONTENDED])), attempt=1, contended=100,
                       threshold=0.02, now_s=NOW_S, evidence=earlier, streak=-1)
     assert decision.action is Action.RETRY and decision.meanwhile == CANDIDATE
-    assert decision.retry == Retry(RETRY_CAP_S, 1, 101, earlier + LOG_HALF, 1)
+    assert decision.retry == Retry(RETRY_CAP_S, 1, 101, earlier + LOG_HALF, 1, clean=4)
 
 
 def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
@@ -330,5 +330,17 @@ def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
     kept = decide(_of(BenchReply([], pairs=[close])), attempt=1, contended=4, threshold=0.02,
                   now_s=NOW_S, evidence=earlier)
     assert kept.action is Action.KEEP and kept.record is not None
-    assert kept.record.confidence == "low"  # contended ratios lean to 1.0: measured again later
+    # Its ratio came from contended rounds alone (no clean round: their fastest blocks, which
+    # contention pulls toward 1.0): low confidence, measured again by a later process.
+    assert kept.record.confidence == "low"
     assert "too close to call on this machine: over 5 contended measurements" in kept.reason
+    # The same, where every measurement's ratio is the median of its clean rounds (a few each,
+    # 8 or more together): contention bent none of them, so the pair is close.
+    few_clean = _pair(1.03, -INF, INF, rounds=24, contended=20, every=(0.8, 1.3))
+    pooled = decide(_of(BenchReply([], pairs=[few_clean])), attempt=1, contended=4,
+                    threshold=0.02, now_s=NOW_S, evidence=earlier, clean=16, blind=0)
+    assert pooled.action is Action.KEEP and pooled.record is not None
+    assert pooled.record.confidence == "close"
+    blind = decide(_of(BenchReply([], pairs=[few_clean])), attempt=1, contended=4,
+                   threshold=0.02, now_s=NOW_S, evidence=earlier, clean=12, blind=1)
+    assert blind.record is not None and blind.record.confidence == "low"

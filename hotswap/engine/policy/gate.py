@@ -29,6 +29,7 @@ under), so a warm process does not serve it either; a low-confidence one it meas
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -126,6 +127,8 @@ class Retry:
     contended: int
     evidence: float = 0.0
     streak: int = 0  # contended measurements in a row with one tier ahead (bench.gate_decision)
+    clean: int = 0   # the contended measurements' clean rounds, together
+    blind: int = 0   # contended measurements without a clean round (a ratio from fastest blocks)
 
 
 @dataclass(frozen=True)
@@ -145,13 +148,15 @@ class Decision:
 
 
 def decide(measurement: Measurement, *, attempt: int, contended: int, threshold: float,
-           now_s: float, evidence: float = 0.0, streak: int = 0) -> Decision:
+           now_s: float, evidence: float = 0.0, streak: int = 0, clean: int = 0,
+           blind: int = 0) -> Decision:
     """Decide on one measurement: ``attempt`` and ``contended`` count the measurements of this
     pair so far (this one included in ``attempt``), ``threshold`` the gain to adopt at (0.02:
     2 %), ``now_s`` the monotonic time the record carries, ``evidence`` the earlier contended
     measurements' log ratios, summed (``Retry.evidence``), ``streak`` the contended ones in a
     row before this one that put the same tier ahead (``Retry.streak``, signed: + the
-    candidate). Pure: no logging, no clock."""
+    candidate), ``clean`` and ``blind`` the earlier contended measurements' clean rounds and
+    how many had none (``Retry.clean``, ``Retry.blind``). Pure: no logging, no clock."""
     m, reply = measurement, measurement.reply
     if isinstance(reply, BaseException):
         return Decision(Action.BY_ORDER)
@@ -168,13 +173,18 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
                                    m.candidate, results[m.candidate].median_ms)
     contended_mean = None
     if pair.clean < MIN_CLEAN:  # this measurement and the contended ones before it
+        # Each measurement's ratio is its clean rounds' median: pooled over measurements that
+        # all had some, enough of them are evidence contention did not bend toward 1.0.
+        pooled = (blind == 0 and pair.clean > 0 and clean + pair.clean >= MIN_CLEAN)
         contended_mean = (contended + 1,
-                          math.exp((evidence + math.log(max(pair.ratio, 1e-9))) / (contended + 1)))
+                          math.exp((evidence + math.log(max(pair.ratio, 1e-9))) / (contended + 1)),
+                          pooled)
     record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
                            last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS,
                            streak=streak, contended_mean=contended_mean)
     if record.outcome == "undecided":
-        retry = _retry(pair, attempt, contended, evidence, streak, threshold)
+        retry = _retry(pair, attempt, Retry(0.0, attempt, contended, evidence, streak, clean,
+                                            blind), threshold)
         ahead = (pair.clean < MIN_CLEAN and pair.ratio > 0
                  and retry.evidence / retry.contended <= math.log(1.0 - threshold))
         return Decision(Action.RETRY, f"gate: {record.reason}", record, retry,
@@ -184,17 +194,18 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
     return Decision(Action.KEEP, f"gate: {record.reason}", record)
 
 
-def _retry(pair: Paired, attempt: int, contended: int, evidence: float, streak: int,
-           threshold: float) -> Retry:
-    """The next measurement of an undecided pair. Too few clean rounds (the machine was busy):
-    the same budget, after a pause that doubles up to RETRY_CAP_S, however many it takes; an
-    interval across the threshold: longer, after a pause that grows with the attempt."""
+def _retry(pair: Paired, attempt: int, so_far: Retry, threshold: float) -> Retry:
+    """The next measurement of an undecided pair (``so_far``: the state before this one).
+    Too few clean rounds (the machine was busy): the same budget, after a pause that doubles
+    up to RETRY_CAP_S, however many it takes; an interval across the threshold: longer, after
+    a pause that grows with the attempt."""
     if pair.clean < MIN_CLEAN:
         way = direction(pair, threshold)
-        streak = streak + way if way and streak * way >= 0 else way
-        return Retry(min(RETRY_AFTER_S * 2 ** contended, RETRY_CAP_S), attempt, contended + 1,
-                     evidence + math.log(max(pair.ratio, 1e-9)), streak)
-    return Retry(RETRY_AFTER_S * attempt, attempt + 1, contended, evidence, streak)
+        streak = so_far.streak + way if way and so_far.streak * way >= 0 else way
+        return Retry(min(RETRY_AFTER_S * 2 ** so_far.contended, RETRY_CAP_S), attempt,
+                     so_far.contended + 1, so_far.evidence + math.log(max(pair.ratio, 1e-9)),
+                     streak, so_far.clean + pair.clean, so_far.blind + (pair.clean == 0))
+    return dataclasses.replace(so_far, after_s=RETRY_AFTER_S * attempt, attempt=attempt + 1)
 
 
 def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:

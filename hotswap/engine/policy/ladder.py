@@ -208,7 +208,8 @@ class Ladder:
         decision = decide(Measurement(journey.graph_id, serving, candidate.tier, reply),
                           attempt=candidate.attempt, contended=candidate.contended,
                           threshold=self.gate.threshold, now_s=time.monotonic(),
-                          evidence=candidate.evidence, streak=candidate.streak)
+                          evidence=candidate.evidence, streak=candidate.streak,
+                          clean=candidate.clean, blind=candidate.blind)
         if decision.record is not None:
             self._recorder.timeline.add(decision.record)
         retry = decision.retry
@@ -227,7 +228,8 @@ class Ladder:
         _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %g s",
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
         again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
-                                    evidence=retry.evidence, streak=retry.streak)
+                                    evidence=retry.evidence, streak=retry.streak,
+                                    clean=retry.clean, blind=retry.blind)
         threads.scheduler.later(retry.after_s, self._on_loader,
                                 self._measure_next, (journey, again))
 
