@@ -36,6 +36,7 @@ CUDA calls refused; capture with ``capture_error_mode="thread_local"`` where tie
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import threading
@@ -74,10 +75,10 @@ class FirstRun:
     def __init__(self, inputs: tuple[Any, ...], devices: tuple[torch.device, ...],
                  size: int = 0) -> None:
         self._inputs = inputs
-        self._devices = devices
         self._size = size
-        self._ready = [torch.cuda.Event() for _ in devices]  # type: ignore[no-untyped-call]
-        for event, device in zip(self._ready, devices, strict=True):
+        self._cuda = [d for d in devices if d.type == "cuda"]  # others: the CPU, in tests
+        self._ready = [torch.cuda.Event() for _ in self._cuda]  # type: ignore[no-untyped-call]
+        for event, device in zip(self._ready, self._cuda, strict=True):
             event.record(torch.cuda.current_stream(device))  # the copies are made by then
 
     def __del__(self) -> None:
@@ -116,7 +117,7 @@ class FirstRun:
                     copied.append(x)
                     continue
                 size += x.untyped_storage().nbytes()
-                if size > MAX_COPY_BYTES:
+                if _held_bytes + size > MAX_COPY_BYTES:  # before copying, not after
                     return None
                 copied.append(x.detach().clone())
             elif isinstance(x, bool | int | float):
@@ -129,34 +130,23 @@ class FirstRun:
             if _held_bytes + size > MAX_COPY_BYTES:
                 return None
             _held_bytes += size
-        if not all(d.type == "cuda" for d in devices):  # the CPU counted as lazy (tests)
-            return _Plain(tuple(copied), size)
         return cls(tuple(copied), tuple(sorted(devices, key=str)), size)
 
     def run(self, fn: Any) -> float:
-        """Call ``fn`` once on the copies, on a stream of its own, and wait for that stream;
-        the seconds it took."""
+        """Call ``fn`` once on the copies, on a CUDA stream of its own, and wait for that
+        stream; the seconds it took."""
         start = time.monotonic()
-        device = self._devices[0]
-        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        for event in self._ready:
-            side.wait_event(event)
-        with torch.no_grad(), torch.cuda.stream(side):
+        with contextlib.ExitStack() as scope:
+            scope.enter_context(torch.no_grad())
+            side = None
+            if self._cuda:
+                side = torch.cuda.Stream(self._cuda[0])  # type: ignore[no-untyped-call]
+                for event in self._ready:
+                    side.wait_event(event)
+                scope.enter_context(torch.cuda.stream(side))
             fn(*self._inputs)
-        side.synchronize()
-        return time.monotonic() - start
-
-
-class _Plain(FirstRun):
-    """A first run on devices without streams (the CPU, where tests count it as lazy)."""
-
-    def __init__(self, inputs: tuple[Any, ...], size: int) -> None:
-        self._inputs, self._devices, self._size = inputs, (), size
-
-    def run(self, fn: Any) -> float:
-        start = time.monotonic()
-        with torch.no_grad():
-            fn(*self._inputs)
+        if side is not None:
+            side.synchronize()
         return time.monotonic() - start
 
 

@@ -28,7 +28,7 @@ from hotswap.executors.local import inductor_cache_dir
 
 __all__ = ["HEADERS_DIR", "compile_outputs", "files_written_since", "headers_dir",
            "headers_written_since", "inductor_cache_dir", "libraries_built_from", "restore",
-           "restore_files"]
+           "restore_files", "write_new"]
 
 # How an entry names the folder of inductor's precompiled headers (see headers_dir()).
 HEADERS_DIR = "precompiled_headers"
@@ -176,7 +176,7 @@ def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
         if not path.startswith(real_root + os.sep) or os.path.exists(path):
             continue  # never outside the cache dir; never over an existing file
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write_new(path, data, 0o755 if path.endswith(".so") else 0o644)
+        write_new(path, data, 0o755 if path.endswith(".so") else 0o644)
         written += 1
     return written
 
@@ -195,7 +195,7 @@ def _remove_pending() -> None:
                 os.unlink(tmp)
 
 
-def _write_new(path: str, data: Buffer, mode: int) -> None:
+def write_new(path: str, data: Buffer, mode: int) -> None:
     """Create ``path`` holding ``data`` whole (a temporary file renamed into place); a write
     that fails (a full disk) or is cut off at exit leaves no temporary file behind."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hotswap-")

@@ -351,22 +351,14 @@ def _adopt_answer(path: Any, cpu_vec_isa: Any) -> bool:
 
 
 def _write_answer(path: Any, records: Any) -> None:
-    """Write a complete probe's answer for the other workers."""
-    import tempfile
-
+    """Write a complete probe's answer for the other workers (whole or not at all)."""
     import msgpack
 
-    if not records:
-        return
-    with contextlib.suppress(OSError):
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(msgpack.packb(records, use_bin_type=True))
-            os.replace(tmp, path)  # readers see the whole answer or none
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+    from hotswap.engine.loading.kernel_files import write_new
+
+    if records:
+        with contextlib.suppress(OSError):
+            write_new(str(path), msgpack.packb(records, use_bin_type=True), 0o600)
 
 
 def _probe_here(cpu_vec_isa: Any) -> None:
