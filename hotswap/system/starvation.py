@@ -7,7 +7,8 @@ a caller whose threads kept both cores of our 2-core box busy left the default t
 for as long as it served (121,050 eager calls in 60 s).
 
 So the pool's manager samples the CPU time of every worker that has a job (or is starting
-while jobs wait): one that got under ``STARVED_SHARE`` of a core for ``STARVED_AFTER_S`` is
+while a job or a caller in ``wait_ready``, i.e. ``prepare(wait=True)``, waits for it): one
+that got under ``STARVED_SHARE`` of a core for ``STARVED_AFTER_S`` is
 starved, and is raised to the caller's priority (out of the workers' cgroup, niceness 0,
 ``SCHED_OTHER``) until its job ends; then it is lowered again. From then on the compile
 shares the cores with the caller's threads as equals: the caller's calls slow down while it

@@ -43,6 +43,7 @@ class Inbox:
     closing: bool = False
     terminating: bool = False
     cancel_on_close: bool = False
+    ready_waiters: int = 0  # callers blocked in wait_ready (prepare(wait=True))
     wake_r: int = -1
     wake_w: int = -1
 
@@ -51,6 +52,11 @@ class Inbox:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
+
+    def wanted(self) -> bool:
+        """Whether anyone waits on the workers: a queued job or a caller in wait_ready. A
+        worker starting while nobody waits may be starved without harm. Under ``lock``."""
+        return bool(self.jobs) or self.ready_waiters > 0
 
     def wake(self) -> None:
         with self.lock:

@@ -154,7 +154,7 @@ class Manager:
 
     def _next_timeout(self) -> float | None:
         with self.inbox.lock:
-            queued = bool(self.inbox.jobs)
+            queued = self.inbox.wanted()
         return self.watchdog.next_deadline(self.workers.values(), queued, time.monotonic())
 
     def _spawn(self, slot: int) -> None:
@@ -216,6 +216,9 @@ class Manager:
                 worker.ready = True
                 worker.ready_s = time.monotonic()
                 self._start_failures = 0
+                # Raised while starving at its start: lowered now unless a job waits for it
+                # (before a caller in wait_ready sees it ready).
+                self.watchdog.ready(worker.pid, queued=bool(self.inbox.jobs))
                 self.inbox.ready_cond.notify_all()
             return
         job = worker.job
@@ -284,7 +287,7 @@ class Manager:
 
     def _check_timers(self) -> None:
         with self.inbox.lock:
-            queued = bool(self.inbox.jobs)
+            queued = self.inbox.wanted()
         for worker, reason in self.watchdog.overdue(self.workers.values(), queued,
                                                     time.monotonic()):
             if reason[0] == "start":

@@ -144,17 +144,22 @@ class WorkerPool:
         """Start the pool if needed and block until every worker is ready (its imports done;
         warm-up steps run after)."""
         inbox = self._started()
-        inbox.wake()
         assert self._manager is not None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with inbox.lock:
+            inbox.ready_waiters += 1  # a starved starting worker is raised for us (starvation.py)
+        inbox.wake()  # the manager's next poll counts us
         with inbox.ready_cond:
-            while self._manager.ready_count() < self.num_workers:
-                if inbox.closing:
-                    return False
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                inbox.ready_cond.wait(remaining)
+            try:
+                while self._manager.ready_count() < self.num_workers:
+                    if inbox.closing:
+                        return False
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    inbox.ready_cond.wait(remaining)
+            finally:
+                inbox.ready_waiters -= 1
         return True
 
     def submit(self, job: str, payload: Any = None, *, timeout_s: float | None = None) -> JobFuture:

@@ -44,6 +44,12 @@ class Watchdog:
             self.cpu.job_ended(pid)
         self._stopped_since.pop(pid, None)
 
+    def ready(self, pid: int, *, queued: bool) -> None:
+        """A worker finished starting. One raised while it starved at its start (someone
+        waited on it) is lowered again unless a job is queued for it to take raised."""
+        if not queued:
+            self.cpu.job_ended(pid)
+
     def next_deadline(self, workers: Iterable[WorkerProcess], queued: bool,
                       now: float) -> float | None:
         workers = list(workers)
@@ -121,6 +127,7 @@ class Watchdog:
 
 
 def _cpu_needed(workers: Iterable[WorkerProcess], queued: bool) -> set[int]:
-    """Workers whose CPU share matters: running a job, or starting while jobs wait."""
+    """Workers whose CPU share matters: running a job, or starting while someone waits (a
+    queued job, or a caller in ``wait_ready``)."""
     return {w.pid for w in workers if w.kill_reason is None
             and (w.job is not None or (not w.ready and queued))}

@@ -47,6 +47,11 @@ def lowered(_: Any = None) -> tuple[int, int, str]:
     return os.sched_getscheduler(0), os.nice(0), cpu_cgroup()
 
 
+def lowered_pid(pid: int) -> tuple[int, int, str]:
+    """``lowered`` of process ``pid``, read from outside (a starved worker could not answer)."""
+    return os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid), cpu_cgroup(pid)
+
+
 def is_idle(how: tuple[int, int, str], caller_pid: int) -> bool:
     """Whether a worker that reported ``how`` (``lowered``) gets only the CPU nothing else
     wants, as a pool's ``idle=True`` asks: in its caller's cgroup for workers (system/cgroup.py,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -22,53 +23,62 @@ J = "tests.workers.jobs:"
 
 
 _STARVED = """
-import sys, time
+import sys
 from hotswap.workers.child import lower_priority
+print("ready", flush=True)
 nice, idle = sys.stdin.readline().split()  # once the pool's side has placed us (priority.py)
 lower_priority(int(nice), idle == "True")
-start, cpu = time.monotonic(), time.process_time()
-time.sleep(0)
-while time.monotonic() - start < 1.0:
+while True:
     pass
-print(time.process_time() - cpu)
 """
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def busy_cores() -> Iterator[None]:
     """Every core kept busy at normal priority, as a caller's intra-op threads would. Skips
     where this kernel does not starve a worker lowered as hotswap lowers them against them
     (seen on Linux 6.18 where no cpu cgroup could be made: a SCHED_IDLE process in its own
     session of niceness 19 got 0.5 s of CPU in 0.68 s beside two spinners), since then there
-    is no starvation to act on."""
+    is no starvation to act on. The probe's share is read from outside: a starved probe
+    (0.0 to 0.02 of a core in a cpu.idle group) could not report it in any useful time.
+
+    Where starvation is complete, anything a lowered worker does while this holds is raised
+    first, so what a worker does at its lowered priority is asked before or after."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(os.cpu_count() or 1)]
     priority = WorkerPriority(19, True)
+    probe = subprocess.Popen([sys.executable, "-c", _STARVED], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        probe = subprocess.Popen([sys.executable, "-c", _STARVED], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert probe.stdout is not None and probe.stdin is not None
+        assert probe.stdout.readline() == "ready\n"  # imported at normal priority
         nice, idle = priority.lower_new(probe.pid)
-        out, _ = probe.communicate(f"{nice} {idle}\n", timeout=60)
-        share = float(out.strip() or 0.0)
+        probe.stdin.write(f"{nice} {idle}\n")
+        probe.stdin.flush()
+        share = _cpu_share(probe.pid, 1.0)
+        probe.kill()
+        probe.wait()
         if share > STARVED_SHARE:
             pytest.skip(f"this kernel gave a worker at hotswap's priority ({priority.note}) "
                         f"{share:.0%} of a core beside busy cores: no starvation to raise "
                         "(workers/starvation.py)")
         yield
     finally:
+        probe.kill()
+        probe.wait()
         priority.close()
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
 
 
-def test_a_starved_job_is_raised_then_lowered_again(
-        busy_cores: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_starved_job_is_raised_then_lowered_again(caplog: pytest.LogCaptureFixture) -> None:
     with WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
         assert pool.wait_ready(60)
         lowered = pool.submit(J + "lowered").result(timeout=90)
         assert jobs.is_idle(lowered, os.getpid())
-        pid, how = pool.submit(J + "burn", 1.0).result(timeout=90)
+        with busy_cores():
+            pid, how = pool.submit(J + "burn", 1.0).result(timeout=90)
         hints = [r.getMessage() for r in caplog.records if "every core busy" in r.getMessage()]
         if not hints:
             _not_starved(how)
@@ -83,7 +93,7 @@ def test_a_starved_job_is_raised_then_lowered_again(
 
 
 def test_where_the_os_refuses_the_job_restarts_at_normal_priority(
-        busy_cores: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     real = proctree.set_tree_priority
 
     def refuse_raising(pid: int, *, nice: int, idle: bool) -> bool:
@@ -95,11 +105,24 @@ def test_where_the_os_refuses_the_job_restarts_at_normal_priority(
     with WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
         assert pool.wait_ready(60)
         first = pool.submit(J + "pid").result(timeout=90)
-        pid, how = pool.submit(J + "burn", 1.0).result(timeout=120)
+        with busy_cores():
+            pid, how = pool.submit(J + "burn", 1.0).result(timeout=120)
         if "every core busy" not in caplog.text:
             _not_starved(how)
         assert pid != first and how == _raised()
     assert "the OS refused to raise their priority" in caplog.text
+
+
+def test_a_worker_starving_at_its_start_is_raised_for_a_caller_waiting_on_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``prepare(wait=True)`` on a machine whose cores are all busy: the starting worker is
+    raised, and lowered again once it is ready (no job waits for it)."""
+    with busy_cores(), WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
+        assert pool.wait_ready(60)
+        if "every core busy" not in caplog.text:
+            pytest.skip("the starting worker was not starved this time: nothing to raise")
+        [worker] = pool.worker_pids()
+        assert jobs.is_idle(jobs.lowered_pid(worker), os.getpid())
 
 
 def test_an_idle_caller_leaves_the_workers_low() -> None:
@@ -127,6 +150,14 @@ def _not_starved(how: tuple[int, int, str]) -> None:
     kernel put both on one core)."""
     assert how != _raised()
     pytest.skip("the worker was not starved this time: nothing to raise")
+
+
+def _cpu_share(pid: int, seconds: float) -> float:
+    """Cores' worth of CPU ``pid`` got over the next ``seconds``."""
+    proc = psutil.Process(pid)
+    before, start = sum(proc.cpu_times()[:2]), time.monotonic()
+    time.sleep(seconds)
+    return float(sum(proc.cpu_times()[:2]) - before) / (time.monotonic() - start)
 
 
 def _raised() -> tuple[int, int, str]:
