@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hotswap.engine.loading import kernel_files
+from tests.cache.test_trust import ATTACKER, as_root
 
 
 def test_files_written_since_and_restore(tmp_path: Path) -> None:
@@ -95,3 +96,42 @@ def test_an_entry_carries_the_headers_where_inductor_keeps_them(
     assert (headers / "c7ud.h.gch").read_bytes() == b"precompiled"
     assert (cache / "ab" / "job.so").read_bytes() == b"job's kernel"
     assert not (cache / kernel_files.HEADERS_DIR).exists()
+
+
+@as_root
+def test_nothing_another_user_could_have_written_rides_in_an_entry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Inductor's folders default to ``/tmp/torchinductor_<user>``, a name another user can
+    take first: an entry signs what it carries, so a folder of theirs ships nothing and is
+    not restored into, and in a folder of ours a file they own, one anyone may write or a
+    link is left out."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for folder in (ours, theirs):
+        (folder / "ab").mkdir(parents=True)
+        (folder / "ab" / "kernel.so").write_bytes(b"\x7fELF")
+    os.chown(theirs, ATTACKER, ATTACKER)
+    for name, mode in (("foreign.so", 0o644), ("group.so", 0o664), ("world.so", 0o646)):
+        (ours / "ab" / name).write_bytes(b"planted")
+        os.chmod(ours / "ab" / name, mode)
+    os.chown(ours / "ab" / "foreign.so", ATTACKER, ATTACKER)
+    outside = tmp_path / "outside.so"
+    outside.write_bytes(b"outside the cache")
+    (ours / "ab" / "link.so").symlink_to(outside)
+    headers = tmp_path / "default" / kernel_files.HEADERS_DIR
+    headers.mkdir(parents=True)
+    (headers / "h.gch").write_bytes(b"precompiled")
+    monkeypatch.setattr(kernel_files, "headers_dir", lambda: str(headers))
+    since = time.time() - 10
+
+    monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(ours))
+    assert kernel_files.compile_outputs([str(ours / "ab" / "group.cpp")], since) == {
+        os.path.join("ab", "kernel.so"): b"\x7fELF",
+        "precompiled_headers/h.gch": b"precompiled"}
+    assert "not trusted" not in caplog.text
+
+    monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(theirs))
+    assert kernel_files.compile_outputs([], since) == {"precompiled_headers/h.gch": b"precompiled"}
+    assert kernel_files.restore({os.path.join("cd", "new.so"): b"ours"}) == 0
+    assert not (theirs / "cd").exists()
+    assert f"inductor's folder {theirs} is not trusted" in caplog.text
+    assert f"belongs to uid {ATTACKER}" in caplog.text

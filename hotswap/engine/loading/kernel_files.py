@@ -10,6 +10,13 @@ under its *default* one (``<temp>/torchinductor_<user>/precompiled_headers``) wh
 TORCHINDUCTOR_CACHE_DIR says, are shared by every kernel built with the same flags, and are
 large (149 MiB on x86). An entry carries those its compile or its worker's warm-up built, as
 ``precompiled_headers/<name>``, and a load puts them back there.
+
+Both folders are, by default, ``/tmp/torchinductor_<user>``, a name anyone can take first. The
+cache signs what an entry carries, so nothing another user could have written rides in one: a
+folder shipped from or restored into must be this user's and writable by no one else, with a
+trusted way to it (``cache/trust.py``), and each file shipped must be a regular file this user
+owns that no one else may write. What fails is left out, with one warning per folder; the
+loading process then compiles what its entry lacks.
 """
 
 from __future__ import annotations
@@ -17,18 +24,23 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import logging
 import os
 import stat
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
+from hotswap.cache.trust import UntrustedPath, check_root
 from hotswap.compat import Buffer
 from hotswap.executors.local import inductor_cache_dir
 
 __all__ = ["HEADERS_DIR", "compile_outputs", "files_written_since", "headers_dir",
            "headers_written_since", "inductor_cache_dir", "libraries_built_from", "restore",
-           "restore_files", "write_new"]
+           "restore_files", "trusted_folder", "write_new"]
+
+log = logging.getLogger("hotswap")
 
 # How an entry names the folder of inductor's precompiled headers (see headers_dir()).
 HEADERS_DIR = "precompiled_headers"
@@ -64,9 +76,10 @@ def files_written_since(root: str, since_s: float, max_bytes: int = 256 * 2**20
             try:
                 if os.stat(path).st_mtime < since_s:
                     continue
-                with open(path, "rb") as f:
-                    data = f.read()
             except OSError:
+                continue
+            data = _read_ours(path)
+            if data is None:
                 continue
             total += len(data)
             if total > max_bytes:
@@ -90,13 +103,9 @@ def libraries_built_from(root: str, sources: Iterable[str]) -> dict[str, bytes]:
             if other.startswith(key + ".") and other.endswith(".so"):
                 path = os.path.join(folder, other)
                 rel = os.path.relpath(path, root)
-                if rel.startswith(".."):
-                    continue
-                try:
-                    with open(path, "rb") as f:
-                        found[rel] = f.read()
-                except OSError:
-                    continue
+                data = None if rel.startswith("..") else _read_ours(path)
+                if data is not None:
+                    found[rel] = data
     return found
 
 
@@ -135,11 +144,12 @@ def headers_written_since(since_s: float, max_bytes: int = 512 * 2**20) -> dict[
                 continue
             if total + st.st_size > max_bytes:
                 break
-            with open(path, "rb") as f:
-                found[f"{HEADERS_DIR}/{name}"] = f.read()
-            total += st.st_size
         except OSError:
             continue
+        data = _read_ours(path)
+        if data is not None:
+            found[f"{HEADERS_DIR}/{name}"] = data
+            total += len(data)
     return found
 
 
@@ -151,8 +161,12 @@ def compile_outputs(sources: Iterable[str], since_s: float,
     whose headers a load needs and whose own kernels it does not)."""
     root = inductor_cache_dir()
     headers_s = since_s if headers_since_s is None else min(since_s, headers_since_s)
-    return {**libraries_built_from(root, sources), **files_written_since(root, since_s),
-            **headers_written_since(headers_s)}
+    files: dict[str, bytes] = {}
+    if trusted_folder(root):
+        files.update({**libraries_built_from(root, sources), **files_written_since(root, since_s)})
+    if trusted_folder(headers_dir()):
+        files.update(headers_written_since(headers_s))
+    return files
 
 
 def restore(files: Mapping[str, Buffer]) -> int:
@@ -161,8 +175,54 @@ def restore(files: Mapping[str, Buffer]) -> int:
     prefix = HEADERS_DIR + "/"
     headers = {k: v for k, v in files.items() if k.startswith(prefix)}
     kernels = {k: v for k, v in files.items() if not k.startswith(prefix)}
-    return (restore_files(inductor_cache_dir(), kernels)
-            + (restore_files(os.path.dirname(headers_dir()), headers) if headers else 0))
+    written = 0
+    if kernels and trusted_folder(root := inductor_cache_dir(), to_make=True):
+        written += restore_files(root, kernels)
+    if headers and trusted_folder(os.path.dirname(folder := headers_dir()), to_make=True):
+        written += restore_files(os.path.dirname(folder), headers)
+    return written
+
+
+_warned: set[str] = set()
+
+
+def trusted_folder(folder: str, *, to_make: bool = False) -> bool:
+    """Whether inductor's ``folder`` may be shipped from or restored into: this user's, no one
+    else may write it or rename it away (``trust.check_root``). One warning per folder that is
+    not. A folder that is not there has nothing to ship; with ``to_make`` (a restore, which
+    makes it with this user's umask) its nearest existing folder above is checked instead."""
+    path = Path(folder)
+    try:
+        while to_make and not os.path.lexists(path) and path != path.parent:
+            path = path.parent
+        check_root(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except (UntrustedPath, OSError) as e:
+        if folder not in _warned:
+            _warned.add(folder)
+            log.warning("hotswap: inductor's folder %s is not trusted (%s): entries neither "
+                        "carry its files nor restore into it, and loads compile their C++ "
+                        "kernels again", folder, e)
+        return False
+
+
+def _read_ours(path: str) -> bytes | None:
+    """The bytes of ``path`` where it is a regular file (not a link) of this user that no one
+    else may write; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        try:
+            return f.read()
+        except OSError:
+            return None
 
 
 def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
