@@ -184,7 +184,8 @@ class GateDecision(_Record):
     """Whether a ready tier replaced the serving one, and the measurements that decided it.
     ``outcome``: "adopt", "keep" or "undecided" (kept for now, measured again later);
     ``confidence``: "confident" (the interval is clear of the threshold), "close" (kept what
-    serves: the two are within bench.CLOSE_MARGIN thresholds of each other, either way), "low"
+    serves: the candidate is at most bench.CLOSE_MARGIN thresholds faster, all that keeping it
+    out may cost), "low"
     (the last attempt decided on its estimate alone) or "" (undecided). ``gain_*`` is 1 - ratio: the
     candidate's speed-up over the serving tier and its 95 % interval."""
 

@@ -16,7 +16,7 @@ decision's regret is
 Printed per decision: the pair, the outcome ("adopt": the candidate serves; "keep": it does
 not), its confidence ("confident": its 95 % interval was clear of the threshold; "close" or
 "low": over three measurements with clean rounds it never was, and the serving tier stayed,
-"close" where the two were within 2.5 thresholds of each other either way; contended
+"close" where the candidate was at most 2.5 thresholds faster; contended
 measurements are retried for as long as it takes, and decide alone only when every round
 agrees by far), the gain the gate measured and its interval, the reference's gain, and the
 regret. Per graph: when each tier arrived (loaded in the serving process) and how long after

@@ -150,15 +150,22 @@ def test_gate_decides_on_the_interval_not_on_two_medians() -> None:
     contended = decide(_pair(0.5, 0.45, 0.55, contended=17))
     assert contended.outcome == "undecided" and "contended: 17 of 24 rounds" in contended.reason
     # The last attempt keeps what serves, and says it is a weak decision.
-    last = gate_decision(_pair(0.97, 0.95, 1.01), threshold=0.02, attempt=3)
+    last = gate_decision(_pair(0.96, 0.93, 1.01), threshold=0.02, attempt=3)
     assert (last.outcome, last.confidence, last.adopt) == ("keep", "low", False)
     assert "still undecided at attempt 3: the serving tier stays" in last.reason
     never = gate_decision(_pair(0.5, -math.inf, math.inf, contended=24), threshold=0.02)
     assert (never.outcome, never.confidence) == ("keep", "low")
-    # An interval within 2.5 thresholds either way (-1 % to +4 %): too close to matter.
+    # The candidate at most 4 % faster (-1 % to +4 %): keeping it out costs under 2.5
+    # thresholds, too little to measure again at every start.
     close = gate_decision(_pair(0.985, 0.96, 1.01), threshold=0.02, attempt=3)
     assert (close.outcome, close.confidence, close.adopt) == ("keep", "close", False)
-    assert "within 5% of each other either way" in close.reason
+    assert "the candidate is at most 4.0% faster, within 5%" in close.reason
+    # How much slower it might be costs nothing (-8 % to +4 %): it does not serve.
+    slower = gate_decision(_pair(1.02, 0.96, 1.08), threshold=0.02, attempt=3)
+    assert (slower.outcome, slower.confidence) == ("keep", "close")
+    # The candidate maybe 6 % faster: keeping it out may cost more than 5 %.
+    maybe = gate_decision(_pair(0.99, 0.94, 1.03), threshold=0.02, attempt=3)
+    assert (maybe.outcome, maybe.confidence) == ("keep", "low")
 
 
 def test_median_interval_is_the_binomial_order_statistics() -> None:

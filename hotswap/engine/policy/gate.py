@@ -14,7 +14,8 @@ benchmark are seen and left out, and the decision rests on a 95 % interval of th
 ratios, not on one median each; where too few rounds were clean, a gap that every round shows
 by a wide margin still decides (bench.DECISIVE). An interval across the threshold is measured
 again up to MAX_ATTEMPTS times, then the serving tier stays, marked "close" confidence where
-the interval lies within bench.CLOSE_MARGIN thresholds either way, else "low". A
+the interval has the candidate at most bench.CLOSE_MARGIN thresholds faster (what keeping it
+out may cost), else "low". A
 measurement contention spoiled decides nothing: it is measured again for as long as it takes,
 after pauses that double up to RETRY_CAP_S, and the tier with the faster median serves
 meanwhile; the graph is not final until then.
