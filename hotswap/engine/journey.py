@@ -193,6 +193,8 @@ class Candidate:
     streak: int = 0           # contended measurements in a row with one tier ahead (gate.Retry)
     clean: int = 0            # clean rounds of the contended measurements so far (gate.Retry)
     blind: int = 0            # contended measurements without one clean round (gate.Retry)
+    clean_ratios: tuple[float, ...] = ()  # those clean rounds' ratios (gate.Retry)
+    rounds: int = 0           # rounds of the contended measurements so far (gate.Retry)
 
 
 class GraphJourney:

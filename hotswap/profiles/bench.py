@@ -238,7 +238,8 @@ def measure_pair(graph_id: str, serving: str, candidate: str,
                   ratio=statistics.median(ratios), ratio_low=low, ratio_high=high,
                   rounds=rounds, contended=rounds - clean_rounds, calls_per_block=calls,
                   device=device, benchmarker=f"paired rounds (A B B A blocks of {calls} calls)",
-                  round_low=min(every), round_high=max(every))
+                  round_low=min(every), round_high=max(every),
+                  clean_ratios=tuple(ratios[:clean_rounds]))
 
 
 def paired_from_medians(graph_id: str, serving: str, serving_ms: float, candidate: str,
@@ -398,6 +399,8 @@ def _words(pair: Paired, outcome: str, confidence: str, why: str, threshold: flo
                     f"{100.0 * (1.0 - ends[1]):+.1f}%")
     source = (f"median of {pair.clean} paired rounds" if pair.clean
               else f"median of {pair.rounds} contended rounds, their fastest blocks")
+    if pair.measurements > 1:
+        source += f", the clean ones of {pair.measurements} measurements together"
     rounds = f"{pair.clean} of {pair.rounds} rounds clean" + (
         f", {pair.contended} contended" if pair.contended else "")
     per_call = (f"per call {c} {pair.candidate_ms:.4f} ms, {s} {pair.serving_ms:.4f} ms"

@@ -155,7 +155,9 @@ class Paired(_Record):
     this process waited for a CPU is ``contended`` and left out of the ratio and its interval;
     ``round_low``/``round_high`` bound every round's ratio, contended rounds included (their
     fastest blocks): the direction contention cannot fake when all rounds agree by a wide
-    margin (None: not known, a record from medians)."""
+    margin (None: not known, a record from medians). ``clean_ratios``: the clean rounds'
+    ratios, which the gate pools over contended measurements of the pair; ``measurements``:
+    how many measurements a pooled pair's rounds came from (gate.decide)."""
 
     type: ClassVar[str] = "paired"
     graph_id: str
@@ -173,6 +175,8 @@ class Paired(_Record):
     benchmarker: str = ""
     round_low: float | None = None
     round_high: float | None = None
+    clean_ratios: tuple[float, ...] = ()
+    measurements: int = 1
 
     @property
     def clean(self) -> int:
@@ -243,6 +247,6 @@ def record_from_dict(data: dict[str, Any]) -> Any:
     for name, value in kwargs.items():
         if isinstance(value, dict) and "type" in value:
             kwargs[name] = record_from_dict(value)
-        elif isinstance(value, list) and name in ("argv", "top_kernels"):
+        elif isinstance(value, list) and name in ("argv", "top_kernels", "clean_ratios"):
             kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
     return cls(**kwargs)

@@ -5,6 +5,7 @@ a later one decides."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -112,10 +113,8 @@ class Scripted:
             assert self._cond.wait_for(lambda: self._waiting, timeout=30), "no measurement came"
             request, future = self._waiting.pop(0)
         serving, candidate = request.pair
-        future.set_result(BenchReply([], pairs=[Paired(
-            request.graph_id, serving, candidate, *[getattr(pair, f) for f in (
-                "serving_ms", "candidate_ms", "ratio", "ratio_low", "ratio_high", "rounds",
-                "contended")], round_low=pair.round_low, round_high=pair.round_high)]))
+        future.set_result(BenchReply([], pairs=[dataclasses.replace(
+            pair, graph_id=request.graph_id, serving=serving, candidate=candidate)]))
 
 
 def _until(condition: Any, timeout_s: float = 30.0) -> None:
@@ -189,7 +188,23 @@ def test_undecided_is_not_final_the_faster_median_serves_and_a_later_measurement
     assert d["internal_errors"] == 0 and d["fallbacks"] == 0
 
 
-def test_a_tier_on_trial_that_a_later_measurement_adopts_stays(quick_retries: None) -> None:
+def _few_clean(ratios: tuple[float, ...]) -> Paired:
+    """24 rounds of which only ``ratios`` were clean, too few for an interval alone; the
+    contended rounds disagree."""
+    ratio = sorted(ratios)[len(ratios) // 2]
+    return Paired("", "", "", 1.0, ratio, ratio, -math.inf, math.inf, 24, 24 - len(ratios),
+                  round_low=0.5 * ratio, round_high=2.5 * ratio, clean_ratios=ratios)
+
+
+@pytest.mark.parametrize("answers", [
+    # Contended and on trial, then adopted by a clean measurement: no second swap.
+    [_contended(0.5), _clean(0.5)],
+    # A busy machine leaves each measurement a few clean rounds: two measurements' worth, all
+    # with default about 2x faster, adopt it without waiting for a third.
+    [_few_clean((0.52, 0.48, 0.5, 0.55)), _few_clean((0.49, 0.51, 0.47, 0.53, 0.5))],
+], ids=["a clean measurement", "the clean rounds of two contended ones together"])
+def test_a_tier_on_trial_that_a_later_measurement_adopts_stays(
+        quick_retries: None, answers: list[Paired]) -> None:
     model, inputs = _model()
     expected = model(*inputs)
     fake, scripted = FakeCompiler(), Scripted()
@@ -198,10 +213,11 @@ def test_a_tier_on_trial_that_a_later_measurement_adopts_stays(quick_retries: No
     compiled = torch.compile(model, backend=backend)
     with hotswap.counters_delta() as d:
         compiled(*inputs)
-        scripted.answer(_contended(0.5))  # on trial
-        scripted.answer(_clean(0.5))      # adopted: no second swap
+        for answer in answers:
+            scripted.answer(answer)
         [status] = backend.wait(timeout_s=30)
         torch.testing.assert_close(compiled(*inputs), expected)
     assert status.final and status.tier == "default" and not status.kept
+    assert [r.pair for r in scripted.requests] == [("eager", "default")] * 2
     assert (d["eager_checks"], d["gate_undecided"], d["swaps"]) == (2, 1, 1)
     assert fake.calls["default"] == 1

@@ -128,15 +128,17 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
             attempt=4)),
     "contended: as long again, after 1 s, the faster median serving meanwhile": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 0, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1, LOG_HALF, 1, clean=4),
+            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1, LOG_HALF, 1, clean=4, rounds=12),
             meanwhile=CANDIDATE)),
     "contended at the last attempt: pauses double, attempts do not count": (
         _of(BenchReply([], pairs=[CONTENDED])), MAX_ATTEMPTS, 2, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(4.0, MAX_ATTEMPTS, 3, LOG_HALF, 1, clean=4),
+            Action.RETRY, CONTENDED, _CONTENDED,
+            retry=Retry(4.0, MAX_ATTEMPTS, 3, LOG_HALF, 1, clean=4, rounds=12),
             attempt=MAX_ATTEMPTS, meanwhile=CANDIDATE)),
     "contended: the pause stops growing at its cap": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 5, 0.02, _measured(
-            Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(RETRY_CAP_S, 1, 6, LOG_HALF, 1, clean=4),
+            Action.RETRY, CONTENDED, _CONTENDED,
+            retry=Retry(RETRY_CAP_S, 1, 6, LOG_HALF, 1, clean=4, rounds=12),
             meanwhile=CANDIDATE)),
     "every round contended, every round 10x slower: keep": (
         _of(BenchReply([], pairs=[SWEPT_SLOWER])), 1, 0, 0.02, _measured(
@@ -154,12 +156,13 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
             Action.RETRY, SPLIT, "'max-autotune' is 10.0x faster than 'default' so far; "
             "deciding (" + _SWEPT.format(0.1) + "contended: 24 of 24 rounds preempted; "
             "rounds candidate / serving from 0.08 to 1.20)",
-            retry=Retry(1.0, 1, 1, math.log(0.1), 1, blind=1), meanwhile=CANDIDATE)),
+            retry=Retry(1.0, 1, 1, math.log(0.1), 1, blind=1, rounds=24), meanwhile=CANDIDATE)),
     "every round contended and agreeing, but by less than 1.5x: again": (
         _of(BenchReply([], pairs=[NARROW])), 1, 0, 0.02, _measured(
             Action.RETRY, NARROW, "'max-autotune' is 20.0% faster than 'default' so far; "
             "deciding (" + _SWEPT.format(0.8) + "contended: 24 of 24 rounds preempted; rounds "
-            "candidate / serving from 0.70 to 0.90)", retry=Retry(1.0, 1, 1, math.log(0.8), 1, blind=1),
+            "candidate / serving from 0.70 to 0.90)",
+            retry=Retry(1.0, 1, 1, math.log(0.8), 1, blind=1, rounds=24),
             meanwhile=CANDIDATE)),
     "gain at the threshold, surely faster: adopt": (
         _of(BenchReply([], pairs=[AT_THRESHOLD])), 1, 0, 0.25, _measured(
@@ -273,7 +276,8 @@ def test_one_lucky_contended_measurement_does_not_serve_a_tier_the_others_had_sl
     decision = decide(_of(BenchReply([], pairs=[lucky]), "eager", "scalar"), attempt=1,
                       contended=9, threshold=0.02, now_s=NOW_S, evidence=earlier)
     assert decision.action is Action.RETRY and decision.meanwhile == "eager"
-    assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86), 1, blind=1)
+    assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86), 1, blind=1,
+                                   rounds=24)
 
 
 def _in_a_row(pair: Paired, streak: int) -> Decision:
@@ -316,7 +320,7 @@ def test_far_apart_but_never_three_in_a_row_is_measured_again_however_long_it_ta
     decision = decide(_of(BenchReply([], pairs=[CONTENDED])), attempt=1, contended=100,
                       threshold=0.02, now_s=NOW_S, evidence=earlier, streak=-1)
     assert decision.action is Action.RETRY and decision.meanwhile == CANDIDATE
-    assert decision.retry == Retry(RETRY_CAP_S, 1, 101, earlier + LOG_HALF, 1, clean=4)
+    assert decision.retry == Retry(RETRY_CAP_S, 1, 101, earlier + LOG_HALF, 1, clean=4, rounds=12)
 
 
 def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
@@ -344,3 +348,54 @@ def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
     blind = decide(_of(BenchReply([], pairs=[few_clean])), attempt=1, contended=4,
                    threshold=0.02, now_s=NOW_S, evidence=earlier, clean=12, blind=1)
     assert blind.record is not None and blind.record.confidence == "low"
+
+
+def _few(ratios: tuple[float, ...]) -> Paired:
+    """A contended measurement: 24 rounds, only ``ratios`` clean, the others disagreeing."""
+    ratio = sorted(ratios)[len(ratios) // 2]
+    return Paired("g", SERVING, CANDIDATE, 1.0, ratio, ratio, -INF, INF, 24, 24 - len(ratios),
+                  round_low=0.5, round_high=2.0, clean_ratios=ratios)
+
+
+def _next(pair: Paired, so_far: Retry) -> Decision:
+    return decide(_of(BenchReply([], pairs=[pair])), attempt=1, contended=so_far.contended,
+                  threshold=0.02, now_s=NOW_S, evidence=so_far.evidence, streak=so_far.streak,
+                  clean=so_far.clean, blind=so_far.blind, clean_ratios=so_far.clean_ratios,
+                  rounds=so_far.rounds)
+
+
+def test_contended_measurements_pool_their_clean_rounds() -> None:
+    # Each leaves 4 or 5 clean rounds, too few alone; together they give an interval.
+    first = _next(_few((0.80, 0.82, 0.79, 0.81)), Retry(0.0, 1, 0))
+    assert first.action is Action.RETRY and first.retry is not None
+    assert first.retry.clean_ratios == (0.80, 0.82, 0.79, 0.81) and first.retry.rounds == 24
+    second = _next(_few((0.78, 0.80, 0.83, 0.79, 0.81)), first.retry)
+    assert second.action is Action.ADOPT and second.record is not None
+    assert (second.record.rounds, second.record.contended) == (48, 39)
+    assert second.reason.startswith("'max-autotune' is 20.0% faster than 'default'; adopted ")
+    assert ("(median of 9 paired rounds, the clean ones of 2 measurements together, 95% "
+            "interval +18.0% to +21.0%; 9 of 48 rounds clean, 39 contended;") in second.reason
+
+
+def test_pooled_rounds_too_close_to_matter_keep_the_serving_tier_from_the_third_on() -> None:
+    # The candidate at most 4 % faster, maybe slower: after three measurements, "close".
+    third = _next(_few(NEAR), _undecided(_few(NEAR), 2))
+    assert third.action is Action.KEEP and third.record is not None
+    assert third.record.confidence == "close"
+    assert ("still undecided at attempt 3: the serving tier stays (the candidate is at most "
+            "3.0% faster, within 5%") in third.reason
+    # Wider than that (maybe 20 % faster): measured again, as before.
+    _undecided(_few((0.8, 1.2, 0.85, 1.15, 1.0)), 3)
+
+
+NEAR = (0.96, 1.01, 0.97, 1.02, 0.995)
+
+
+def _undecided(pair: Paired, times: int) -> Retry:
+    """``pair`` measured ``times`` in a row, each time undecided: what the next one is handed."""
+    so_far = Retry(0.0, 1, 0)
+    for _ in range(times):
+        decision = _next(pair, so_far)
+        assert decision.action is Action.RETRY and decision.retry is not None
+        so_far = decision.retry
+    return so_far

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +48,14 @@ from hotswap.profiles.bench import (
     MIN_CLEAN,
     direction,
     gate_decision,
+    median_interval,
     paired_from_medians,
 )
 from hotswap.profiles.records import GateDecision, Paired
 
 __all__ = ["EAGER", "HELD_SUFFIX", "MAX_ATTEMPTS", "RETRY_CAP_S", "Action", "Decision", "Gate",
-           "Measurement", "Retry", "StoredVerdict", "decide", "pack_verdict", "verdict_label"]
+           "Measurement", "Retry", "StoredVerdict", "decide", "pack_verdict", "pooled",
+           "verdict_label"]
 
 EAGER = "eager"
 # Suffix of a tier's key under which a confident "faster than eager" is stored: a warm
@@ -130,6 +133,8 @@ class Retry:
     streak: int = 0  # contended measurements in a row with one tier ahead (bench.gate_decision)
     clean: int = 0   # the contended measurements' clean rounds, together
     blind: int = 0   # contended measurements without a clean round (a ratio from fastest blocks)
+    clean_ratios: tuple[float, ...] = ()  # those clean rounds' ratios (Paired.clean_ratios)
+    rounds: int = 0  # the contended measurements' rounds, together
 
 
 @dataclass(frozen=True)
@@ -150,14 +155,23 @@ class Decision:
 
 def decide(measurement: Measurement, *, attempt: int, contended: int, threshold: float,
            now_s: float, evidence: float = 0.0, streak: int = 0, clean: int = 0,
-           blind: int = 0) -> Decision:
+           blind: int = 0, clean_ratios: tuple[float, ...] = (), rounds: int = 0) -> Decision:
     """Decide on one measurement: ``attempt`` and ``contended`` count the measurements of this
     pair so far (this one included in ``attempt``), ``threshold`` the gain to adopt at (0.02:
     2 %), ``now_s`` the monotonic time the record carries, ``evidence`` the earlier contended
     measurements' log ratios, summed (``Retry.evidence``), ``streak`` the contended ones in a
     row before this one that put the same tier ahead (``Retry.streak``, signed: + the
     candidate), ``clean`` and ``blind`` the earlier contended measurements' clean rounds and
-    how many had none (``Retry.clean``, ``Retry.blind``). Pure: no logging, no clock."""
+    how many had none (``Retry.clean``, ``Retry.blind``), ``clean_ratios`` and ``rounds``
+    those clean rounds' ratios and all their rounds (``Retry.clean_ratios``, ``Retry.rounds``).
+    Pure: no logging, no clock.
+
+    A busy machine leaves each measurement a few clean rounds, too few for an interval of its
+    own; together with the earlier contended measurements' they give one (``pooled``): a
+    round is clean when no thread of the measuring process waited for a CPU, whichever
+    measurement it belongs to. A pooled interval clear of the threshold decides, and from the
+    MAX_ATTEMPTS-th measurement on, one that has the candidate at most CLOSE_MARGIN thresholds
+    faster keeps the serving tier as "close"; anything else goes on as before."""
     m, reply = measurement, measurement.reply
     if isinstance(reply, BaseException):
         return Decision(Action.BY_ORDER)
@@ -172,20 +186,30 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
             return Decision(Action.BY_ORDER)
         pair = paired_from_medians(m.graph_id, m.serving, results[m.serving].median_ms,
                                    m.candidate, results[m.candidate].median_ms)
+    if pair.clean < MIN_CLEAN and pair.clean_ratios and clean_ratios:
+        together = pooled(pair, clean_ratios, rounds, contended + 1)
+        if together.clean >= MIN_CLEAN:
+            record = gate_decision(together, threshold=threshold, time_s=now_s,
+                                   attempt=max(attempt, together.measurements),
+                                   last_attempt=together.measurements >= MAX_ATTEMPTS)
+            if record.outcome == "adopt":
+                return Decision(Action.ADOPT, record.reason, record)
+            if record.outcome == "keep" and record.confidence != "low":
+                return Decision(Action.KEEP, f"gate: {record.reason}", record)
     contended_mean = None
     if pair.clean < MIN_CLEAN:  # this measurement and the contended ones before it
         # Each measurement's ratio is its clean rounds' median: pooled over measurements that
         # all had some, enough of them are evidence contention did not bend toward 1.0.
-        pooled = (blind == 0 and pair.clean > 0 and clean + pair.clean >= MIN_CLEAN)
+        all_clean = (blind == 0 and pair.clean > 0 and clean + pair.clean >= MIN_CLEAN)
         contended_mean = (contended + 1,
                           math.exp((evidence + math.log(max(pair.ratio, 1e-9))) / (contended + 1)),
-                          pooled)
+                          all_clean)
     record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
                            last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS,
                            streak=streak, contended_mean=contended_mean)
     if record.outcome == "undecided":
         retry = _retry(pair, attempt, Retry(0.0, attempt, contended, evidence, streak, clean,
-                                            blind), threshold)
+                                            blind, clean_ratios, rounds), threshold)
         ahead = (pair.clean < MIN_CLEAN and pair.ratio > 0
                  and retry.evidence / retry.contended <= math.log(1.0 - threshold))
         return Decision(Action.RETRY, f"gate: {record.reason}", record, retry,
@@ -205,8 +229,21 @@ def _retry(pair: Paired, attempt: int, so_far: Retry, threshold: float) -> Retry
         streak = so_far.streak + way if way and so_far.streak * way >= 0 else way
         return Retry(min(RETRY_AFTER_S * 2 ** so_far.contended, RETRY_CAP_S), attempt,
                      so_far.contended + 1, so_far.evidence + math.log(max(pair.ratio, 1e-9)),
-                     streak, so_far.clean + pair.clean, so_far.blind + (pair.clean == 0))
+                     streak, so_far.clean + pair.clean, so_far.blind + (pair.clean == 0),
+                     so_far.clean_ratios + pair.clean_ratios, so_far.rounds + pair.rounds)
     return dataclasses.replace(so_far, after_s=RETRY_AFTER_S * attempt, attempt=attempt + 1)
+
+
+def pooled(pair: Paired, earlier: tuple[float, ...], earlier_rounds: int,
+           measurements: int) -> Paired:
+    """``pair`` with the clean rounds of the contended measurements before it: the median
+    and 95 % interval of every clean round's ratio, and every round counted."""
+    together = (*earlier, *pair.clean_ratios)
+    low, high = median_interval(list(together))
+    rounds = earlier_rounds + pair.rounds
+    return dataclasses.replace(pair, ratio=statistics.median(together), ratio_low=low,
+                               ratio_high=high, rounds=rounds, contended=rounds - len(together),
+                               clean_ratios=together, measurements=measurements)
 
 
 def _sendable(entries: dict[str, Entry]) -> dict[str, bytes | CachedEntry]:

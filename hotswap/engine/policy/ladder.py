@@ -209,7 +209,8 @@ class Ladder:
                           attempt=candidate.attempt, contended=candidate.contended,
                           threshold=self.gate.threshold, now_s=time.monotonic(),
                           evidence=candidate.evidence, streak=candidate.streak,
-                          clean=candidate.clean, blind=candidate.blind)
+                          clean=candidate.clean, blind=candidate.blind,
+                          clean_ratios=candidate.clean_ratios, rounds=candidate.rounds)
         if decision.record is not None:
             self._recorder.timeline.add(decision.record)
         retry = decision.retry
@@ -229,7 +230,8 @@ class Ladder:
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
         again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
                                     evidence=retry.evidence, streak=retry.streak,
-                                    clean=retry.clean, blind=retry.blind)
+                                    clean=retry.clean, blind=retry.blind,
+                                    clean_ratios=retry.clean_ratios, rounds=retry.rounds)
         threads.scheduler.later(retry.after_s, self._on_loader,
                                 self._measure_next, (journey, again))
 
