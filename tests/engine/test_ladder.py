@@ -111,6 +111,13 @@ def test_the_gate_keeps_a_slower_tier_out_and_a_warm_process_neither_compiles_no
                                         "faster than 'max-autotune'")
     assert (d["cache_hits"], d["worker_compiles"]) == (1, 0)
 
+    # A ladder without 'default': the verdict kept max-autotune for a tier that is not there,
+    # so it does not hold; max-autotune is weighed against eager, which it beats.
+    alone = _fake(medians=SLOW_TOP)
+    _, status, d = _run(alone, cache_dir=cache, tiers=["max-autotune"])
+    assert status.tier == "max-autotune" and status.final and not status.kept
+    assert [sorted(b.entries) for b in alone.benches] == [["max-autotune"]]
+
 
 def test_a_tier_below_the_serving_one_is_measured_against_it() -> None:
     """The top tier came first and beat eager; the lower one arrives later and must beat it

@@ -83,13 +83,20 @@ def pack_verdict(decision: GateDecision, device: str, date_unix_s: float) -> byt
 class StoredVerdict:
     reason: str
     confident: bool  # settled: a confident or close verdict, not measured again
+    kept_for: str = ""  # the tier it lost to (EAGER included); "" where not recorded
 
     @classmethod
     def unpack(cls, data: Buffer) -> StoredVerdict:
         verdict = msgpack.unpackb(data, raw=False)
         confidence = verdict.get("confidence", "confident")  # older entries: as they decided
         return cls(f"gate (earlier run, {confidence or 'undecided'}): {verdict['reason']}",
-                   confidence in ("confident", "close"))
+                   confidence in ("confident", "close"), str(verdict.get("kept_for") or ""))
+
+    def holds_in(self, tiers: set[str]) -> bool:
+        """Whether the verdict applies to a ladder of ``tiers``: the tier it lost to is one
+        of them, or eager. Keys name a tier's graph and config, not its ladder, and a tier
+        kept for one that this ladder lacks would otherwise keep the graph on eager."""
+        return not self.kept_for or self.kept_for == EAGER or self.kept_for in tiers
 
 
 def verdict_label(decision: GateDecision) -> str:

@@ -101,6 +101,7 @@ class Ladder:
         best, cached = -1, None
         verdicts: dict[str, str] = {}
         again: dict[str, Buffer | None] = {}  # low-confidence verdicts: measured again
+        names = {t.name for t in self.tiers}
         if self._cache.enabled:
             for rank in range(len(self.tiers) - 1, -1, -1):
                 name = self.tiers[rank].name
@@ -108,6 +109,8 @@ class Ladder:
                 if key and self.gate is not None and name != self.force:
                     data = self._cache.verdict(key)
                     stored = StoredVerdict.unpack(data) if data is not None else None
+                    if stored is not None and not stored.holds_in(names):
+                        stored = None  # kept for a tier this ladder lacks: weighed anew
                     if stored is not None and stored.confident:
                         verdicts[name] = stored.reason
                         continue
