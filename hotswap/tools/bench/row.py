@@ -14,7 +14,7 @@ from typing import Any
 
 from hotswap.tools.rss import PeakRss
 
-__all__ = ["BENCH_MODELS", "build", "dispatch_overhead", "is_bench_model", "run_row", "spinners",
+__all__ = ["BENCH_MODELS", "Spinners", "build", "dispatch_overhead", "is_bench_model", "run_row",
            "wrap_row"]
 
 BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "pointwise")
@@ -87,9 +87,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
             served = _serve(compiled, inputs, is_final, sync, args, idle=idle,
                             floor=row == "machine:busy-eager")
         finally:
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
+            spinners.stop()
         peak_rss = rss.stop()  # its sampling thread takes the GIL: not during the steady timing
         if served.final_s is not None:
             compiled(*inputs)  # an idle caller's first compiled call (a tier's first call
@@ -149,7 +147,7 @@ _compiled_at: list[float] = []
 
 
 def wrap_row(row: str, model: Any, args: argparse.Namespace
-             ) -> tuple[Any, Callable[[], bool], list[subprocess.Popen[bytes]]]:
+             ) -> tuple[Any, Callable[[], bool], Spinners]:
     """The row's callable, how to tell its final code serves, and CPU spinners it started."""
     import torch
 
@@ -166,14 +164,14 @@ def wrap_row(row: str, model: Any, args: argparse.Namespace
                 _compiled_at.append(_since_start())  # every graph serves compiled code
             return bool(statuses) and all(s.final for s in statuses)
 
-        return compiled, is_final, []
+        return compiled, is_final, Spinners(0)
     if row == "torch:eager-backend":
-        return torch.compile(model, backend="eager"), lambda: True, []
+        return torch.compile(model, backend="eager"), lambda: True, Spinners(0)
     if row.startswith("torch:"):
         torch_mode = "max-autotune-no-cudagraphs" if row.endswith("max-autotune") else None
-        return torch.compile(model, mode=torch_mode), lambda: True, []
+        return torch.compile(model, mode=torch_mode), lambda: True, Spinners(0)
     if row == "machine:busy-eager":
-        return model, lambda: False, spinners(os.cpu_count() or 1)
+        return model, lambda: False, Spinners(os.cpu_count() or 1)
     from torch._inductor import compile_fx_async
 
     torch._inductor.config.fx_graph_cache = False
@@ -182,10 +180,10 @@ def wrap_row(row: str, model: Any, args: argparse.Namespace
     if row.startswith("pytorch:async"):
         stats: Any = compile_fx_async._AsyncFxCompile
         stats._reset_stats()
-        return torch.compile(model), lambda: bool(stats._stat_compiled_runs > 0), []
+        return torch.compile(model), lambda: bool(stats._stat_compiled_runs > 0), Spinners(0)
     stats = compile_fx_async._ProgressiveFxCompile
     stats._reset_stats()
-    return torch.compile(model), lambda: bool(stats._stat_optimized_runs > 0), []
+    return torch.compile(model), lambda: bool(stats._stat_optimized_runs > 0), Spinners(0)
 
 
 class _Served:
@@ -237,16 +235,41 @@ def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Calla
     return served
 
 
-def spinners(count: int) -> list[subprocess.Popen[bytes]]:
-    """``count`` processes that spin at the priority hotswap's compile workers run at (same
-    niceness, session niceness and ``SCHED_IDLE`` settings)."""
-    import hotswap
+_SPIN = """
+import sys
+from hotswap.workers.child import lower_priority
+nice, idle = sys.stdin.readline().split()  # once the pool's side has placed us (priority.py)
+lower_priority(int(nice), idle == "True")
+while True:
+    pass
+"""
 
-    nice, idle = hotswap.runtime().worker_priority
-    code = (f"from hotswap.workers.child import lower_priority\n"
-            f"lower_priority({nice}, {idle})\nwhile True: pass")
-    return [subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-            for _ in range(count)]
+
+class Spinners:
+    """``count`` processes that spin where hotswap's compile workers run: in the workers' cpu
+    group where one can be made, else lowered as a worker lowers itself (priority.py), each
+    in a session of its own, as a worker is. ``stop()`` ends them and releases the group."""
+
+    def __init__(self, count: int) -> None:
+        import hotswap
+        from hotswap.system.priority import WorkerPriority
+
+        self.priority = WorkerPriority(*hotswap.runtime().worker_priority)
+        self.procs: list[subprocess.Popen[str]] = []
+        for _ in range(count):
+            proc = subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+            self.procs.append(proc)
+            nice, idle = self.priority.lower_new(proc.pid)
+            assert proc.stdin is not None
+            proc.stdin.write(f"{nice} {idle}\n")
+            proc.stdin.flush()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        self.priority.close()
 
 
 def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
