@@ -133,6 +133,15 @@ class CpuWatch:
         if not self._raised and not self._starved_since:
             self._set_note("")
 
+    def forget(self, pid: int) -> None:
+        """The worker exited (a raised one too, before its job or readiness ended): a pid
+        the OS reuses for a new worker starts afresh."""
+        self._raised.discard(pid)
+        self._samples.pop(pid, None)
+        self._starved_since.pop(pid, None)
+        if not self._raised and not self._starved_since:
+            self._set_note("")
+
     def starved_for(self, pid: int, now: float) -> float:
         return now - self._starved_since.get(pid, now)
 

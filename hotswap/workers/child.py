@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     if init_frame is None or init_frame.kind != MessageKind.INIT:
         return 0
     init = decode_control(init_frame.payload)
+    # What a compile writes into inductor's folders travels in signed cache entries only where
+    # no one else may write it (engine/loading/kernel_files.py): never group-writable here,
+    # whatever the caller's umask (002 under user-private groups).
+    os.umask(os.umask(0o022) | 0o022)
     if init.get("nice") or init.get("idle"):
         lower_priority(int(init.get("nice", 0)), bool(init.get("idle")))
     for entry in reversed(init.get("sys_path", [])):

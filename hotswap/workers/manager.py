@@ -212,13 +212,15 @@ class Manager:
 
     def _handle(self, worker: WorkerProcess, kind: MessageKind, job_id: int, payload: Payload) -> None:
         if kind == MessageKind.READY:
+            # Raised while starving at its start: lowered now unless a job waits for it, and
+            # before a caller in wait_ready sees it ready (the cgroup writes outside the lock).
+            with self.inbox.lock:
+                queued = bool(self.inbox.jobs)
+            self.watchdog.ready(worker.pid, queued=queued)
             with self.inbox.ready_cond:
                 worker.ready = True
                 worker.ready_s = time.monotonic()
                 self._start_failures = 0
-                # Raised while starving at its start: lowered now unless a job waits for it
-                # (before a caller in wait_ready sees it ready).
-                self.watchdog.ready(worker.pid, queued=bool(self.inbox.jobs))
                 self.inbox.ready_cond.notify_all()
             return
         job = worker.job
@@ -311,6 +313,7 @@ class Manager:
         scratch.remove(worker.tmpdir)  # and the temporary files of what was killed
         worker.close()
         self.cpu.priority.forget(worker.pid)
+        self.cpu.forget(worker.pid)
         with self.inbox.lock:
             del self.workers[worker.pid]
         job = worker.job

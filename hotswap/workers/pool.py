@@ -148,9 +148,9 @@ class WorkerPool:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with inbox.lock:
             inbox.ready_waiters += 1  # a starved starting worker is raised for us (starvation.py)
-        inbox.wake()  # the manager's next poll counts us
-        with inbox.ready_cond:
-            try:
+        try:
+            inbox.wake()  # the manager's next poll counts us
+            with inbox.ready_cond:
                 while self._manager.ready_count() < self.num_workers:
                     if inbox.closing:
                         return False
@@ -158,7 +158,8 @@ class WorkerPool:
                     if remaining is not None and remaining <= 0:
                         return False
                     inbox.ready_cond.wait(remaining)
-            finally:
+        finally:
+            with inbox.lock:
                 inbox.ready_waiters -= 1
         return True
 

@@ -95,8 +95,13 @@ class Watchdog:
             worker = by_pid.get(pid)
             if worker is None or pid in self._stopped_since:
                 continue  # a stopped worker is not starved: raising it would not help
-            if not self.cpu.lowered or self.cpu.is_raised(pid):
-                continue  # already at the caller's priority: the note says why it waits
+            if not self.cpu.lowered:
+                continue  # at the caller's priority: the note says why it waits
+            if self.cpu.is_raised(pid):
+                # Raised before it read its INIT, a starting worker lowers itself after: raise
+                # it again (idempotent; a raised worker that merely shares busy cores stays so).
+                self.cpu.priority.raise_tree(pid)
+                continue
             if not self.cpu.raise_worker(pid, share, self.cpu.starved_for(pid, now)):
                 kills.append((worker, ("starved", share)))
         return kills

@@ -9,14 +9,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from hotswap.system import proctree
 from hotswap.system.priority import WorkerPriority
-from hotswap.system.starvation import STARVED_SHARE
+from hotswap.system.starvation import STARVED_SHARE, CpuWatch
 from hotswap.workers import WorkerPool
+from hotswap.workers.inbox import PoolConfig
+from hotswap.workers.watchdog import Watchdog
 from tests.workers import jobs
 
 J = "tests.workers.jobs:"
@@ -170,3 +173,24 @@ def _busy_cpu_s() -> float:
     times = psutil.cpu_times()
     return float(sum(getattr(times, name, 0.0)
                      for name in ("user", "nice", "system", "irq", "softirq")))
+
+
+def test_a_raised_worker_that_lowered_itself_again_is_raised_again_and_forgotten_at_exit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starting worker raised before it read its INIT lowers itself on reading it: still
+    starved, it is raised again (not left low for good). A raised worker that exits before
+    its job or readiness ended is forgotten, so its note goes and a reused pid starts afresh."""
+    cpu = CpuWatch(19, True)
+    raised: list[int] = []
+    monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: raised.append(pid) or True)
+    config = PoolConfig(1, None, None, [], 1.0, 60.0, nice=19, idle=True)
+    watchdog = Watchdog(config, cpu)
+    starting = SimpleNamespace(pid=os.getpid(), job=None, ready=False, kill_reason=None,
+                               started_s=9.0, deadline_s=None)
+    monkeypatch.setattr(cpu, "starved", lambda now, needed: [(os.getpid(), 0.0)])
+    for now in (10.0, 11.0):
+        assert watchdog.overdue([starting], True, now) == []  # type: ignore[list-item]
+    assert raised == [os.getpid(), os.getpid()] and cpu.is_raised(os.getpid())
+    assert "raised them" in cpu.note
+    cpu.forget(os.getpid())
+    assert not cpu.is_raised(os.getpid()) and cpu.note == ""
