@@ -135,3 +135,17 @@ def test_nothing_another_user_could_have_written_rides_in_an_entry(
     assert not (theirs / "cd").exists()
     assert f"inductor's folder {theirs} is not trusted" in caplog.text
     assert f"belongs to uid {ATTACKER}" in caplog.text
+    assert "ab/group.so is not shipped in a cache entry" in caplog.text
+
+    # Not made yet, in a folder anyone may write with the sticky bit (/tmp, as inductor's
+    # default is): restored, the folder made; under a folder of theirs: not.
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    fresh = sticky / "torchinductor_me"
+    monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(fresh))
+    assert kernel_files.restore({os.path.join("cd", "new.so"): b"ours"}) == 1
+    assert (fresh / "cd" / "new.so").read_bytes() == b"ours"
+    monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(theirs / "below"))
+    assert kernel_files.restore({os.path.join("cd", "new.so"): b"ours"}) == 0
+    assert not (theirs / "below").exists()

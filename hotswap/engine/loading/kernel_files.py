@@ -32,7 +32,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from hotswap.cache.trust import UntrustedPath, check_root
+from hotswap.cache.trust import UntrustedPath, check_root, check_way
 from hotswap.compat import Buffer
 from hotswap.executors.local import inductor_cache_dir
 
@@ -190,12 +190,17 @@ def trusted_folder(folder: str, *, to_make: bool = False) -> bool:
     """Whether inductor's ``folder`` may be shipped from or restored into: this user's, no one
     else may write it or rename it away (``trust.check_root``). One warning per folder that is
     not. A folder that is not there has nothing to ship; with ``to_make`` (a restore, which
-    makes it with this user's umask) its nearest existing folder above is checked instead."""
+    makes it with this user's umask) the way to it is checked instead (``trust.check_way``:
+    the folders above are this user's or root's, and writable by others only with the sticky
+    bit, as ``/tmp`` is)."""
     path = Path(folder)
     try:
-        while to_make and not os.path.lexists(path) and path != path.parent:
-            path = path.parent
-        check_root(path)
+        if to_make and not os.path.lexists(path):
+            while not os.path.lexists(path) and path != path.parent:
+                path = path.parent
+            check_way(path)
+        else:
+            check_root(path)
         return True
     except FileNotFoundError:
         return False
@@ -210,14 +215,23 @@ def trusted_folder(folder: str, *, to_make: bool = False) -> bool:
 
 def _read_ours(path: str) -> bytes | None:
     """The bytes of ``path`` where it is a regular file (not a link) of this user that no one
-    else may write; None otherwise."""
+    else may write; None otherwise (one warning per process for a file of another user or one
+    open to others: a umask of 002 makes inductor's files group-writable)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            if "file" not in _warned:
+                _warned.add("file")
+                log.warning("hotswap: %s is not shipped in a cache entry: it belongs to uid %d "
+                            "or others may write it (mode %o); loads compile what it held "
+                            "again",
+                            path, st.st_uid, st.st_mode & 0o777)
             return None
         try:
             return f.read()
