@@ -404,7 +404,8 @@ def _words(pair: Paired, outcome: str, confidence: str, why: str, threshold: flo
     rounds = f"{pair.clean} of {pair.rounds} rounds clean" + (
         f", {pair.contended} contended" if pair.contended else "")
     per_call = (f"per call {c} {pair.candidate_ms:.4f} ms, {s} {pair.serving_ms:.4f} ms"
-                + (" (contended)" if pair.clean < MIN_CLEAN else ""))
+                + (" (contended)" if pair.clean < MIN_CLEAN
+                   else " (the last measurement's)" if pair.measurements > 1 else ""))
     if (pair.candidate_ms - pair.serving_ms) * (r - 1.0) < 0:
         per_call += " (these medians point the other way; the paired rounds decide)"
     return (f"{head} ({source}{interval}; {rounds}; {per_call}; adopts at >= "

@@ -247,6 +247,9 @@ def record_from_dict(data: dict[str, Any]) -> Any:
     for name, value in kwargs.items():
         if isinstance(value, dict) and "type" in value:
             kwargs[name] = record_from_dict(value)
-        elif isinstance(value, list) and name in ("argv", "top_kernels", "clean_ratios"):
+        elif name == "clean_ratios":  # anything but a list of numbers: none (older records)
+            kwargs[name] = (tuple(float(v) for v in value) if isinstance(value, list)
+                            and all(isinstance(v, int | float) for v in value) else ())
+        elif isinstance(value, list) and name in ("argv", "top_kernels"):
             kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
     return cls(**kwargs)

@@ -399,3 +399,15 @@ def _undecided(pair: Paired, times: int) -> Retry:
         assert decision.action is Action.RETRY and decision.retry is not None
         so_far = decision.retry
     return so_far
+
+
+def test_a_streak_decides_before_the_pooled_rounds() -> None:
+    # Three contended measurements in a row with the candidate 2.5 % ahead by their medians:
+    # the streak adopts it, though the pooled clean rounds alone would have kept the serving
+    # tier as "close" (their interval +0.0 % to +4.0 %).
+    ahead = (0.975, 0.96, 1.0, 0.97, 0.98)
+    so_far = _undecided(_few(ahead), 2)
+    assert so_far.streak == 2
+    third = _next(_few(ahead), so_far)
+    assert third.action is Action.ADOPT and third.record is not None
+    assert "in each of 3 contended measurements in a row" in third.reason

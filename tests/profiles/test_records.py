@@ -331,3 +331,13 @@ def test_a_kernel_breakdown_keeps_kinetos_markers_off_the_terminal() -> None:
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert done.returncode == 0, done.stderr
     assert b"the job speaks" in done.stderr and b"USDT:" not in done.stderr, done.stderr
+
+
+def test_a_paired_record_reads_back_with_its_clean_rounds_or_none() -> None:
+    pair = Paired("g1", "a", "b", 1.0, 0.9, 0.9, 0.8, 1.0, 24, 20, clean_ratios=(0.8, 0.9))
+    assert record_from_dict(json.loads(json.dumps(pair.to_dict()))) == pair
+    for odd in (None, "0.8", [0.8, "x"], {"a": 1}):
+        data = {**pair.to_dict(), "clean_ratios": odd}
+        assert record_from_dict(data).clean_ratios == ()
+    older = {k: v for k, v in pair.to_dict().items() if k not in ("clean_ratios", "measurements")}
+    assert record_from_dict(older) == Paired("g1", "a", "b", 1.0, 0.9, 0.9, 0.8, 1.0, 24, 20)

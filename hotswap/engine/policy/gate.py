@@ -16,9 +16,11 @@ by a wide margin still decides (bench.DECISIVE). An interval across the threshol
 again up to MAX_ATTEMPTS times, then the serving tier stays, marked "close" confidence where
 the interval has the candidate at most bench.CLOSE_MARGIN thresholds faster (what keeping it
 out may cost), else "low". A
-measurement contention spoiled decides nothing: it is measured again for as long as it takes,
-after pauses that double up to RETRY_CAP_S, and the tier with the faster median serves
-meanwhile; the graph is not final until then.
+measurement contention spoiled decides nothing alone: it is measured again for as long as it
+takes, after pauses that double up to RETRY_CAP_S, and the tier with the faster median serves
+meanwhile; the graph is not final until then. Its clean rounds count: with the earlier
+contended measurements' they give an interval (``pooled``), which decides as a clean
+measurement's does.
 
 ``decide`` is a function of what it is handed: it logs nothing, reads no clock and owns no
 graph's state. The ladder (ladder.py) measures, logs, applies the decision, starts its retry
@@ -176,9 +178,11 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
     A busy machine leaves each measurement a few clean rounds, too few for an interval of its
     own; together with the earlier contended measurements' they give one (``pooled``): a
     round is clean when no thread of the measuring process waited for a CPU, whichever
-    measurement it belongs to. A pooled interval clear of the threshold decides, and from the
-    MAX_ATTEMPTS-th measurement on, one that has the candidate at most CLOSE_MARGIN thresholds
-    faster keeps the serving tier as "close"; anything else goes on as before."""
+    measurement it belongs to. Where this measurement's own rules (every round agreeing, a
+    streak, the contended mean) leave the pair undecided or low, a pooled interval clear of
+    the threshold decides, and from the MAX_ATTEMPTS-th measurement on, one that has the
+    candidate at most CLOSE_MARGIN thresholds faster keeps the serving tier as "close";
+    anything else goes on as before."""
     m, reply = measurement, measurement.reply
     if isinstance(reply, BaseException):
         return Decision(Action.BY_ORDER)
@@ -193,16 +197,6 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
             return Decision(Action.BY_ORDER)
         pair = paired_from_medians(m.graph_id, m.serving, results[m.serving].median_ms,
                                    m.candidate, results[m.candidate].median_ms)
-    if pair.clean < MIN_CLEAN and pair.clean_ratios and clean_ratios:
-        together = pooled(pair, clean_ratios, rounds, contended + 1)
-        if together.clean >= MIN_CLEAN:
-            record = gate_decision(together, threshold=threshold, time_s=now_s,
-                                   attempt=max(attempt, together.measurements),
-                                   last_attempt=together.measurements >= MAX_ATTEMPTS)
-            if record.outcome == "adopt":
-                return Decision(Action.ADOPT, record.reason, record)
-            if record.outcome == "keep" and record.confidence != "low":
-                return Decision(Action.KEEP, f"gate: {record.reason}", record)
     contended_mean = None
     if pair.clean < MIN_CLEAN:  # this measurement and the contended ones before it
         # Each measurement's ratio is its clean rounds' median: pooled over measurements that
@@ -214,6 +208,18 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
     record = gate_decision(pair, threshold=threshold, time_s=now_s, attempt=attempt,
                            last_attempt=pair.clean >= MIN_CLEAN and attempt >= MAX_ATTEMPTS,
                            streak=streak, contended_mean=contended_mean)
+    undecided = record.outcome == "undecided" or record.confidence == "low"
+    if undecided and pair.clean < MIN_CLEAN and pair.clean_ratios and clean_ratios:
+        # What this measurement alone decides (every round, a streak) comes first.
+        together = pooled(pair, clean_ratios, rounds, contended + 1)
+        if together.clean >= MIN_CLEAN:
+            verdict = gate_decision(together, threshold=threshold, time_s=now_s,
+                                    attempt=max(attempt, together.measurements),
+                                    last_attempt=together.measurements >= MAX_ATTEMPTS)
+            if verdict.outcome == "adopt":
+                return Decision(Action.ADOPT, verdict.reason, verdict)
+            if verdict.outcome == "keep" and verdict.confidence != "low":
+                return Decision(Action.KEEP, f"gate: {verdict.reason}", verdict)
     if record.outcome == "undecided":
         retry = _retry(pair, attempt, Retry(0.0, attempt, contended, evidence, streak, clean,
                                             blind, clean_ratios, rounds), threshold)
