@@ -12,6 +12,7 @@ import pickle
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -193,6 +194,10 @@ def test_status_says_why_pending_tiers_wait_on_cpu(monkeypatch: pytest.MonkeyPat
                                cache_dir=str(tmp_path))
     with testing.inject(testing.FaultPlan({"slow": 1.0}, slow_s=3.0)):
         compiled(torch.randn(4, 8))
+    pool, deadline = hotswap.runtime().pool(1), time.monotonic() + 60
+    while pool.priority_note() == "":  # its worker is spawned (the job goes from a thread)
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     [pending] = hotswap.status(compiled)
     assert pending.pending == ("default",) and pending.waiting == note
     # How the pool's workers yield the CPU: "cgroup v1 cpu.idle", "autogroup + SCHED_IDLE"...
@@ -204,6 +209,7 @@ def test_status_says_why_pending_tiers_wait_on_cpu(monkeypatch: pytest.MonkeyPat
 _CUT_SHORT = r"""
 import json
 import os
+import time
 from torch._inductor import cpu_vec_isa
 from hotswap.engine.loading import load_guard
 

@@ -193,11 +193,18 @@ def test_measure_pair_ranks_two_callables() -> None:
 
 
 _CONTENDED = """
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
+import psutil
 from hotswap.profiles.bench import measure_pair
 spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(2 * (os.cpu_count() or 1))]
 try:
+    # Spinning before the measurement starts: their interpreters' start took longer than the
+    # 200 ms measurement on a loaded machine, and it then saw no contention.
+    deadline = time.monotonic() + 30
+    while (any(sum(psutil.Process(p.pid).cpu_times()[:2]) < 0.1 for p in spin)
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
     a = lambda: sum(range(300_000))  # a few ms: longer than a time slice shared 3 ways
     pair = measure_pair("g1", "a", "b", {"a": a, "b": a}, budget_ms=200)
 finally:

@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hotswap.testing.load import Spinners
 from hotswap.tools.bench import main as bench
 from hotswap.tools.bench import report as bench_report
-from hotswap.tools.bench import row as bench_row
 from tests.workers import jobs
 
 ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
@@ -106,7 +106,7 @@ def test_spinners_run_where_the_workers_run(monkeypatch: pytest.MonkeyPatch) -> 
     niceness: the floor the machine:busy-eager row measures is the workers' own."""
     monkeypatch.setenv("HOTSWAP_WORKER_NICE", "19")
     monkeypatch.delenv("HOTSWAP_WORKER_IDLE", raising=False)
-    spinners = bench_row.Spinners(1)
+    spinners = Spinners(1)
     try:
         [spinner] = spinners.procs
         deadline = time.monotonic() + 30

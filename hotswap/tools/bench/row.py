@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from hotswap.testing.load import Spinners
 from hotswap.tools.rss import PeakRss
 
-__all__ = ["BENCH_MODELS", "Spinners", "build", "dispatch_overhead", "is_bench_model", "run_row",
-           "wrap_row"]
+__all__ = ["BENCH_MODELS", "build", "dispatch_overhead", "is_bench_model", "run_row", "wrap_row"]
 
 BENCH_MODELS = ("mlp", "transformer", "matmul-relu", "convnet", "reductions", "pointwise")
 
@@ -235,41 +233,6 @@ def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Calla
     return served
 
 
-_SPIN = """
-import sys
-from hotswap.workers.child import lower_priority
-nice, idle = sys.stdin.readline().split()  # once the pool's side has placed us (priority.py)
-lower_priority(int(nice), idle == "True")
-while True:
-    pass
-"""
-
-
-class Spinners:
-    """``count`` processes that spin where hotswap's compile workers run: in the workers' cpu
-    group where one can be made, else lowered as a worker lowers itself (priority.py), each
-    in a session of its own, as a worker is. ``stop()`` ends them and releases the group."""
-
-    def __init__(self, count: int) -> None:
-        import hotswap
-        from hotswap.system.priority import WorkerPriority
-
-        self.priority = WorkerPriority(*hotswap.runtime().worker_priority)
-        self.procs: list[subprocess.Popen[str]] = []
-        for _ in range(count):
-            proc = subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.PIPE,
-                                    text=True, start_new_session=True)
-            self.procs.append(proc)
-            nice, idle = self.priority.lower_new(proc.pid)
-            assert proc.stdin is not None
-            proc.stdin.write(f"{nice} {idle}\n")
-            proc.stdin.flush()
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.kill()
-            proc.wait()
-        self.priority.close()
 
 
 def dispatch_overhead(args: argparse.Namespace) -> dict[str, Any]:
