@@ -80,6 +80,7 @@ def test_a_starved_job_is_raised_then_lowered_again(caplog: pytest.LogCaptureFix
         assert pool.wait_ready(60)
         lowered = pool.submit(J + "lowered").result(timeout=90)
         assert jobs.is_idle(lowered, os.getpid())
+        caplog.clear()  # what the busy spell did, alone
         with busy_cores():
             pid, how = pool.submit(J + "burn", 1.0).result(timeout=90)
         hints = [r.getMessage() for r in caplog.records if "every core busy" in r.getMessage()]
@@ -108,6 +109,7 @@ def test_where_the_os_refuses_the_job_restarts_at_normal_priority(
     with WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
         assert pool.wait_ready(60)
         first = pool.submit(J + "pid").result(timeout=90)
+        caplog.clear()  # what the busy spell did, alone
         with busy_cores():
             pid, how = pool.submit(J + "burn", 1.0).result(timeout=120)
         if "every core busy" not in caplog.text:
