@@ -126,12 +126,8 @@ class CpuWatch:
     def job_ended(self, pid: int) -> None:
         """Lower a raised worker again once its job is over (never refused)."""
         if pid in self._raised:
-            self._raised.discard(pid)
             self.priority.lower_tree(pid)
-        self._samples.pop(pid, None)
-        self._starved_since.pop(pid, None)
-        if not self._raised and not self._starved_since:
-            self._set_note("")
+        self.forget(pid)
 
     def forget(self, pid: int) -> None:
         """The worker exited (a raised one too, before its job or readiness ended): a pid

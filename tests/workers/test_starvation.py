@@ -15,25 +15,14 @@ import psutil
 import pytest
 
 from hotswap.system import proctree
-from hotswap.system.priority import WorkerPriority
 from hotswap.system.starvation import STARVED_SHARE, CpuWatch
+from hotswap.testing.load import Spinners
 from hotswap.workers import WorkerPool
 from hotswap.workers.inbox import PoolConfig
 from hotswap.workers.watchdog import Watchdog
 from tests.workers import jobs
 
 J = "tests.workers.jobs:"
-
-
-_STARVED = """
-import sys
-from hotswap.workers.child import lower_priority
-print("ready", flush=True)
-nice, idle = sys.stdin.readline().split()  # once the pool's side has placed us (priority.py)
-lower_priority(int(nice), idle == "True")
-while True:
-    pass
-"""
 
 
 @contextlib.contextmanager
@@ -49,27 +38,18 @@ def busy_cores() -> Iterator[None]:
     first, so what a worker does at its lowered priority is asked before or after."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(os.cpu_count() or 1)]
-    priority = WorkerPriority(19, True)
-    probe = subprocess.Popen([sys.executable, "-c", _STARVED], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    probe = Spinners(1)  # one more, placed as a worker is
     try:
-        assert probe.stdout is not None and probe.stdin is not None
-        assert probe.stdout.readline() == "ready\n"  # imported at normal priority
-        nice, idle = priority.lower_new(probe.pid)
-        probe.stdin.write(f"{nice} {idle}\n")
-        probe.stdin.flush()
-        share = _cpu_share(probe.pid, 1.0)
-        probe.kill()
-        probe.wait()
+        share = _cpu_share(probe.procs[0].pid, 1.0)
+        note = probe.priority.note
+        probe.stop()
         if share > STARVED_SHARE:
-            pytest.skip(f"this kernel gave a worker at hotswap's priority ({priority.note}) "
+            pytest.skip(f"this kernel gave a worker at hotswap's priority ({note}) "
                         f"{share:.0%} of a core beside busy cores: no starvation to raise "
                         "(workers/starvation.py)")
         yield
     finally:
-        probe.kill()
-        probe.wait()
-        priority.close()
+        probe.stop()
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
