@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
-    "GRAPH_TIER", "BenchResult", "Call", "GateDecision", "GraphInfo", "KernelBreakdown", "Paired",
+    "GRAPH_TIER", "PROCESS", "BenchResult", "Call", "GateDecision", "GraphInfo", "KernelBreakdown", "Paired",
     "Record", "RunInfo", "Span", "Swap", "TierBench", "record_from_dict",
 ]
 
 
 # The tier of spans that belong to the graph, not to one of its tiers (dynamo trace, serialize).
 GRAPH_TIER = "-"
+# The graph id of spans that belong to the process, not to a graph (the load path's warm-up):
+# in the records and the trace, not in a report's graphs.
+PROCESS = "process"
 
 
 class _Record:

@@ -15,6 +15,7 @@ from typing import Any
 
 from hotswap.profiles.records import (
     GRAPH_TIER,
+    PROCESS,
     Call,
     GateDecision,
     GraphInfo,
@@ -76,6 +77,8 @@ def summarize(records: Iterable[Any]) -> tuple[RunInfo | None, dict[str, GraphSu
             summary.tiers.append(tier)
 
     for record in records:
+        if getattr(record, "graph_id", None) == PROCESS:
+            continue  # the process's own stages: no graph's
         if isinstance(record, RunInfo):
             run = run or record
         elif isinstance(record, GraphInfo):

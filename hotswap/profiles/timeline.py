@@ -21,10 +21,11 @@ from typing import Any
 
 import msgpack
 
-from hotswap.profiles.records import Call, RunInfo, Span, record_from_dict
+from hotswap.profiles.records import GRAPH_TIER, PROCESS, Call, RunInfo, Span, record_from_dict
 
 __all__ = [
-    "COMPILE_CATEGORIES", "Timeline", "category_of", "read_records", "self_time_by_category",
+    "COMPILE_CATEGORIES", "Timeline", "category_of", "process_span", "read_records",
+    "self_time_by_category",
 ]
 
 RECORDS_SUFFIX = ".records.msgpack"
@@ -155,6 +156,7 @@ class Timeline:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+        _open_timelines.discard(self)
 
     # ------------------------------------------------------------------ reading
 
@@ -170,6 +172,15 @@ class Timeline:
 
 
 _open_timelines: weakref.WeakSet[Timeline] = weakref.WeakSet()
+
+
+def process_span(name: str, start_s: float, end_s: float) -> None:
+    """A stage of the process's own (the load path's warm-up), on every profile this process
+    writes (``PROCESS`` for its graph id)."""
+    span = Span(name, start_s, end_s, PROCESS, GRAPH_TIER, os.getpid(),
+                threading.current_thread().name)
+    for timeline in list(_open_timelines):
+        timeline.add(span)
 
 
 @atexit.register

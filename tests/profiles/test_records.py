@@ -36,6 +36,7 @@ from hotswap.profiles import (
     plot_latency,
     read_records,
     self_time_by_category,
+    summarize,
     text_report,
 )
 from hotswap.profiles.bench import GATE_ROUNDS, MIN_CLEAN, measure_pair, median_interval
@@ -348,3 +349,18 @@ def test_a_paired_record_reads_back_with_its_clean_rounds_or_none() -> None:
         assert record_from_dict(data).clean_ratios == ()
     older = {k: v for k, v in pair.to_dict().items() if k not in ("clean_ratios", "measurements")}
     assert record_from_dict(older) == Paired("g1", "a", "b", 1.0, 0.9, 0.9, 0.8, 1.0, 24, 20)
+
+
+def test_process_stages_reach_the_profile_and_the_trace_not_the_graphs(tmp_path: Path) -> None:
+    from hotswap.profiles.timeline import process_span
+
+    timeline = Timeline(tmp_path)
+    process_span("warmup:imports", 1.0, 1.5)
+    timeline.close()
+    process_span("warmup:later", 2.0, 2.5)  # a closed profile takes no more
+    records = read_records(tmp_path)
+    [span] = [r for r in records if isinstance(r, Span)]
+    assert (span.name, span.graph_id, span.duration_s) == ("warmup:imports", "process", 0.5)
+    _, graphs = summarize(records)
+    assert graphs == {}  # a stage of the process is no graph's
+    assert any(e.get("name") == "warmup:imports" for e in chrome_trace(records)["traceEvents"])

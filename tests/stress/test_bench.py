@@ -18,7 +18,8 @@ from tests.workers import jobs
 
 ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s",
             "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters",
-            "slowest_calls", "ready_s", "prepare_s", "first_call_s", "caller"}
+            "slowest_calls", "ready_s", "prepare_s", "first_call_s", "caller",
+            "probe_wakes", "probe_p99_ms", "probe_max_ms", "probe_worst"}
 
 
 def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
@@ -45,6 +46,9 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
         if slowest:
             assert ms[0] == pytest.approx(row["largest_call_ms"], abs=0.01)
             assert all(0 < at <= row["to_final_s"] for at, _ in slowest)
+        # the lateness probe woke through the serving, its worst wakes on the same clock
+        assert row["probe_wakes"] > 0 and row["probe_max_ms"] >= row["probe_p99_ms"] >= 0
+        assert all(row["ready_s"] <= at <= row["to_final_s"] + 1 for at, _ in row["probe_worst"])
     assert data["rows"][0]["counters"]["worker_compiles"] == 1
     assert "dispatch" in data and "torch" in data["machine"]
     captured = capsys.readouterr()
@@ -52,6 +56,8 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
     assert "running hotswap:async ..." in progress and " s\n" in progress  # each row's time
     assert "running" not in printed  # stdout holds the table and the targets alone
     assert "hotswap:async first output vs dynamo trace + eager call" in printed
+    assert "hotswap:async probe lateness p99 " in printed
+    assert "torch:eager-backend probe lateness p99 " in printed and "for comparison" in printed
     # Memory once final, by part: the serving process and its (idle) compile worker.
     hot = data["rows"][0]
     assert hot["steady_serving_mib"] > 0 and hot["steady_workers_mib"] > 0

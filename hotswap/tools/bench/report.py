@@ -74,6 +74,7 @@ def _targets(results: list[dict[str, Any]], dispatch: dict[str, Any] | None) -> 
                    "idle_total_mib", "torch:default", "steady_total_mib", 1.3)
     lines += _footprint(results)
     lines += _largest_calls(by_row)
+    lines += _lateness(results)
     if dispatch is not None:
         over = dispatch["overhead_ns"] / 1e3
         lines.append(f"  dispatch overhead: {dispatch['runner_ns']:.0f} ns via hotswap vs "
@@ -152,6 +153,23 @@ def _largest_calls(by_row: dict[str, dict[str, Any]]) -> list[str]:
                        if floor is not None and floor > limit else ""))
         lines.append(f"  {row} largest call {r['largest_call_ms']:.1f} ms{over} vs 2x eager "
                      f"+ 10 ms = {limit:.1f} ms: {verdict}")
+    return lines
+
+
+def _lateness(results: list[dict[str, Any]]) -> list[str]:
+    """How late a thread waking every millisecond in the serving process woke while the row
+    served, after its first call (tools/lateness.py): hotswap's rows against 10 ms, the
+    others beside them; the caller's own first call is shown apart."""
+    lines = []
+    for r in results:
+        if "error" in r or "probe_max_ms" not in r:
+            continue
+        worst = ", ".join(f"{ms:.0f} ms at {at:.1f} s" for at, ms in r["probe_worst"][:3])
+        verdict = (("met" if r["probe_max_ms"] <= 10 else "MISSED")
+                   if r["row"].startswith("hotswap:") else "for comparison")
+        lines.append(f"  {r['row']} probe lateness p99 {r['probe_p99_ms']:.1f} ms, max "
+                     f"{r['probe_max_ms']:.1f} ms (worst: {worst or '-'}) vs 10 ms: {verdict}; "
+                     f"during the first call {r['probe_first_call_max_ms']:.1f} ms")
     return lines
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hotswap.testing.load import Spinners
+from hotswap.tools.lateness import LatenessProbe
 from hotswap.tools.rss import PeakRss
 
 __all__ = ["BENCH_MODELS", "build", "dispatch_overhead", "is_bench_model", "run_row", "wrap_row"]
@@ -52,11 +53,15 @@ def _timer(fn: Any, device: str, budget_ms: float = 300.0) -> float:
     return benchmark(fn, device=device, budget_ms=budget_ms).median_ms
 
 
-def _since_start() -> float:
-    """Seconds since this process started (the user's clock)."""
+def _started_unix_s() -> float:
     import psutil
 
-    return time.time() - float(psutil.Process().create_time())
+    return float(psutil.Process().create_time())
+
+
+def _since_start() -> float:
+    """Seconds since this process started (the user's clock)."""
+    return time.time() - _started_unix_s()
 
 
 def run_row(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,12 +85,15 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     ready_s = _since_start()
     idle = args.caller == "idle" and row != "machine:busy-eager"
     sync: Any = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    # From the first call on: the serving process's stalls, whoever holds the GIL
+    probe = LatenessProbe(clock_origin=time.perf_counter() - _since_start())
     with torch.no_grad():
         try:
             served = _serve(compiled, inputs, is_final, sync, args, idle=idle,
                             floor=row == "machine:busy-eager")
         finally:
             spinners.stop()
+            probe.stop()
         peak_rss = rss.stop()  # its sampling thread takes the GIL: not during the steady timing
         if served.final_s is not None:
             compiled(*inputs)  # an idle caller's first compiled call (a tier's first call
@@ -111,9 +119,14 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         # hotswap rows: process start -> every graph serves compiled code (any tier)
         "to_compiled_s": _compiled_at[0] if _compiled_at else served.final_s,
         "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20, **memory,
+        # the caller's own first call (dynamo's trace, CUDA's start) apart from what follows
+        **probe.summary(since_s=ready_s + served.durations[0]).as_dict(),
+        "probe_first_call_max_ms": probe.summary(until_s=ready_s + served.durations[0]).max_ms,
         "timings_s": {k: v for s in statuses for k, v in s.timings_s.items()},
         "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
         "tiers": [s.tier for s in statuses],
+        # to place a profile's spans (HOTSWAP_PROFILE_DIR, monotonic) on the user's clock
+        "pid": os.getpid(), "started_unix_s": _started_unix_s(),
     }
 
 
@@ -189,7 +202,7 @@ class _Served:
 
     def __init__(self) -> None:
         self.durations: list[float] = []
-        self.offsets: list[float] = []  # s after the first call
+        self.offsets: list[float] = []  # when each call started, s since process start
         self.final_s: float | None = None
         self.served_s = 0.0
 
@@ -202,8 +215,8 @@ class _Served:
             "served_s": self.served_s,
             "p99_call_ms": later[int(0.99 * (len(later) - 1))] * 1e3 if later else 0.0,
             "calls_over_limit": sum(d > limit_s for d in later),
-            # when the slowest calls started (s after the first call) and took (ms): matched
-            # against the stage timings, they say what stalled them
+            # when the slowest calls started (s since process start, as the probe's worst
+            # wakes and a profile's spans) and took (ms): matched, they say what stalled them
             "slowest_calls": [(round(self.offsets[i], 3), round(self.durations[i] * 1e3, 2))
                               for i in slowest],
         }
@@ -215,6 +228,7 @@ def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Calla
     code serves or the row's time is up."""
     served = _Served()
     start = time.perf_counter()
+    origin = start - _since_start()
     deadline = start + (args.floor_s if floor else args.timeout_s)
     try:
         while time.perf_counter() < deadline:
@@ -223,7 +237,7 @@ def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Calla
                 compiled(*inputs)
                 sync()
                 served.durations.append(time.perf_counter() - t)
-                served.offsets.append(t - start)
+                served.offsets.append(t - origin)
             if is_final():
                 served.final_s = _since_start()
                 break

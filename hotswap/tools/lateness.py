@@ -1,0 +1,86 @@
+"""How late a thread that asks to wake every millisecond wakes: the serving process's stalls
+as its caller would feel them, whoever caused them.
+
+A Python thread waking from ``time.sleep`` must take the GIL before it runs again. Where
+another thread holds the GIL (a module compiled from source, a long C call that does not
+release it) or the process gets no CPU, the wake is late by that long. The probe records
+every wake's lateness on the user's clock (seconds since the process started), so that its
+worst wakes can be matched against the stage timeline. One Python thread at work beside it
+costs it up to the interpreter's switch interval (``sys.getswitchinterval()``, 5 ms): the
+floor a ``torch:eager-backend`` row shows."""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from dataclasses import dataclass
+
+__all__ = ["Lateness", "LatenessProbe"]
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """What a probe saw: its wakes, their p50/p99/max lateness (ms) and the ``worst`` ones
+    as ``(s since process start, ms late)``, largest first, at least a second apart (one
+    stall, one entry)."""
+
+    wakes: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    worst: tuple[tuple[float, float], ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"probe_wakes": self.wakes, "probe_p50_ms": self.p50_ms,
+                "probe_p99_ms": self.p99_ms, "probe_max_ms": self.max_ms,
+                "probe_worst": [list(w) for w in self.worst]}
+
+
+class LatenessProbe:
+    """A daemon thread that waits ``interval_s`` at a time until ``stop()``; ``summary()``
+    is the :class:`Lateness` of its wakes. ``clock_origin``: the perf_counter reading that is
+    second 0 of the reported times (the process's start, as the bench rows time)."""
+
+    def __init__(self, *, interval_s: float = 0.001, clock_origin: float | None = None,
+                 name: str = "hotswap-lateness") -> None:
+        self._interval_s = interval_s
+        self._origin = time.perf_counter() if clock_origin is None else clock_origin
+        self._at = array("d")  # perf_counter of each wake
+        self._late = array("d")  # its lateness, s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval, at, late, stopped = self._interval_s, self._at, self._late, self._stop.wait
+        while True:
+            before = time.perf_counter()
+            if stopped(interval):  # a timed wait, as a sleep: woken, it takes the GIL back
+                return
+            now = time.perf_counter()
+            at.append(now)
+            late.append(max(0.0, now - before - interval))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def summary(self, *, since_s: float = float("-inf"), until_s: float = float("inf"),
+                top: int = 5) -> Lateness:
+        """The wakes between ``since_s`` and ``until_s`` (on the probe's clock)."""
+        origin = self._origin
+        picked = [i for i, at in enumerate(self._at) if since_s <= at - origin <= until_s]
+        if not picked:
+            return Lateness(0, 0.0, 0.0, 0.0, ())
+        ordered = sorted(self._late[i] for i in picked)
+        n = len(ordered)
+        worst: list[tuple[float, float]] = []
+        for i in sorted(picked, key=self._late.__getitem__, reverse=True):
+            t = self._at[i] - origin
+            if all(abs(t - w) >= 1.0 for w, _ in worst):
+                worst.append((round(t, 3), round(self._late[i] * 1e3, 2)))
+            if len(worst) == top:
+                break
+        return Lateness(n, ordered[n // 2] * 1e3, ordered[int(0.99 * (n - 1))] * 1e3,
+                        ordered[-1] * 1e3, tuple(worst))

@@ -1,0 +1,39 @@
+"""The lateness probe: a GIL held by another thread shows as one late wake, at its time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hotswap.tools.lateness import LatenessProbe
+
+
+def test_a_gil_hold_is_one_late_wake_at_its_time() -> None:
+    origin = time.perf_counter()
+    probe = LatenessProbe(clock_origin=origin)
+    time.sleep(0.2)
+    held_at = time.perf_counter() - origin
+    t = time.perf_counter()
+    compile("x = 1\n" * 100_000, "<held>", "exec")  # one C call: the GIL is not released
+    held_ms = (time.perf_counter() - t) * 1e3
+    time.sleep(1.2)
+    probe.stop()
+    seen = probe.summary()
+    assert held_ms > 20, "the hold is too short to tell apart from the switch interval"
+    assert seen.max_ms >= 0.8 * held_ms
+    at, ms = seen.worst[0]
+    assert ms == round(seen.max_ms, 2) and held_at <= at <= held_at + held_ms / 1e3 + 0.05
+    # apart from the hold, the wakes were on time: one stall, one entry
+    assert seen.p50_ms < 5 and all(late < 0.5 * held_ms for _, late in seen.worst[1:])
+    assert seen.wakes > 500
+    # a window that leaves the hold out does not see it
+    after = probe.summary(since_s=held_at + held_ms / 1e3 + 0.05)
+    assert 0 < after.wakes < seen.wakes and after.max_ms < 0.5 * held_ms
+
+
+def test_stop_before_any_wake_and_the_thread_ends() -> None:
+    probe = LatenessProbe(interval_s=10)
+    probe.stop()
+    seen = probe.summary()
+    assert seen.wakes == 0 and seen.worst == ()
+    assert not any(t.name == "hotswap-lateness" for t in threading.enumerate())
