@@ -35,13 +35,13 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hotswap import settings
 
 __all__ = ["Lane", "Timer", "gil_handoff_s", "io", "join_all", "live", "quick_gil_handoff",
-           "scheduler", "start", "stop_lanes"]
+           "scheduler", "start", "stop_lanes", "yielding_gil"]
 
 log = logging.getLogger("hotswap")
 
@@ -140,6 +140,42 @@ class _QuickHandoff:
 
 
 quick_gil_handoff = _QuickHandoff()
+
+# A thread inside ``yielding_gil`` runs at most this long, then sleeps this long (below).
+YIELD_RUN_S = 0.002
+YIELD_REST_S = 0.008
+
+
+@contextlib.contextmanager
+def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
+                 unless: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """Inside the block this thread runs Python for at most about ``run_s`` at a time, then
+    sleeps ``rest_s``, holding no GIL; once ``unless()`` (someone waits for the work now) it
+    runs on at full speed. For interpreter-heavy work that nobody waits for (the load path's
+    warm-up). The quick handoff alone is not enough for a GPU caller: each of the hundreds of
+    ops in one call gives the GIL up and waits up to the switch interval to take it back, so a
+    3 ms GPT-2 call took 90-190 ms while the warm-up imported inductor's modules (H100).
+
+    A trace function on this thread alone (``sys.settrace``; it asks for no line events)
+    looks at the clock as each Python frame starts, and removes itself once ``unless()``; the
+    thread's earlier one is put back after the block. A single C call is not split. (A
+    profile function would also see every C call: the imports then ran 6x slower.)"""
+    started = [time.perf_counter()]
+
+    def trace(frame: Any, event: str, arg: Any) -> None:
+        if time.perf_counter() - started[0] > run_s:
+            if unless():
+                sys.settrace(None)  # full speed from here: no more calls into this function
+                return
+            time.sleep(rest_s)
+            started[0] = time.perf_counter()
+
+    earlier = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(earlier)
 
 _Task = tuple[Callable[..., Any], tuple[Any, ...]]
 

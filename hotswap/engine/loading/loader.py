@@ -22,11 +22,13 @@ __all__ = ["at_lowest_priority"]
 T = TypeVar("T")
 
 
-def at_lowest_priority(fn: Callable[[], T]) -> T:
+def at_lowest_priority(fn: Callable[[], T], *,
+                       wanted: Callable[[], bool] = lambda: False) -> T:
     """Run ``fn`` on a thread of its own at niceness 19 and under ``SCHED_IDLE``, which the
     processes it starts inherit (Linux: both are per thread; elsewhere ``fn`` just runs). Only
     for work that mostly waits on subprocesses: a low-priority thread that holds the GIL would
-    hold up the user's threads."""
+    hold up the user's threads, so it also yields the GIL (``threads.yielding_gil``) until
+    ``wanted()``."""
     results: list[T] = []
     errors: list[BaseException] = []
 
@@ -36,7 +38,8 @@ def at_lowest_priority(fn: Callable[[], T]) -> T:
         with contextlib.suppress(OSError, AttributeError):
             os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
         try:
-            results.append(fn())
+            with threads.yielding_gil(unless=wanted):
+                results.append(fn())
         except BaseException as e:
             errors.append(e)
 

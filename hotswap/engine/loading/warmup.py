@@ -21,15 +21,17 @@ scheduler's thread does not wait for a step queued behind it: it runs the step i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from hotswap.engine import threads
 from hotswap.engine.loading import load_guard
 from hotswap.engine.loading.load_guard import count_compiler_runs
 from hotswap.engine.loading.loader import at_lowest_priority
+from hotswap.profiles.timeline import process_span
 from hotswap.system import bytecode
 
 __all__ = ["start_warmup", "wait_warmup"]
@@ -52,23 +54,27 @@ def _common() -> None:
     # environment without bytecode that writes none): bytecode.py. The child is no compiler
     # run of a load's (load_guard).
     modules = _COMMON_MODULES + (_CUDA_MODULES if torch.cuda.is_available() else ())
-    with load_guard.uncounted(), bytecode.read_for_imports(modules):
-        # Dynamo first: it and inductor import each other, and two threads entering that
-        # cycle at different modules at once get a half-initialized module and an ImportError
-        # (one of them could be the user's first call). Entering at dynamo, as the user's
-        # thread does, makes one thread wait for the other instead.
-        import torch._dynamo
-        import torch._functorch._aot_autograd.autograd_cache
-        import torch._inductor.codecache
-        import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
-        import torch._inductor.standalone_compile
-        if torch.cuda.is_available():
-            import torch._inductor.runtime.triton_heuristics
-            import torch.utils._triton
+    with load_guard.uncounted(), contextlib.ExitStack() as reading:
+        with _stage("warmup:bytecode"):  # the child's compile, where there is one
+            reading.enter_context(bytecode.read_for_imports(modules))
+        with _stage("warmup:imports"):
+            # Dynamo first: it and inductor import each other, and two threads entering that
+            # cycle at different modules at once get a half-initialized module and an
+            # ImportError (one of them could be the user's first call). Entering at dynamo,
+            # as the user's thread does, makes one thread wait for the other instead.
+            import torch._dynamo
+            import torch._functorch._aot_autograd.autograd_cache
+            import torch._inductor.codecache
+            import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
+            import torch._inductor.standalone_compile
+            if torch.cuda.is_available():
+                import torch._inductor.runtime.triton_heuristics
+                import torch.utils._triton
 
     torch_key = getattr(torch._inductor.codecache, "torch_key", None)  # one file hash per process
     if torch_key is not None:
-        at_lowest_priority(torch_key)
+        with _stage("warmup:torch_key"):
+            at_lowest_priority(torch_key, wanted=_warmup.wanted.is_set)
 
 
 def _cpu() -> None:
@@ -85,7 +91,18 @@ def _cuda() -> None:
     # Triton's hash of its own sources and its driver's start: 0.5 s of the first CUDA load.
     triton_hash = getattr(torch.utils._triton, "triton_hash_with_backend", None)
     if triton_hash is not None:
-        at_lowest_priority(triton_hash)
+        with _stage("warmup:triton_hash"):
+            at_lowest_priority(triton_hash, wanted=_warmup.wanted.is_set)
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    """A part of a step, as a span of the process in a profile (hotswap profile, bench)."""
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        process_span(name, start, time.monotonic())
 
 
 _STEPS: dict[str, Callable[[], None]] = {"common": _common, "cpu": _cpu, "cuda": _cuda}
@@ -101,6 +118,9 @@ class _Warmup:
         self._lock = threading.Lock()
         self._done: dict[str, threading.Event] = {}
         self._taken: set[str] = set()  # steps that started running (on whichever thread)
+        # Set once a load (or prepare(wait=True)) waits for a step: the steps stop yielding
+        # the GIL to the user's calls (threads.yielding_gil) and run at full speed.
+        self.wanted = threading.Event()
 
     def start(self, devices: Iterable[str]) -> list[threading.Event]:
         events = []
@@ -111,6 +131,7 @@ class _Warmup:
                     threads.scheduler.submit(self._run, step)
                 events.append(self._done[step])
         if threads.scheduler.here():  # a step queued behind this task would never come
+            self.wanted.set()
             for step in _steps_for(devices):
                 self._run(step)
         return events
@@ -122,7 +143,9 @@ class _Warmup:
             self._taken.add(step)
         t = time.monotonic()
         try:
-            with count_compiler_runs():  # the scheduler hands the GIL over quickly meanwhile
+            # Until a load waits for it, it yields the GIL to the user's calls, beside the
+            # scheduler's quick handoff.
+            with count_compiler_runs(), threads.yielding_gil(unless=self.wanted.is_set):
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
             # Once the interpreter is exiting, steps fail for that reason alone.
@@ -147,6 +170,7 @@ def start_warmup(devices: Iterable[str] = ()) -> None:
 def wait_warmup(devices: Iterable[str] = (), timeout_s: float | None = None) -> bool:
     """Start (if needed) and wait for the warm-up of ``devices``; False on timeout."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    _warmup.wanted.set()
     for event in _warmup.start(devices):
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not event.wait(remaining):
