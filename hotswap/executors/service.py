@@ -39,6 +39,7 @@ from hotswap.executors.base import COMPILE_JOB, ExecutorUnavailable
 from hotswap.service import control
 from hotswap.service.place import Place, UntrustedPath, authkey, find_place
 from hotswap.service.wire import PeerRefused, connect, decode, encode, error_from_wire
+from hotswap.system import bytecode
 from hotswap.system.proctree import is_stopped
 from hotswap.workers import JobFuture, StageEvent
 from hotswap.workers.inbox import resolve
@@ -116,6 +117,8 @@ class ServiceLink:
             place = find_place(create=True)
             status = control.ensure(place)
             target = _Target(place, authkey(place, create=False), int(status["pid"]))
+            if isinstance(status.get("pycache"), str):
+                bytecode.offer(status["pycache"])
         except (UntrustedPath, PeerRefused, control.OtherBuild) as e:
             self.refuse(str(e))
             attempt.set_result(None)

@@ -133,7 +133,10 @@ def _start(place: Place, key: bytes) -> dict[str, Any]:
     threading.Thread(target=proc.wait, daemon=True, name="hotswap-service-reap").start()
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        status = probe(place, key)
+        try:
+            status = probe(place, key)
+        except NotAnswering:  # it listens and does not answer yet: still starting
+            status = None
         if status is not None:
             return status
         if proc.poll() is not None:

@@ -36,6 +36,7 @@ from typing import Any
 from hotswap.executors.local import LocalExecutor, LocalPools
 from hotswap.service.place import Place, authkey
 from hotswap.service.wire import PeerRefused, accept, decode, encode, error_to_wire
+from hotswap.system import bytecode
 from hotswap.system.proctree import tree_rss_bytes
 
 __all__ = ["RUN_PICKLED", "Service", "install_signals"]
@@ -78,7 +79,8 @@ class Service:
         self._pools = LocalPools()
         self._executor = LocalExecutor(workers, (), shared=self._pools)
         self._lock = threading.Lock()
-        self._running = 0
+        self._connections = 0  # being served (a job's among them)
+        self._jobs_running = 0
         self._last_job = time.monotonic()
         self._started = time.monotonic()
         self.jobs_served = self.jobs_failed = self.jobs_cancelled = 0
@@ -90,7 +92,11 @@ class Service:
 
     def serve_forever(self) -> None:
         listener = self._bind()
-        self._pools.pool(self._executor.size)  # warm workers before the first job
+        # Workers warm before the first job, while the socket already answers: a pool's start
+        # can take seconds (its first workers write their bytecode), longer than a client
+        # waits for the status it asks for on connecting.
+        threading.Thread(target=self._pools.pool, args=(self._executor.size,), daemon=True,
+                         name="hotswap-service-warm").start()
         log.info("hotswap service %s (pid %d) serving %s", self.place.stamp, os.getpid(),
                  self.place.socket)
         listener.settimeout(min(1.0, max(0.05, self.idle_exit_s / 4)))
@@ -118,13 +124,16 @@ class Service:
         workers = pool.workers_info() if pool is not None else []
         with self._lock:
             counts = {"jobs_served": self.jobs_served, "jobs_failed": self.jobs_failed,
-                      "jobs_cancelled": self.jobs_cancelled, "jobs_running": self._running}
+                      "jobs_cancelled": self.jobs_cancelled, "jobs_running": self._jobs_running}
         return {"kind": "status", "stamp": self.place.stamp, "pid": os.getpid(),
                 "uid": os.geteuid(), "dir": str(self.place.dir),
                 "uptime_s": round(time.monotonic() - self._started, 3),
                 "idle_exit_s": self.idle_exit_s,
                 "workers": [{"pid": w.pid, "ready": w.ready, "busy": w.busy} for w in workers],
-                "rss_bytes": tree_rss_bytes(os.getpid()), **counts}
+                "rss_bytes": tree_rss_bytes(os.getpid()),
+                # the bytecode folder it and its workers read (bytecode.child_env), which a
+                # client's load path may read too (bytecode.offer)
+                "pycache": os.environ.get(bytecode.PREFIX_ENV), **counts}
 
     # ------------------------------------------------------------------ the socket
 
@@ -161,11 +170,21 @@ class Service:
 
     def _idle(self) -> bool:
         with self._lock:
-            return self._running == 0 and time.monotonic() - self._last_job >= self.idle_exit_s
+            return self._connections == 0 and time.monotonic() - self._last_job >= self.idle_exit_s
 
     # ------------------------------------------------------------------ one connection
 
     def _serve(self, sock: socket.socket) -> None:
+        with self._lock:  # a connection is activity: its job may follow its status request
+            self._connections += 1
+        try:
+            self._serve_one(sock)
+        finally:
+            with self._lock:
+                self._connections -= 1
+                self._last_job = time.monotonic()
+
+    def _serve_one(self, sock: socket.socket) -> None:
         try:
             conn = accept(sock, self._key)
         except (PeerRefused, AuthenticationError) as e:
@@ -201,7 +220,7 @@ class Service:
                     f"{request.get('stamp')}")}))
             return
         with self._lock:
-            self._running += 1
+            self._jobs_running += 1
         done = _Signal()
         try:
             try:
@@ -224,8 +243,7 @@ class Service:
         finally:
             done.close()
             with self._lock:
-                self._running -= 1
-                self._last_job = time.monotonic()
+                self._jobs_running -= 1
 
     def _reply(self, future: Any, job: str) -> bytes:
         events = [dataclasses.asdict(e) for e in getattr(future, "stage_events", [])]

@@ -47,10 +47,10 @@ from pathlib import Path
 from hotswap import settings
 from hotswap.cache.root import claim_root, default_cache_dir
 from hotswap.cache.store import FORMAT_VERSION
-from hotswap.cache.trust import ensure_private_dir
+from hotswap.cache.trust import check_private_dir, check_way, ensure_private_dir
 
 __all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env", "compile_rate",
-           "imported_source_bytes", "plan", "probe_sources", "read_for_imports",
+           "imported_source_bytes", "offer", "plan", "probe_sources", "read_for_imports",
            "recompile_reason", "usage"]
 
 log = logging.getLogger("hotswap")
@@ -196,22 +196,56 @@ def read_for_imports(modules: Sequence[str] = ()) -> Iterator[Path | None]:
     source, the standard library's too), and nothing is written by this process.
 
     ``modules``: what the block imports. Where their bytecode is not in the cache yet (the
-    first process ever), a child process imports them first, writing it (``child_env``), and
-    this thread waits for it: compiling a large module holds the GIL for its whole compile
-    (inductor's imports from source stalled the serving process's calls by 400-750 ms on the
-    GPU machine), a child holds none of this process's. A child still running at exit is
-    killed."""
+    first process ever), the compile service's folder serves if it has it (``offer``: its
+    workers wrote it); else a child process imports them first, writing it (``child_env``),
+    and this thread waits for it: compiling a large module holds the GIL for its whole
+    compile (inductor's imports from source stalled the serving process's calls by 400-750 ms
+    on the GPU machine), a child holds none of this process's. A child still running at exit
+    is killed."""
     folder = _reading_folder()
     if folder is None:
         yield None
         return
-    if modules and not all(_current(s, _bytecode_path(s, str(folder))) for s in probe_sources()):
-        _compile_in_a_child(modules)
+    if modules and not _has_bytecode(folder):
+        served = next((f for f in list(_offered) if _trusted(f) and _has_bytecode(f)), None)
+        if served is not None:
+            folder = served  # the compile service's: already written, and checked
+        else:
+            _compile_in_a_child(modules)
     sys.pycache_prefix = str(folder)
     try:
         yield folder
     finally:
         sys.pycache_prefix = None
+
+
+# Bytecode folders of this build's compile service (its status names the one it and its
+# workers read): the load path reads one of them where this process's own has none yet.
+_offered: list[Path] = []
+
+
+def offer(folder: str | os.PathLike[str]) -> None:
+    """A bytecode folder this process may read for its load path's imports instead of
+    compiling them in a child (``read_for_imports``): the compile service's, which its
+    workers filled. Checked when used, as the cache's own: this user's, writable by no one
+    else, below folders no one else can swap."""
+    path = Path(folder)
+    if path not in _offered:
+        _offered.append(path)
+
+
+def _trusted(folder: Path) -> bool:
+    try:
+        check_private_dir(folder)
+        check_way(folder.parent)
+    except (OSError, ValueError) as e:  # UntrustedPath is a PermissionError
+        _say_once(f"not read from the compile service: {e}")
+        return False
+    return True
+
+
+def _has_bytecode(folder: Path) -> bool:
+    return all(_current(s, _bytecode_path(s, str(folder))) for s in probe_sources())
 
 
 def _reading_folder() -> Path | None:

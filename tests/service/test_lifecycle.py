@@ -16,9 +16,10 @@ import pytest
 
 from hotswap import cli
 from hotswap.executors import registry
-from hotswap.executors.service import ServiceExecutor
+from hotswap.executors.service import ServiceExecutor, ServiceLink
 from hotswap.service import control
 from hotswap.service.place import Place, authkey, find_place, stamp
+from hotswap.system import bytecode
 from tests.conftest import gone
 from tests.service.conftest import wait_for
 
@@ -164,3 +165,14 @@ def test_sixteen_processes_at_once_share_one_service(service_dir: Path) -> None:
     status = current_status()
     assert status is not None and status["pid"] == outputs[0]["pid"]
     assert status["jobs_served"] == 64 and status["jobs_failed"] == 0, time.monotonic() - t
+
+
+def test_the_service_names_its_bytecode_folder_and_its_clients_are_offered_it(
+        service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_PYCACHE", "on")  # the service and its workers use the cache
+    monkeypatch.setattr(bytecode, "_offered", [])
+    link = ServiceLink()
+    assert link.client(120) is not None
+    status = current_status()
+    assert status is not None and status["pycache"] == str(bytecode.plan(os.environ).folder)
+    assert bytecode._offered == [Path(status["pycache"])]

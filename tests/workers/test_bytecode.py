@@ -172,3 +172,45 @@ def test_a_child_compiles_what_this_process_is_about_to_import_into_the_cache(
         assert folder is not None
     assert list(folder.rglob("hs_about_to_import.*.pyc"))
     assert not list(tmp_path.rglob("__pycache__"))
+
+
+@pytest.fixture
+def served(sources: list[Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A process that writes no bytecode and has none in its own cache yet, beside a compile
+    service's folder holding the probed modules' bytecode (offered, as its status does)."""
+    monkeypatch.setenv(NO_WRITE, "1")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    folder = tmp_path / "service-pycache"
+    folder.mkdir(mode=0o700)
+    for source in sources:
+        py_compile.compile(str(source), cfile=str(bytecode._bytecode_path(source, str(folder))))
+    monkeypatch.setattr(bytecode, "_offered", [])
+    bytecode.offer(folder)
+    return folder
+
+
+def test_the_compile_services_bytecode_serves_where_this_process_has_none(
+        served: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    children: list[object] = []
+    monkeypatch.setattr(bytecode, "_compile_in_a_child", children.append)
+    with bytecode.read_for_imports(["json"]) as folder:
+        assert folder == served and sys.pycache_prefix == str(served)
+    assert children == [] and sys.pycache_prefix is None
+
+
+@pytest.mark.parametrize("attack", ["others may write it", "another uid's"])
+def test_an_offered_folder_that_fails_the_checks_is_not_read(
+        attack: str, served: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    if attack == "others may write it":
+        served.chmod(0o777)
+    else:
+        os.chown(served, 4242, 4242)
+    children: list[object] = []
+    monkeypatch.setattr(bytecode, "_compile_in_a_child", children.append)
+    with caplog.at_level(logging.WARNING, logger="hotswap"), \
+            bytecode.read_for_imports(["json"]) as folder:
+        assert folder == bytecode.cache_folder()  # its own, filled by a child as before
+    assert children == [["json"]]
+    assert "not read from the compile service" in caplog.text and str(served) in caplog.text
