@@ -225,6 +225,10 @@ class Lane:
             self._wake_locked()
         return timer
 
+    def waiting(self, *, besides: Callable[..., Any] | None = None) -> bool:
+        """Whether a task waits in the queue for the running one (one of ``besides`` aside)."""
+        return any(fn != besides for fn, _ in list(self._tasks))
+
     def here(self) -> bool:
         """Whether the caller runs on this lane's thread (a task of it)."""
         return self._thread is threading.current_thread()

@@ -116,3 +116,21 @@ def test_the_warmup_yields_until_a_load_waits_for_it(fresh_warmup: list[str],
     assert warmup.wait_warmup(["cpu"], timeout_s=30)  # now a load waits
     (_, wall0, cpu0), (_, wall1, cpu1) = seen
     assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 2 * cpu0 / wall0, seen
+
+
+def test_the_warmup_stops_yielding_once_a_task_waits_behind_it(
+        fresh_warmup: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[float, float]] = []
+    queued = threading.Event()
+
+    def common() -> None:
+        wall, cpu = _interpreter_work(0.3)  # alone on the lane: yields
+        seen.append((wall, cpu))
+        threads.scheduler.submit(queued.set)  # a load arrives, queued behind this step
+        seen.append(_interpreter_work(0.3))
+
+    monkeypatch.setitem(warmup._STEPS, "common", common)
+    warmup.start_warmup([])
+    assert queued.wait(30)
+    (wall0, cpu0), (wall1, cpu1) = seen
+    assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 2 * cpu0 / wall0, seen

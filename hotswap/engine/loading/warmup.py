@@ -74,7 +74,7 @@ def _common() -> None:
     torch_key = getattr(torch._inductor.codecache, "torch_key", None)  # one file hash per process
     if torch_key is not None:
         with _stage("warmup:torch_key"):
-            at_lowest_priority(torch_key, wanted=_warmup.wanted.is_set)
+            at_lowest_priority(torch_key, wanted=_warmup.needed)
 
 
 def _cpu() -> None:
@@ -92,7 +92,7 @@ def _cuda() -> None:
     triton_hash = getattr(torch.utils._triton, "triton_hash_with_backend", None)
     if triton_hash is not None:
         with _stage("warmup:triton_hash"):
-            at_lowest_priority(triton_hash, wanted=_warmup.wanted.is_set)
+            at_lowest_priority(triton_hash, wanted=_warmup.needed)
 
 
 @contextlib.contextmanager
@@ -118,8 +118,9 @@ class _Warmup:
         self._lock = threading.Lock()
         self._done: dict[str, threading.Event] = {}
         self._taken: set[str] = set()  # steps that started running (on whichever thread)
-        # Set once a load (or prepare(wait=True)) waits for a step: the steps stop yielding
-        # the GIL to the user's calls (threads.yielding_gil) and run at full speed.
+        # Set once a load (or prepare(wait=True)) waits for a step, or a task waits behind
+        # one on the scheduler's thread: the steps stop yielding the GIL to the user's calls
+        # (threads.yielding_gil) and run at full speed.
         self.wanted = threading.Event()
 
     def start(self, devices: Iterable[str]) -> list[threading.Event]:
@@ -136,6 +137,12 @@ class _Warmup:
                 self._run(step)
         return events
 
+    def needed(self) -> bool:
+        """Whether someone waits for the warm-up now (and from then on)."""
+        if not self.wanted.is_set() and threads.scheduler.waiting(besides=self._run):
+            self.wanted.set()
+        return self.wanted.is_set()
+
     def _run(self, step: str) -> None:
         with self._lock:
             if step in self._taken:
@@ -143,9 +150,10 @@ class _Warmup:
             self._taken.add(step)
         t = time.monotonic()
         try:
-            # Until a load waits for it, it yields the GIL to the user's calls, beside the
-            # scheduler's quick handoff.
-            with count_compiler_runs(), threads.yielding_gil(unless=self.wanted.is_set):
+            # Until a load waits for it (or a task queued behind it on the scheduler's thread:
+            # a load that arrived meanwhile), it yields the GIL to the user's calls, beside
+            # the scheduler's quick handoff.
+            with count_compiler_runs(), threads.yielding_gil(unless=self.needed):
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
             # Once the interpreter is exiting, steps fail for that reason alone.
