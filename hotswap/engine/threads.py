@@ -143,7 +143,7 @@ quick_gil_handoff = _QuickHandoff()
 
 # A thread inside ``yielding_gil`` runs at most this long, then sleeps this long (below).
 YIELD_RUN_S = 0.002
-YIELD_REST_S = 0.008
+YIELD_REST_S = 0.004
 
 
 @contextlib.contextmanager

@@ -89,7 +89,7 @@ def test_yielding_gil_rests_between_short_runs_unless_wanted() -> None:
     with threads.yielding_gil():
         wall, cpu = _interpreter_work(0.5)
     assert sys.gettrace() is earlier  # the hook is this block's alone
-    # 2 ms of work, then 8 ms asleep without the GIL: about a fifth of the time on the CPU
+    # 2 ms of work, then 4 ms asleep without the GIL: about a third of the time on the CPU
     # (compared with the same work unrested, as a busy machine slows both alike)
     assert cpu < 0.5 * wall, (cpu, wall)
     with threads.yielding_gil(unless=lambda: True):  # someone waits: no rests
