@@ -311,6 +311,7 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
     number its reason states ("eager is 5.8% faster than default; kept eager")."""
     gain = 1.0 - pair.ratio
     gain_low, gain_high = 1.0 - pair.ratio_high, 1.0 - pair.ratio_low
+    decided_by: tuple[float, str] | None = None  # a statistic other than this pair's median
     if pair.clean >= MIN_CLEAN:
         if gain >= threshold and gain_low > 0:
             outcome, confidence, why = "adopt", "confident", "faster"
@@ -332,6 +333,7 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
                 outcome, confidence = "keep", "close" if pooled else "low"
                 why = (f"too close to call on this machine: over {count} contended measurements "
                        f"the ratio averaged {mean:.3f} (geometric mean); the serving tier stays")
+                decided_by = (mean, f"over {count} measurements")
     if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays
         margin = CLOSE_MARGIN * threshold
         close = pair.clean >= MIN_CLEAN and gain_high <= margin
@@ -341,7 +343,7 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
             why += (f" (the candidate is at most {max(gain_high, 0.0):.1%} faster, within "
                     f"{margin:.0%}: what keeping it out may cost)")
     return GateDecision(pair.graph_id, pair.candidate, pair.serving, outcome == "adopt",
-                        _words(pair, outcome, confidence, why, threshold),
+                        _words(pair, outcome, confidence, why, threshold, decided_by),
                         pair.candidate_ms, pair.serving_ms, threshold, time_s, outcome,
                         confidence, gain, _finite(gain_low), _finite(gain_high), pair.rounds,
                         pair.contended, attempt)
@@ -376,10 +378,23 @@ def _by(fast_over_slow: float) -> str:
     return f"{100.0 * (1.0 - fast_over_slow):.1f}%"
 
 
-def _words(pair: Paired, outcome: str, confidence: str, why: str, threshold: float) -> str:
+def _words(pair: Paired, outcome: str, confidence: str, why: str, threshold: float,
+           decided_by: tuple[float, str] | None = None) -> str:
     """A verdict as the user reads it: which tier is faster and by how much (the paired
-    ratio, whose sign the verdict follows), what was done, then the evidence."""
+    ratio, whose sign the verdict follows), what was done, then the evidence. ``decided_by``:
+    the ratio that decided where it is not this measurement's (the mean over several, and
+    over what), which the head then states."""
     c, s, r = _name(pair.candidate), _name(pair.serving), pair.ratio
+    if decided_by is not None:
+        r, over = decided_by
+        head = (f"{c} and {s} are within {abs(100.0 * (1.0 - r)):.1f}% of each other {over}"
+                if abs(1.0 - r) < threshold else
+                f"{c} is {_by(r)} faster than {s} {over}" if r < 1.0 else
+                f"{s} is {_by(1.0 / r)} faster than {c} {over}")
+        head += {"adopt": f"; adopted {c}", "keep": f"; kept {s}"}.get(outcome, "")
+        return (f"{head} (this measurement: {c} {pair.candidate_ms:.4f} ms, {s} "
+                f"{pair.serving_ms:.4f} ms per call, {pair.clean} of {pair.rounds} rounds "
+                f"clean; adopts at >= {100 * threshold:.1f}% faster; {confidence}: {why})")
     if r < 1.0:
         head, advantage = f"{c} is {_by(r)} faster than {s}", r
     elif r > 1.0:

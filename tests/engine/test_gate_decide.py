@@ -338,6 +338,12 @@ def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
     # contention pulls toward 1.0): low confidence, measured again by a later process.
     assert kept.record.confidence == "low"
     assert "too close to call on this machine: over 5 contended measurements" in kept.reason
+    # Its words state the statistic that decided, not this measurement's own ratio (3.0%
+    # slower here), so that they cannot read "3.0% faster; kept" against each other.
+    assert kept.reason.startswith(
+        "gate: 'max-autotune' and 'default' are within 0.1% of each other over 5 measurements; "
+        "kept 'default' (this measurement: 'max-autotune' 1.0300 ms, 'default' 1.0000 ms"), (
+        kept.reason)
     # The same, where every measurement's ratio is the median of its clean rounds (a few each,
     # 8 or more together): contention bent none of them, so the pair is close.
     few_clean = _pair(1.03, -INF, INF, rounds=24, contended=20, every=(0.8, 1.3))
