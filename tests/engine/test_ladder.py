@@ -3,6 +3,7 @@ every part of hotswap but inductor and the worker processes, in milliseconds per
 
 from __future__ import annotations
 
+import math
 import pickle
 import time
 from concurrent.futures import Future
@@ -475,3 +476,35 @@ def test_the_audit_measures_each_final_decision_again_and_scores_its_regret() ->
     assert (reference.pair, reference.budget_ms, reference.rounds) == (
         ("default", "max-autotune"), 50, 10)
     assert audit.regret(True, 1.2) == pytest.approx(0.2) and audit.regret(True, 0.8) == 0.0
+
+
+# Contended in all 12 rounds, 1 % slower: each measurement alone decides nothing.
+CLOSE_CONTENDED = Paired("", "", "", 1.0, 1.01, 1.01, -math.inf, math.inf, 12, 12)
+
+
+def test_a_pair_too_close_to_call_costs_a_later_process_one_measurement(
+        quick_retries: None, tmp_path: Path) -> None:
+    cache = str(tmp_path)
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, *[CLOSE_CONTENDED] * 5])
+    _, status, d = _run(fake, cache_dir=cache)
+    assert status.tier == "default" and d["gate_undecided"] == 4
+    assert "'default' are within 1.0% of each other over 5 measurements; kept 'default'" in \
+        status.kept[0][1]
+
+    def stored() -> dict[str, Any]:
+        [entry] = [e for e in ArtifactCache(cache).entries()
+                   if e.tier == VERDICT_TIER and "kept for" in e.origin]
+        return dict(msgpack.unpackb(ArtifactCache(cache).get(entry.key), raw=False))
+
+    verdict = stored()
+    assert verdict["confidence"] == "low" and verdict["measured"] == 5
+    assert verdict["evidence"] == pytest.approx(5 * math.log(1.01))
+    # A warm process measures the low verdict again, going on from those five: one more
+    # measurement as close keeps what serves, where it used to take five of its own.
+    torch._dynamo.reset()
+    warm = _fake(pairs=[CLOSE_CONTENDED])
+    _, status, d = _run(warm, cache_dir=cache)
+    assert d["gate_remeasured"] == 1 and d["gate_undecided"] == 0
+    assert [b.pair for b in warm.benches] == [("default", "max-autotune")]
+    assert "over 6 measurements; kept 'default'" in status.kept[0][1]
+    assert stored()["measured"] == 6

@@ -56,8 +56,8 @@ from hotswap.profiles.bench import (
 from hotswap.profiles.records import GateDecision, Paired
 
 __all__ = ["EAGER", "HELD_SUFFIX", "MAX_ATTEMPTS", "RETRY_CAP_S", "Action", "Decision", "Gate",
-           "Measurement", "Retry", "StoredVerdict", "decide", "pack_verdict", "pooled",
-           "verdict_label"]
+           "Measurement", "Retry", "StoredVerdict", "decide", "measured_with", "pack_verdict",
+           "pooled", "verdict_label"]
 
 EAGER = "eager"
 # Suffix of a tier's key under which a confident "faster than eager" is stored: a warm
@@ -71,14 +71,28 @@ MAX_ATTEMPTS = 3
 RETRY_AFTER_S = 1.0
 RETRY_CAP_S = 30.0
 
-def pack_verdict(decision: GateDecision, device: str, date_unix_s: float) -> bytes:
-    """A verdict as the cache stores it: what it decided and what it was measured under."""
+def pack_verdict(decision: GateDecision, device: str, date_unix_s: float, *,
+                 measured: tuple[int, float] = (0, 0.0)) -> bytes:
+    """A verdict as the cache stores it: what it decided and what it was measured under.
+    ``measured``: the contended measurements of the pair behind it and the sum of their log
+    ratios (``Retry.contended``, ``Retry.evidence``, this one's included), with which a
+    later process goes on where a low verdict is measured again."""
     fields = ("reason", "outcome", "confidence", "gain", "gain_low", "gain_high",
               "candidate_ms", "serving_ms", "rounds", "contended", "threshold")
     data = {"kept_for": decision.serving, "candidate": decision.candidate,
             "device": device, "date_unix_s": date_unix_s,
+            "measured": measured[0], "evidence": measured[1],
             **{f: getattr(decision, f) for f in fields}}
     return msgpack.packb(data, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def measured_with(contended: int, evidence: float, record: GateDecision) -> tuple[int, float]:
+    """A pair's contended measurements and their log ratios summed, once ``record`` (the last
+    measurement's decision) is counted in where it was contended (pack_verdict's
+    ``measured``)."""
+    if record.gain is None or record.rounds - record.contended >= MIN_CLEAN:
+        return contended, evidence
+    return contended + 1, evidence + math.log(max(1.0 - record.gain, 1e-9))
 
 
 @dataclass(frozen=True)
@@ -86,13 +100,23 @@ class StoredVerdict:
     reason: str
     confident: bool  # settled: a confident or close verdict, not measured again
     kept_for: str = ""  # the tier it lost to (EAGER included); "" where not recorded
+    # Its contended measurements and their log ratios summed (pack_verdict): a low verdict
+    # measured again goes on from them, so that its evidence grows from process to process
+    # and a pair too close to call costs a later process one measurement, not five.
+    measured: int = 0
+    evidence: float = 0.0
 
     @classmethod
     def unpack(cls, data: Buffer) -> StoredVerdict:
         verdict = msgpack.unpackb(data, raw=False)
         confidence = verdict.get("confidence", "confident")  # older entries: as they decided
+        measured, evidence = verdict.get("measured", 0), verdict.get("evidence", 0.0)
+        if not (isinstance(measured, int) and measured >= 0 and isinstance(evidence, float)
+                and math.isfinite(evidence)):
+            measured, evidence = 0, 0.0  # malformed: measured afresh
         return cls(f"gate (earlier run, {confidence or 'undecided'}): {verdict['reason']}",
-                   confidence in ("confident", "close"), str(verdict.get("kept_for") or ""))
+                   confidence in ("confident", "close"), str(verdict.get("kept_for") or ""),
+                   measured, evidence)
 
     def holds_in(self, tiers: set[str]) -> bool:
         """Whether the verdict applies to a ladder of ``tiers``: the tier it lost to is one

@@ -45,6 +45,7 @@ from hotswap.engine.policy.gate import (
     Measurement,
     StoredVerdict,
     decide,
+    measured_with,
     pack_verdict,
     verdict_label,
 )
@@ -87,6 +88,9 @@ class Ladder:
         self._lock = threading.Lock()
         self._comparisons = 0  # profile comparisons in flight
         self._vote = FleetVote(cache)
+        # Low verdicts of earlier runs measured again, by verdict key: the measurement goes
+        # on from their evidence where it weighs the same pair (StoredVerdict.measured).
+        self._earlier: dict[str, StoredVerdict] = {}
 
     @property
     def idle(self) -> bool:
@@ -116,6 +120,8 @@ class Ladder:
                         continue
                     if stored is not None:  # not a start point: it must beat what serves
                         bump("gate_remeasured")
+                        with self._lock:
+                            self._earlier[key] = stored
                         again[name] = self._cache.get(key)
                         continue
                 cached = self._cache.get(key)
@@ -170,6 +176,7 @@ class Ladder:
             self._settle(journey, candidate, serving, None)
             return
         candidate = dataclasses.replace(candidate, against=serving)
+        candidate = self._going_on(candidate, serving)
         if self._cache.shared and self._fleet_settles(journey, candidate, serving):
             return
         request = journey.request
@@ -189,6 +196,18 @@ class Ladder:
                                   with_graph=serving == EAGER or self._recorder.profiling,
                                   pair=(serving, candidate.tier), attempt=candidate.attempt)
         self._submit(bench, self._measured, journey, candidate, serving)
+
+    def _going_on(self, candidate: Candidate, serving: str) -> Candidate:
+        """A tier whose low verdict an earlier run stored, weighed against the same tier as
+        then, goes on from that run's contended measurements instead of starting over."""
+        if candidate.attempt != 1 or candidate.contended or candidate.verdict_key is None:
+            return candidate
+        with self._lock:
+            stored = self._earlier.pop(candidate.verdict_key, None)
+        if stored is None or stored.kept_for != serving or not stored.measured:
+            return candidate
+        return dataclasses.replace(candidate, contended=stored.measured,
+                                   evidence=stored.evidence)
 
     def _measured(self, journey: GraphJourney, candidate: Candidate, serving: str,
                   future: Future[BenchReply], started: float) -> None:
@@ -292,7 +311,8 @@ class Ladder:
         if decision.action is Action.KEEP:
             if record is not None:
                 bump("gate_kept")
-                self._store_verdict(journey, candidate.verdict_key, record)
+                self._store_verdict(journey, candidate.verdict_key, record, measured_with(
+                    candidate.contended, candidate.evidence, record))
                 self._store_verdict(journey, self._vote.verdict_key(journey, candidate, serving,
                                                                     won=False), record)
             reason = decision.reason
@@ -323,11 +343,12 @@ class Ladder:
         return key is not None and self._cache.verdict(key + HELD_SUFFIX) is not None
 
     def _store_verdict(self, journey: GraphJourney, key: str | None,
-                       decision: GateDecision) -> None:
+                       decision: GateDecision, measured: tuple[int, float] = (0, 0.0)) -> None:
         if key is None:
             return
         device = next((m.device for m in journey.inputs or () if m.is_tensor), "cpu")
-        self._cache.store_verdict(key, pack_verdict(decision, device, time.time()),
+        self._cache.store_verdict(key, pack_verdict(decision, device, time.time(),
+                                                    measured=measured),
                                   verdict_label(decision))
 
     # ------------------------------------------------------------------ profiling comparison
