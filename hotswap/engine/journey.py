@@ -195,6 +195,7 @@ class Candidate:
     blind: int = 0            # contended measurements without one clean round (gate.Retry)
     clean_ratios: tuple[float, ...] = ()  # those clean rounds' ratios (gate.Retry)
     rounds: int = 0           # rounds of the contended measurements so far (gate.Retry)
+    inherited: int = 0        # of ``contended``, an earlier process's (gate.Retry)
 
 
 class GraphJourney:

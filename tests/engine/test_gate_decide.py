@@ -12,6 +12,7 @@ import pytest
 
 from hotswap.engine.policy.gate import (
     MAX_ATTEMPTS,
+    RETRY_AFTER_S,
     RETRY_CAP_S,
     Action,
     Decision,
@@ -417,3 +418,17 @@ def test_a_streak_decides_before_the_pooled_rounds() -> None:
     third = _next(_few(ahead), so_far)
     assert third.action is Action.ADOPT and third.record is not None
     assert "in each of 3 contended measurements in a row" in third.reason
+
+
+def test_measurements_an_earlier_process_made_count_as_evidence_not_toward_pauses() -> None:
+    # Far from close (1.3, after five near 1.0): measured again. Five of this process's own
+    # contended measurements would pause 2**5 s (capped); five inherited ones, the first pause.
+    far = _pair(1.3, -INF, INF, rounds=24, contended=24, every=(0.8, 1.6))
+    earlier = 5 * math.log(1.01)
+    own = decide(_of(BenchReply([], pairs=[far])), attempt=1, contended=5, threshold=0.02,
+                 now_s=NOW_S, evidence=earlier)
+    inherited = decide(_of(BenchReply([], pairs=[far])), attempt=1, contended=5,
+                       threshold=0.02, now_s=NOW_S, evidence=earlier, inherited=5)
+    assert own.retry is not None and inherited.retry is not None
+    assert own.retry.after_s == RETRY_CAP_S and inherited.retry.after_s == RETRY_AFTER_S
+    assert inherited.retry.contended == 6 and inherited.retry.inherited == 5

@@ -168,6 +168,9 @@ class Retry:
     blind: int = 0   # contended measurements without a clean round (a ratio from fastest blocks)
     clean_ratios: tuple[float, ...] = ()  # those clean rounds' ratios (Paired.clean_ratios)
     rounds: int = 0  # the contended measurements' rounds, together
+    # Of ``contended``, those an earlier process made (StoredVerdict.measured): they count
+    # as evidence, not toward this process's pauses.
+    inherited: int = 0
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,8 @@ class Decision:
 
 def decide(measurement: Measurement, *, attempt: int, contended: int, threshold: float,
            now_s: float, evidence: float = 0.0, streak: int = 0, clean: int = 0,
-           blind: int = 0, clean_ratios: tuple[float, ...] = (), rounds: int = 0) -> Decision:
+           blind: int = 0, clean_ratios: tuple[float, ...] = (), rounds: int = 0,
+           inherited: int = 0) -> Decision:
     """Decide on one measurement: ``attempt`` and ``contended`` count the measurements of this
     pair so far (this one included in ``attempt``), ``threshold`` the gain to adopt at (0.02:
     2 %), ``now_s`` the monotonic time the record carries, ``evidence`` the earlier contended
@@ -196,7 +200,8 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
     row before this one that put the same tier ahead (``Retry.streak``, signed: + the
     candidate), ``clean`` and ``blind`` the earlier contended measurements' clean rounds and
     how many had none (``Retry.clean``, ``Retry.blind``), ``clean_ratios`` and ``rounds``
-    those clean rounds' ratios and all their rounds (``Retry.clean_ratios``, ``Retry.rounds``).
+    those clean rounds' ratios and all their rounds (``Retry.clean_ratios``, ``Retry.rounds``),
+    ``inherited`` how many of ``contended`` an earlier process made (``Retry.inherited``).
     Pure: no logging, no clock.
 
     A busy machine leaves each measurement a few clean rounds, too few for an interval of its
@@ -246,7 +251,7 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
                 return Decision(Action.KEEP, f"gate: {verdict.reason}", verdict)
     if record.outcome == "undecided":
         retry = _retry(pair, attempt, Retry(0.0, attempt, contended, evidence, streak, clean,
-                                            blind, clean_ratios, rounds), threshold)
+                                            blind, clean_ratios, rounds, inherited), threshold)
         ahead = (pair.clean < MIN_CLEAN and pair.ratio > 0
                  and retry.evidence / retry.contended <= math.log(1.0 - threshold))
         return Decision(Action.RETRY, f"gate: {record.reason}", record, retry,
@@ -264,10 +269,12 @@ def _retry(pair: Paired, attempt: int, so_far: Retry, threshold: float) -> Retry
     if pair.clean < MIN_CLEAN:
         way = direction(pair, threshold)
         streak = so_far.streak + way if way and so_far.streak * way >= 0 else way
-        return Retry(min(RETRY_AFTER_S * 2 ** so_far.contended, RETRY_CAP_S), attempt,
+        here = so_far.contended - so_far.inherited  # this process's, before this one
+        return Retry(min(RETRY_AFTER_S * 2 ** here, RETRY_CAP_S), attempt,
                      so_far.contended + 1, so_far.evidence + math.log(max(pair.ratio, 1e-9)),
                      streak, so_far.clean + pair.clean, so_far.blind + (pair.clean == 0),
-                     so_far.clean_ratios + pair.clean_ratios, so_far.rounds + pair.rounds)
+                     so_far.clean_ratios + pair.clean_ratios, so_far.rounds + pair.rounds,
+                     so_far.inherited)
     return dataclasses.replace(so_far, after_s=RETRY_AFTER_S * attempt, attempt=attempt + 1)
 
 

@@ -207,7 +207,7 @@ class Ladder:
         if stored is None or stored.kept_for != serving or not stored.measured:
             return candidate
         return dataclasses.replace(candidate, contended=stored.measured,
-                                   evidence=stored.evidence)
+                                   evidence=stored.evidence, inherited=stored.measured)
 
     def _measured(self, journey: GraphJourney, candidate: Candidate, serving: str,
                   future: Future[BenchReply], started: float) -> None:
@@ -232,7 +232,8 @@ class Ladder:
                           threshold=self.gate.threshold, now_s=time.monotonic(),
                           evidence=candidate.evidence, streak=candidate.streak,
                           clean=candidate.clean, blind=candidate.blind,
-                          clean_ratios=candidate.clean_ratios, rounds=candidate.rounds)
+                          clean_ratios=candidate.clean_ratios, rounds=candidate.rounds,
+                          inherited=candidate.inherited)
         if decision.record is not None:
             self._recorder.timeline.add(decision.record)
         retry = decision.retry
@@ -253,7 +254,8 @@ class Ladder:
         again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
                                     evidence=retry.evidence, streak=retry.streak,
                                     clean=retry.clean, blind=retry.blind,
-                                    clean_ratios=retry.clean_ratios, rounds=retry.rounds)
+                                    clean_ratios=retry.clean_ratios, rounds=retry.rounds,
+                                    inherited=retry.inherited)
         threads.scheduler.later(retry.after_s, self._on_loader,
                                 self._measure_next, (journey, again))
 
