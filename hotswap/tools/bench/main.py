@@ -11,6 +11,11 @@ builds a zoo or corpus model and serves it until the final tier serves, with a b
   1st call          the first call's latency (dynamo trace + eager run, or + compile)
   compiled          process start -> the final tier serves (torch rows: the first call's end)
   largest call      the slowest call after the first one (did a compile or a swap stall a call?)
+  probe lateness    (in the targets) how late a thread in the serving process that wakes every
+                    millisecond woke after the first call, and during it: how long anything
+                    held the GIL or the CPU (tools/lateness.py). --json keeps each row's worst
+                    wakes and slowest calls in seconds from process start; with
+                    HOTSWAP_PROFILE_DIR set, scripts/stall_timeline.py puts them beside the stages
   steady            median latency once final (CPU: wall-clock median; CUDA: do_bench)
   eager             the eager model's median latency, timed after everything else
   RSS               peak of the row's process plus its compile workers, sampled every 50 ms
