@@ -145,9 +145,10 @@ class LocalPools:
         return pool
 
     def running(self, size: PoolKey) -> WorkerPool | None:
-        """The pool of ``size`` if it runs now (None: not started, or stopped)."""
-        with self._lock:
-            return self._pools.get(size)
+        """The pool of ``size`` if it runs now (None: not started, or stopped). Takes no
+        lock (one dict read): a status asked while a pool starts (torch imported under the
+        lock) answers at once."""
+        return self._pools.get(size)
 
     def pools(self) -> list[WorkerPool]:
         with self._lock:

@@ -387,10 +387,11 @@ def _words(pair: Paired, outcome: str, confidence: str, why: str, threshold: flo
     c, s, r = _name(pair.candidate), _name(pair.serving), pair.ratio
     if decided_by is not None:
         r, over = decided_by
-        head = (f"{c} and {s} are within {abs(100.0 * (1.0 - r)):.1f}% of each other {over}"
-                if abs(1.0 - r) < threshold else
-                f"{c} is {_by(r)} faster than {s} {over}" if r < 1.0 else
-                f"{s} is {_by(1.0 / r)} faster than {c} {over}")
+        # kept within the close band: a candidate ahead by less than that band is "within",
+        # never "faster ... kept" the other one
+        head = (f"{s} is {_by(1.0 / r)} faster than {c} {over}" if r > 1.0 and outcome != "adopt"
+                else f"{c} and {s} are within {abs(100.0 * (1.0 - r)):.1f}% of each other "
+                     f"{over}")
         head += {"adopt": f"; adopted {c}", "keep": f"; kept {s}"}.get(outcome, "")
         return (f"{head} (this measurement: {c} {pair.candidate_ms:.4f} ms, {s} "
                 f"{pair.serving_ms:.4f} ms per call, {pair.clean} of {pair.rounds} rounds "

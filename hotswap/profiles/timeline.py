@@ -120,8 +120,13 @@ class Timeline:
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.info.started_unix_s))
             self.path = os.path.join(self.directory, f"run-{stamp}-{os.getpid()}{RECORDS_SUFFIX}")
             self._file = open(self.path, "ab")  # noqa: SIM115 - kept open for the run
-            _open_timelines.add(self)
         self.add(self.info)
+        if self.directory is not None:
+            with _process_lock:
+                _open_timelines.add(self)
+                earlier = list(_process_spans)
+            for span in earlier:
+                self.add(span)
 
     # ------------------------------------------------------------------ writing
 
@@ -156,7 +161,8 @@ class Timeline:
             if self._file is not None:
                 self._file.close()
                 self._file = None
-        _open_timelines.discard(self)
+        with _process_lock:
+            _open_timelines.discard(self)
 
     # ------------------------------------------------------------------ reading
 
@@ -174,12 +180,22 @@ class Timeline:
 _open_timelines: weakref.WeakSet[Timeline] = weakref.WeakSet()
 
 
+# The process's own stages so far (few: the warm-up's), for profiles opened after them:
+# ``hotswap.prepare()`` warms the load path before any backend opens its profile.
+_process_spans: list[Span] = []
+_process_lock = threading.Lock()
+
+
 def process_span(name: str, start_s: float, end_s: float) -> None:
     """A stage of the process's own (the load path's warm-up), on every profile this process
-    writes (``PROCESS`` for its graph id)."""
+    writes, those opened later too (``PROCESS`` for its graph id)."""
     span = Span(name, start_s, end_s, PROCESS, GRAPH_TIER, os.getpid(),
                 threading.current_thread().name)
-    for timeline in list(_open_timelines):
+    with _process_lock:
+        if len(_process_spans) < 256:
+            _process_spans.append(span)
+        timelines = list(_open_timelines)
+    for timeline in timelines:
         timeline.add(span)
 
 

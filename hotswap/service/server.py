@@ -35,7 +35,14 @@ from typing import Any
 
 from hotswap.executors.local import LocalExecutor, LocalPools
 from hotswap.service.place import Place, authkey
-from hotswap.service.wire import PeerRefused, accept, decode, encode, error_to_wire
+from hotswap.service.wire import (
+    HANDSHAKE_TIMEOUT_S,
+    PeerRefused,
+    accept,
+    decode,
+    encode,
+    error_to_wire,
+)
 from hotswap.system import bytecode
 from hotswap.system.proctree import tree_rss_bytes
 
@@ -195,6 +202,9 @@ class Service:
             return
         with conn:
             try:
+                if not conn.poll(HANDSHAKE_TIMEOUT_S):  # a client stopped or hung: let go
+                    log.info("hotswap service: no request within %g s", HANDSHAKE_TIMEOUT_S)
+                    return
                 request = decode(conn.recv_bytes())
             except (OSError, EOFError, ValueError) as e:
                 log.info("hotswap service: no request read (%s)", e)

@@ -339,10 +339,10 @@ def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
     # contention pulls toward 1.0): low confidence, measured again by a later process.
     assert kept.record.confidence == "low"
     assert "too close to call on this machine: over 5 contended measurements" in kept.reason
-    # Its words state the statistic that decided, not this measurement's own ratio (3.0%
-    # slower here), so that they cannot read "3.0% faster; kept" against each other.
+    # Its words state the statistic that decided (the mean), not this measurement's own
+    # ratio, so that words and figures cannot point different ways.
     assert kept.reason.startswith(
-        "gate: 'max-autotune' and 'default' are within 0.1% of each other over 5 measurements; "
+        "gate: 'default' is 0.1% faster than 'max-autotune' over 5 measurements; "
         "kept 'default' (this measurement: 'max-autotune' 1.0300 ms, 'default' 1.0000 ms"), (
         kept.reason)
     # The same, where every measurement's ratio is the median of its clean rounds (a few each,
@@ -432,3 +432,20 @@ def test_measurements_an_earlier_process_made_count_as_evidence_not_toward_pause
     assert own.retry is not None and inherited.retry is not None
     assert own.retry.after_s == RETRY_CAP_S and inherited.retry.after_s == RETRY_AFTER_S
     assert inherited.retry.contended == 6 and inherited.retry.inherited == 5
+
+
+def test_inherited_measurements_close_a_pair_only_beside_one_as_close_of_this_process() -> None:
+    # Five earlier measurements at 1.0, then this process measures the candidate 15 % faster:
+    # measured again, not kept on history; one as close as they were keeps what serves.
+    far = _pair(0.85, -INF, INF, rounds=24, contended=24, every=(0.5, 1.2))
+    again = decide(_of(BenchReply([], pairs=[far])), attempt=1, contended=5, threshold=0.02,
+                   now_s=NOW_S, evidence=0.0, inherited=5)
+    assert again.action is Action.RETRY
+    close = _pair(0.96, -INF, INF, rounds=24, contended=24, every=(0.5, 1.2))
+    kept = decide(_of(BenchReply([], pairs=[close])), attempt=1, contended=5, threshold=0.02,
+                  now_s=NOW_S, evidence=0.0, inherited=5)
+    assert kept.action is Action.KEEP and kept.record is not None
+    # ahead by less than the close band: "within", never "faster ...; kept" the other one
+    assert kept.reason.startswith("gate: 'max-autotune' and 'default' are within 0.7% of each "
+                                  "other over 6 measurements; kept 'default'"), kept.reason
+    assert kept.record.confidence == "low"  # an earlier process's rounds count as without

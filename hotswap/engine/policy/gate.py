@@ -46,6 +46,7 @@ from hotswap.engine.journey import Entry
 from hotswap.engine.shipping.request import GraphRequest
 from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CachedEntry
 from hotswap.profiles.bench import (
+    CLOSE_MARGIN,
     DEFAULT_BUDGET_MS,
     MIN_CLEAN,
     direction,
@@ -227,10 +228,15 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
         pair = paired_from_medians(m.graph_id, m.serving, results[m.serving].median_ms,
                                    m.candidate, results[m.candidate].median_ms)
     contended_mean = None
-    if pair.clean < MIN_CLEAN:  # this measurement and the contended ones before it
+    # Measurements an earlier process made close a pair only beside one of this process's
+    # as close: a candidate now measured far faster is measured again, not kept on history.
+    going_on = not inherited or abs(math.log(max(pair.ratio, 1e-9))) <= CLOSE_MARGIN * threshold
+    if pair.clean < MIN_CLEAN and going_on:  # this measurement and the contended ones before
         # Each measurement's ratio is its clean rounds' median: pooled over measurements that
-        # all had some, enough of them are evidence contention did not bend toward 1.0.
-        all_clean = (blind == 0 and pair.clean > 0 and clean + pair.clean >= MIN_CLEAN)
+        # all had some, enough of them are evidence contention did not bend toward 1.0 (an
+        # earlier process's count as without: their clean rounds did not travel).
+        all_clean = (blind + inherited == 0 and pair.clean > 0
+                     and clean + pair.clean >= MIN_CLEAN)
         contended_mean = (contended + 1,
                           math.exp((evidence + math.log(max(pair.ratio, 1e-9))) / (contended + 1)),
                           all_clean)
