@@ -124,9 +124,6 @@ class Timeline:
         if self.directory is not None:
             with _process_lock:
                 _open_timelines.add(self)
-                earlier = list(_process_spans)
-            for span in earlier:
-                self.add(span)
 
     # ------------------------------------------------------------------ writing
 
@@ -180,20 +177,17 @@ class Timeline:
 _open_timelines: weakref.WeakSet[Timeline] = weakref.WeakSet()
 
 
-# The process's own stages so far (few: the warm-up's), for profiles opened after them:
-# ``hotswap.prepare()`` warms the load path before any backend opens its profile.
-_process_spans: list[Span] = []
-_process_lock = threading.Lock()
+_process_lock = threading.Lock()  # the open profiles' set, changed and read from any thread
 
 
 def process_span(name: str, start_s: float, end_s: float) -> None:
     """A stage of the process's own (the load path's warm-up), on every profile this process
-    writes, those opened later too (``PROCESS`` for its graph id)."""
+    has open as it ends (``PROCESS`` for its graph id). A stage that ended before a profile
+    opened is not in it: with ``hotswap.prepare()`` first, the warm-up's first stages may
+    end before the first backend opens its profile."""
     span = Span(name, start_s, end_s, PROCESS, GRAPH_TIER, os.getpid(),
                 threading.current_thread().name)
     with _process_lock:
-        if len(_process_spans) < 256:
-            _process_spans.append(span)
         timelines = list(_open_timelines)
     for timeline in timelines:
         timeline.add(span)
