@@ -508,3 +508,34 @@ def test_a_pair_too_close_to_call_costs_a_later_process_one_measurement(
     assert [b.pair for b in warm.benches] == [("default", "max-autotune")]
     assert "over 6 measurements; kept 'default'" in status.kept[0][1]
     assert stored()["measured"] == 6
+
+
+def test_a_profiling_comparison_cut_short_by_shutdown_is_no_failure(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A profiling run compares the tiers once the graph is final; a shutdown that closes
+    the pool under that comparison is what the user asked for, not a failure to warn of."""
+    from hotswap.errors import PoolClosed
+
+    fake = _fake(medians=FAST_TOP)
+
+    def measure(request: BenchRequest) -> Future[BenchReply]:
+        if request.purpose != "compare":
+            return fake.measure(request)
+        future: Future[BenchReply] = Future()
+        future.set_exception(PoolClosed("the pool was terminated while it ran"))
+        return future
+
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode="progressive", tiers=list(LADDER),
+                                             profile_dir=str(tmp_path)),
+                              compiler=fake, measure=measure)
+    compiled = torch.compile(model, backend=coordinator)
+    caplog.set_level("INFO", logger="hotswap")
+    compiled(*inputs)
+    fake.release()
+    [status] = coordinator.wait(timeout_s=30)
+    deadline = time.monotonic() + 10
+    while "not compared" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert status.final and "tiers not compared: hotswap shut down first" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -52,6 +52,7 @@ from hotswap.engine.policy.gate import (
 from hotswap.engine.recording import Recorder
 from hotswap.engine.shipping.wire import BenchReply, BenchRequest
 from hotswap.engine.sources.cache_access import CacheAccess
+from hotswap.errors import PoolClosed
 from hotswap.profiles.records import GateDecision
 
 __all__ = ["Ladder", "Measure", "OnLoader"]
@@ -374,6 +375,10 @@ class Ladder:
             self._recorder.span(journey, "-", "compare_tiers", started, time.monotonic(),
                                 track="hotswap-gate")
             error = future.exception()
+            if isinstance(error, PoolClosed):  # shut down mid-comparison: nothing went wrong
+                _log.info("graph %s: tiers not compared: hotswap shut down first",
+                          journey.graph_id)
+                return
             if error is not None:
                 _log.warning("graph %s: comparing tiers failed: %s: %s", journey.graph_id,
                              type(error).__name__, error)
