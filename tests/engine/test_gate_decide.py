@@ -47,8 +47,10 @@ def _of(reply: BenchReply | BaseException, serving: str = SERVING,
 
 
 def _measured(action: Action, pair: Paired, words: str, *, retry: Retry | None = None,
-              threshold: float = 0.02, attempt: int = 1, meanwhile: str = "") -> Decision:
-    """The Decision on ``pair``: ``words`` is its record's reason, as status shows it."""
+              threshold: float = 0.02, attempt: int = 1,
+              meanwhile: str | None = None) -> Decision:
+    """The Decision on ``pair``: ``words`` is its record's reason, as status shows it;
+    ``meanwhile`` (a retry's) defaults to the serving tier."""
     outcome = {Action.ADOPT: "adopt", Action.KEEP: "keep", Action.RETRY: "undecided"}[action]
     confidence = ("" if action is Action.RETRY
                   else "low" if "still undecided" in words else "confident")
@@ -59,8 +61,8 @@ def _measured(action: Action, pair: Paired, words: str, *, retry: Retry | None =
                           None if inf else 1 - pair.ratio_low, pair.rounds, pair.contended,
                           attempt)
     reason = words if action is Action.ADOPT else f"gate: {words}"
-    if action is Action.RETRY and not meanwhile:
-        meanwhile = pair.serving
+    if meanwhile is None:
+        meanwhile = pair.serving if action is Action.RETRY else ""
     return Decision(action, reason, record, retry, meanwhile)
 
 
@@ -113,10 +115,11 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
         "faster)")),
     "straddles, first attempt: again, longer, after 1 s": (
         _of(BenchReply([], pairs=[STRADDLES])), 1, 0, 0.02, _measured(
-            Action.RETRY, STRADDLES, _STRADDLES_AGAIN, retry=Retry(1.0, 2, 0))),
+            Action.RETRY, STRADDLES, _STRADDLES_AGAIN, retry=Retry(1.0, 2, 0), meanwhile="")),
     "straddles, second attempt: again after 2 s": (
         _of(BenchReply([], pairs=[STRADDLES])), 2, 1, 0.02, _measured(
-            Action.RETRY, STRADDLES, _STRADDLES_AGAIN, retry=Retry(2.0, 3, 1), attempt=2)),
+            Action.RETRY, STRADDLES, _STRADDLES_AGAIN, retry=Retry(2.0, 3, 1), attempt=2,
+            meanwhile="")),
     "straddles at the last attempt: kept, low": (
         _of(BenchReply([], pairs=[STRADDLES])), MAX_ATTEMPTS, 0, 0.02, _measured(
             Action.KEEP, STRADDLES, _STRADDLES.format("; kept 'default'") + "low: the interval "
@@ -176,13 +179,15 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
             Action.RETRY, SLOW_END_ZERO, "'max-autotune' is 25.0% faster than 'default' so "
             "far; deciding (median of 12 paired rounds, 95% interval +0.0% to +50.0%; 12 of 12 "
             "rounds clean; " + _PER_CALL.format(0.75) + "; adopts at >= 25.0% faster; the "
-            "interval straddles the threshold)", retry=Retry(1.0, 2, 0), threshold=0.25)),
+            "interval straddles the threshold)", retry=Retry(1.0, 2, 0), threshold=0.25,
+            meanwhile="")),
     "fast end at the threshold: again": (
         _of(BenchReply([], pairs=[FAST_END_AT])), 1, 0, 0.25, _measured(
             Action.RETRY, FAST_END_AT, "'max-autotune' is 12.5% faster than 'default' so far; "
             "deciding (median of 12 paired rounds, 95% interval +0.0% to +25.0%; 12 of 12 "
             "rounds clean; " + _PER_CALL.format(0.875) + "; adopts at >= 25.0% faster; the "
-            "interval straddles the threshold)", retry=Retry(1.0, 2, 0), threshold=0.25)),
+            "interval straddles the threshold)", retry=Retry(1.0, 2, 0), threshold=0.25,
+            meanwhile="")),
     "fast end below the threshold: keep": (
         _of(BenchReply([], pairs=[FAST_END_BELOW])), 1, 0, 0.25, _measured(
             Action.KEEP, FAST_END_BELOW, "'max-autotune' is 12.5% faster than 'default'; kept "
@@ -279,6 +284,19 @@ def test_one_lucky_contended_measurement_does_not_serve_a_tier_the_others_had_sl
     assert decision.action is Action.RETRY and decision.meanwhile == "eager"
     assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86), 1, blind=1,
                                    rounds=24)
+
+
+def test_a_tier_on_trial_stays_while_ahead_and_gives_way_once_behind() -> None:
+    # As the cold demo's two tiers 1-4 % apart: the first contended measurement had the
+    # candidate 2x faster (it serves on trial). Next, one has it 1.96x slower: over both it
+    # is 1 % ahead, under the threshold: nothing swaps (each way it was swapped before).
+    # One at 2.1x slower puts it behind: the serving tier serves again.
+    earlier = math.log(0.5)
+    for ratio, meanwhile in ((1.96, ""), (2.1, SERVING), (0.9, CANDIDATE)):
+        again = _pair(ratio, -INF, INF, rounds=24, contended=24, every=(0.4, 2.5))
+        decision = decide(_of(BenchReply([], pairs=[again])), attempt=1, contended=1,
+                          threshold=0.02, now_s=NOW_S, evidence=earlier)
+        assert decision.action is Action.RETRY and decision.meanwhile == meanwhile, ratio
 
 
 def _in_a_row(pair: Paired, streak: int) -> Decision:

@@ -15,10 +15,10 @@ ratios, not on one median each; where too few rounds were clean, a gap that ever
 by a wide margin still decides (bench.DECISIVE). An interval across the threshold is measured
 again up to MAX_ATTEMPTS times, then the serving tier stays, marked "close" confidence where
 the interval has the candidate at most bench.CLOSE_MARGIN thresholds faster (what keeping it
-out may cost), else "low". A
-measurement contention spoiled decides nothing alone: it is measured again for as long as it
-takes, after pauses that double up to RETRY_CAP_S, and the tier with the faster median serves
-meanwhile; the graph is not final until then. Its clean rounds count: with the earlier
+out may cost), else "low". A measurement contention spoiled decides nothing alone: it is
+measured again for as long as it takes, after pauses that double up to RETRY_CAP_S, and the
+tier with the faster median serves meanwhile (a candidate on trial while it is ahead at all:
+``_meanwhile``); the graph is not final until then. Its clean rounds count: with the earlier
 contended measurements' they give an interval (``pooled``), which decides as a clean
 measurement's does.
 
@@ -181,7 +181,9 @@ class Decision:
     nothing was measured; ``retry``: set exactly when ``action`` is RETRY, and then
     ``meanwhile`` names which of the two serves until the pair is decided: the candidate
     where the contended measurements so far have it faster by the threshold (their medians'
-    geometric mean, so one lucky measurement on a very busy machine does not serve it)."""
+    geometric mean, so one lucky measurement on a very busy machine does not serve it); ""
+    (whichever serves now stays) where they have it ahead by less; else the serving tier
+    (``_meanwhile``)."""
 
     action: Action
     reason: str = ""
@@ -258,13 +260,27 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
     if record.outcome == "undecided":
         retry = _retry(pair, attempt, Retry(0.0, attempt, contended, evidence, streak, clean,
                                             blind, clean_ratios, rounds, inherited), threshold)
-        ahead = (pair.clean < MIN_CLEAN and pair.ratio > 0
-                 and retry.evidence / retry.contended <= math.log(1.0 - threshold))
         return Decision(Action.RETRY, f"gate: {record.reason}", record, retry,
-                        m.candidate if ahead else m.serving)
+                        _meanwhile(pair, retry, threshold))
     if record.adopt:
         return Decision(Action.ADOPT, record.reason, record)
     return Decision(Action.KEEP, f"gate: {record.reason}", record)
+
+
+def _meanwhile(pair: Paired, retry: Retry, threshold: float) -> str:
+    """Which of an undecided pair serves until it is decided (Decision.meanwhile): the
+    candidate where the contended measurements so far have it faster by the threshold; ""
+    (whichever serves now stays) where they, or a clean measurement, have it faster by less;
+    else the serving tier. A candidate on trial stays while it is ahead at all: in the cold
+    demo two tiers 1-4 % apart swapped four times while the gate decided, each swap of no
+    gain."""
+    if not pair.ratio > 0:
+        return pair.serving
+    lead = (retry.evidence / retry.contended if pair.clean < MIN_CLEAN
+            else math.log(pair.ratio))  # log(candidate / serving): below 0, the candidate
+    if pair.clean < MIN_CLEAN and lead <= math.log(1.0 - threshold):
+        return pair.candidate
+    return "" if lead < 0 else pair.serving
 
 
 def _retry(pair: Paired, attempt: int, so_far: Retry, threshold: float) -> Retry:
