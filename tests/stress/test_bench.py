@@ -146,3 +146,15 @@ def test_quick_picks_the_preset_of_the_device(monkeypatch: pytest.MonkeyPatch, a
         assert [row for row, _, _ in ran] == ["torch:eager-backend", "torch:default",
                                               "hotswap:async", "hotswap:progressive"]
         assert {model for _, model, _ in ran} == {"mlp"}
+
+
+def test_a_row_starts_with_caches_and_a_temporary_folder_of_its_own(tmp_path: Path) -> None:
+    # inductor precompiles its C++ header under the temporary folder, whatever its cache
+    # directory: a row sharing the folder found the header an earlier row built.
+    from hotswap.tools.bench.spawn import cold_env
+
+    root = tmp_path / "row"
+    env = cold_env(str(root))
+    for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HOTSWAP_CACHE_DIR"):
+        assert Path(env[key]).parent == root, key
+    assert Path(env["TMPDIR"]).is_dir() and Path(env["TMPDIR"]).stat().st_mode & 0o077 == 0
