@@ -147,9 +147,12 @@ def test_probes_travel_as_plain_values_and_a_pickle_among_them_is_never_loaded()
     load_guard.probe_vec_isa()
     found = load_guard.probes()
     assert msgpack.unpackb(msgpack.packb(found), raw=False) == found  # no bytes, no pickle
+    answer = load_guard._answer
+    probed = [(str(i), i.build_arch_flags()) for i in answer.known()] if answer else []
+    assert [(r["name"], r["flags"]) for r in found.get("vec_isa", [])] == probed
     mine = [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()]
-    assert [(r["name"], r["flags"]) for r in found.get("vec_isa", [])] == mine
-    load_guard.adopt(found)
+    assert mine[:len(probed)] == probed  # read on, the probe goes on
+    load_guard.adopt(found)  # probed less far than this process is now: changes nothing
     assert [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()] == mine
     # An entry of the old format carried the ISAs pickled: refused, never unpickled.
     with pytest.raises(ValueError, match="vec_isa"):
@@ -257,30 +260,77 @@ def counted(self, code):
 
 cpu_vec_isa.VecISA.check_build = counted
 load_guard.probe_vec_isa(shared_dir=sys.argv[1])
-print(json.dumps({"found": [str(i) for i in cpu_vec_isa.valid_vec_isa_list()],
-                  "builds": builds}))
+picked = str(cpu_vec_isa.pick_vec_isa())
+found = [str(i) for i in load_guard._answer.known()] if load_guard._answer else []
+builds_for_pick = list(builds)
+everything = [str(i) for i in cpu_vec_isa.valid_vec_isa_list()]  # reads on: probes on
+print(json.dumps({"found": found, "builds": builds_for_pick, "picked": picked,
+                  "promised": [str(i) for i in load_guard._promised(cpu_vec_isa)],
+                  "everything": everything, "probes": load_guard.probes()}))
 """
 
 
-def _probe_in_a_worker(shared: Path, inductor: Path) -> dict[str, list[str]]:
+def _probe_in_a_worker(shared: Path, inductor: Path) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     done = subprocess.run([sys.executable, "-c", _SHARED, str(shared)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, list[str]] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
 def test_one_worker_probes_and_the_others_take_its_answer(tmp_path: Path) -> None:
     shared = tmp_path / "probes"
     first = _probe_in_a_worker(shared, tmp_path / "a")
-    if not first["builds"]:
+    if not first["promised"]:
         pytest.skip("not an x86 machine: inductor's ISA list is not probed by CPU flags here")
     assert stat.S_IMODE(shared.stat().st_mode) == 0o700
     assert len(list(shared.glob("vec_isa-*.msgpack"))) == 1
     # A later worker (its own inductor cache, so nothing cached there) builds nothing.
-    assert _probe_in_a_worker(shared, tmp_path / "b") == {"found": first["found"], "builds": []}
+    second = _probe_in_a_worker(shared, tmp_path / "b")
+    assert (second["found"], second["picked"], second["builds"]) == (
+        first["found"], first["picked"], [])
     # A folder others may write is not trusted: that worker probes for itself.
     shared.chmod(0o777)
     again = _probe_in_a_worker(shared, tmp_path / "c")
     assert again["found"] == first["found"] and again["builds"]
+
+
+def test_the_probe_goes_as_far_as_the_pick_reads(tmp_path: Path) -> None:
+    # Inductor checks every ISA the CPU claims before its pick reads the first that passes
+    # (10 compiler runs, 9.3 s on our 2-core box, where the pick needs 3).
+    first = _probe_in_a_worker(tmp_path / "probes", tmp_path / "a")
+    if not first["promised"]:
+        pytest.skip("not an x86 machine: inductor's ISA list is not probed by CPU flags here")
+    promised, found = first["promised"], first["found"]
+    assert found and first["picked"] == found[0]
+    stopped_at = promised.index(found[0])
+    assert set(first["builds"]) == set(promised[:stopped_at + 1])  # none after the pick's
+    # Read on (a tier with cpp.simdlen, len()): the rest is probed as inductor would, and an
+    # entry made then carries the whole answer.
+    assert first["everything"][0] == found[0] and len(first["everything"]) >= len(found)
+    assert first["probes"]["vec_isa"][0]["name"] == found[0]
+    assert "vec_isa_probed" not in first["probes"]
+    # An answer made before that carried how far it went, and a reader of it goes on.
+    if stopped_at + 1 < len(promised):
+        second = _probe_in_a_worker(tmp_path / "probes", tmp_path / "b")
+        assert second["builds"] == [] and second["everything"] == first["everything"]
+
+
+def test_a_partial_answer_is_checked_and_never_replaces_a_fuller_one() -> None:
+    from torch._inductor import cpu_vec_isa
+
+    with pytest.raises(ValueError, match="vec_isa_probed"):
+        load_guard.adopt({"vec_isa": [], "vec_isa_probed": "1"})
+    with pytest.raises(ValueError, match="vec_isa_probed"):
+        load_guard.adopt({"vec_isa": [{"name": "avx2"}, {"name": "avx2"}], "vec_isa_probed": 1})
+    promised = load_guard._promised(cpu_vec_isa)
+    if not promised:
+        pytest.skip("not an x86 machine: inductor's ISA list is not probed by CPU flags here")
+    with pytest.raises(ValueError, match="this CPU has"):
+        load_guard.adopt({"vec_isa": [], "vec_isa_probed": len(promised) + 1})
+    load_guard.probe_vec_isa()
+    everything = list(cpu_vec_isa.valid_vec_isa_list())  # read on: probed all
+    whole = load_guard.probes()["vec_isa"]
+    load_guard.adopt({"vec_isa": whole[:1], "vec_isa_probed": 1})
+    assert list(cpu_vec_isa.valid_vec_isa_list()) == everything

@@ -100,7 +100,9 @@ def load_config() -> dict[str, Any]:
 # ------------------------------------------------------------- what a worker's probes found
 
 _adopt_lock = threading.Lock()
-_adopted_isa: list[Any] | None = None
+# This process's answer to inductor's valid_vec_isa_list(), where hotswap gave it one (probed
+# here as far as it was read, or adopted from a worker's probes)
+_answer: ProbedAsRead | None = None
 # (header, the kernel's hashable command line) -> the precompiled header inductor built for it
 _headers: dict[tuple[str, str], str] = {}
 _headers_hooked = False
@@ -114,15 +116,22 @@ _ISA_FEATURES = ("_is_avx512_bf16_supported", "_is_amx_fp16_supported")
 def probes() -> dict[str, Any]:
     """What this process's probes found, for an entry: the vector ISAs (each as the probe
     left it: name, width, extra features and the compiler flags they make; plain values, no
-    pickle) and the precompiled headers built. Empty where nothing was probed (a GPU-only
-    compile)."""
+    pickle; with ``vec_isa_probed``, how many of the CPU's candidates were probed, where the
+    probe stopped short of them all: ``ProbedAsRead``) and the precompiled headers built.
+    Empty where nothing was probed (a GPU-only compile)."""
     from torch._inductor import cpu_vec_isa
 
     found: dict[str, Any] = {}
-    isas = cpu_vec_isa.valid_vec_isa_list
-    cache_info = getattr(isas, "cache_info", None)
-    if cache_info is not None and cache_info().currsize:
-        found["vec_isa"] = [_isa_record(isa) for isa in isas()]
+    answer = _answer
+    if answer is not None:  # as far as this process probed: a later reader probes on
+        found["vec_isa"] = [_isa_record(isa) for isa in answer.known()]
+        if not answer.complete:
+            found["vec_isa_probed"] = answer.probed
+    else:
+        isas = cpu_vec_isa.valid_vec_isa_list
+        cache_info = getattr(isas, "cache_info", None)
+        if cache_info is not None and cache_info().currsize:
+            found["vec_isa"] = [_isa_record(isa) for isa in isas()]
     with _adopt_lock:
         if _headers:
             found["headers"] = [[h, c, p] for (h, c), p in _headers.items()]
@@ -163,10 +172,13 @@ def _isa_from(record: Any, cpu_vec_isa: Any) -> Any:
 def adopt(found: dict[str, Any]) -> None:
     """Take a worker's ``probes()`` (on this machine) as this process's own answers, in place
     of running them here (or of answers an earlier kill cut short). Malformed: ValueError."""
-    global _adopted_isa
     vec_isa, headers = found.get("vec_isa"), found.get("headers", [])
+    probed = found.get("vec_isa_probed")
     if vec_isa is not None and not isinstance(vec_isa, list):
         raise ValueError(f"probes: vec_isa is a {type(vec_isa).__name__}, not a list")
+    if probed is not None and not (isinstance(vec_isa, list) and type(probed) is int
+                                   and probed >= len(vec_isa)):
+        raise ValueError(f"probes: vec_isa_probed {probed!r} does not count the ISAs found")
     if not (isinstance(headers, list) and all(
             isinstance(h, list) and len(h) == 3 and all(isinstance(x, str) for x in h)
             for h in headers)):
@@ -174,10 +186,17 @@ def adopt(found: dict[str, Any]) -> None:
     from torch._inductor import cpu_vec_isa
 
     with _adopt_lock:
-        if vec_isa is not None and vec_isa != _adopted_isa:
+        if vec_isa is not None:
             isas = [_isa_from(record, cpu_vec_isa) for record in vec_isa]
-            cpu_vec_isa.valid_vec_isa_list = functools.cache(lambda: list(isas))
-            _adopted_isa = vec_isa
+            candidates = _promised(cpu_vec_isa)
+            if probed is not None and probed > len(candidates):
+                raise ValueError(f"probes: {probed} ISAs probed, this CPU has "
+                                 f"{len(candidates)} to probe")
+            # Answers of one machine agree where both probed: the one probed further stays.
+            if _answer is None or _answer.probed < (len(candidates) if probed is None
+                                                    else probed):
+                _install(cpu_vec_isa, ProbedAsRead(
+                    candidates, isas, len(candidates) if probed is None else probed))
         _headers.update({(h, c): p for h, c, p in headers})
     if headers:
         record_precompiled_headers()
@@ -250,16 +269,17 @@ PROBE_LOCK_WAIT_S = 120.0
 
 
 def probe_vec_isa(shared_dir: str | None = None) -> None:
-    """Workers: the vector ISAs inductor may build for, probed once per machine.
+    """Workers: the vector ISAs inductor may build for, probed once per machine, and only as
+    far as inductor reads them (``ProbedAsRead``).
 
-    Inductor's probe builds a program per ISA and loads each in a Python process that imports
-    torch; in a job on the busy 2-core box it took 12.6 s, with the pool's other worker
-    probing the same ISAs beside it. So the answer is shared: under a lock, the first worker
-    probes (the ISAs side by side) and writes what it found to ``shared_dir`` (default: a
-    private folder in inductor's cache directory, ``shared_answers_dir``), and every other worker
-    of the machine, now or later, takes that answer as its own (``adopt``), under a key of
-    torch's build, this CPU's flags and the compiler. Without a trusted folder (another user
-    owns it, say), each worker probes for itself, as before."""
+    Inductor's probe builds a program per ISA and loads each in a Python process; in a job on
+    the busy 2-core box it took 12.6 s, with the pool's other worker probing the same ISAs
+    beside it. So the answer is shared: under a lock, the first worker probes and writes
+    what it found to ``shared_dir`` (default: a private folder in inductor's cache directory,
+    ``shared_answers_dir``), and every other worker of the machine, now or later, takes that
+    answer as its own (``adopt``), under a key of torch's build, this CPU's flags and the
+    compiler. Without a trusted folder (another user owns it, say), each worker probes for
+    itself, as before."""
     import filelock
     from torch._inductor import cpu_vec_isa
 
@@ -274,16 +294,111 @@ def probe_vec_isa(shared_dir: str | None = None) -> None:
             if _adopt_answer(answer, cpu_vec_isa):
                 return
             _probe_here(cpu_vec_isa)
-            found = probes().get("vec_isa") or []
-            if len(found) == len(_promised(cpu_vec_isa)):  # a probe cut short is not shared
-                _write_answer(answer, found)
+            found = probes()
+            if _answer is not None and len(_answer.known()) == _answer.probed:
+                _write_answer(answer, found)  # a probe cut short is not shared
     except (OSError, filelock.Timeout):  # a lock held too long, a folder gone: probe here
         if not _answered(cpu_vec_isa):
             _probe_here(cpu_vec_isa)
 
 
+class ProbedAsRead:
+    """This process's answer to inductor's ``valid_vec_isa_list()``: the ISAs of
+    ``candidates`` (those the CPU claims, in inductor's order of preference) that build and
+    load, each checked by inductor itself (``bool(isa)``), but only as far as the answer is
+    read.
+
+    Inductor checks every candidate before its pick reads the first that passes: on our
+    2-core box (AMX, AVX-512 VNNI, AVX-512, AVX2) 10 compiler runs and 9.3 s, where the pick
+    of a default tier reads the first, 2.9 s. A tier that sets ``cpp.simdlen`` or an
+    ``ATEN_CPU_CAPABILITY`` reads on, and the probe goes on; ``len()`` probes them all (side
+    by side). ``valid``/``probed``: an answer adopted from a worker that probed the first
+    ``probed`` candidates and found ``valid``."""
+
+    def __init__(self, candidates: list[Any], valid: list[Any] | None = None,
+                 probed: int = 0) -> None:
+        self.candidates = list(candidates)
+        self.probed = probed
+        self._valid = list(valid or [])
+        self._lock = threading.RLock()
+
+    @property
+    def complete(self) -> bool:
+        return self.probed >= len(self.candidates)
+
+    def known(self) -> list[Any]:
+        with self._lock:
+            return list(self._valid)
+
+    def _next(self) -> None:
+        """Probe the next candidate (the caller holds the lock)."""
+        isa = self.candidates[self.probed]
+        if isa:
+            self._valid.append(isa)
+        self.probed += 1
+
+    def _until(self, found: int) -> None:
+        """Probe the next candidates, one by one, until ``found`` have passed or none is
+        left."""
+        with self._lock:
+            while len(self._valid) < found and not self.complete:
+                self._next()
+
+    def _all(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._lock:
+            rest = self.candidates[self.probed:]
+            if len(rest) > 1:
+                with ThreadPoolExecutor(len(rest), thread_name_prefix="hotswap-probe") as pool:
+                    passed = list(pool.map(bool, rest))
+            else:
+                passed = [bool(isa) for isa in rest]
+            self._valid += [isa for isa, ok in zip(rest, passed, strict=True) if ok]
+            self.probed = len(self.candidates)
+
+    def __bool__(self) -> bool:
+        self._until(1)
+        return bool(self._valid)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int) and index >= 0:
+            self._until(index + 1)
+        else:
+            self._all()
+        return self._valid[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        at = 0
+        while True:
+            with self._lock:
+                self._until(at + 1)
+                if at >= len(self._valid):
+                    return
+                isa = self._valid[at]
+            yield isa
+            at += 1
+
+    def __len__(self) -> int:
+        self._all()
+        return len(self._valid)
+
+    def __repr__(self) -> str:
+        return (f"ProbedAsRead({[str(i) for i in self.known()]}, probed {self.probed} of "
+                f"{len(self.candidates)})")
+
+
+def _install(cpu_vec_isa: Any, answer: ProbedAsRead) -> None:
+    """Make ``answer`` inductor's ``valid_vec_isa_list()`` (its pick reads the module's)."""
+    global _answer
+    _answer = answer
+    cpu_vec_isa.valid_vec_isa_list = functools.cache(lambda: answer)
+
+
 def _answered(cpu_vec_isa: Any) -> bool:
     """Whether this process has the ISAs already (probed, or another's answer adopted)."""
+    if _answer is not None:
+        return True
     cache_info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
     return cache_info is not None and bool(cache_info().currsize)
 
@@ -336,41 +451,44 @@ def _machine_key() -> dict[str, Any]:
 
 def _adopt_answer(path: Any, cpu_vec_isa: Any) -> bool:
     """Take another worker's answer at ``path`` as this worker's; False where there is none
-    (or it is malformed, or names an ISA this torch does not build with)."""
+    (or it is malformed, or names an ISA this torch does not build with). An answer is the
+    list of ISA records of a complete probe, or {"vec_isa": records, "vec_isa_probed": n} of
+    one that stopped where its reads did (``ProbedAsRead``)."""
     import msgpack
 
     from hotswap.cache.trust import read_private
 
     try:
-        records = msgpack.unpackb(read_private(path), raw=False)
-        adopt({"vec_isa": records})
+        answer = msgpack.unpackb(read_private(path), raw=False)
+        if isinstance(answer, dict):
+            adopt({k: answer[k] for k in ("vec_isa", "vec_isa_probed") if k in answer})
+        else:
+            adopt({"vec_isa": answer})
     except (OSError, ValueError, TypeError, msgpack.UnpackException):
         return False
     cpu_vec_isa.pick_vec_isa()
     return True
 
 
-def _write_answer(path: Any, records: Any) -> None:
-    """Write a complete probe's answer for the other workers (whole or not at all)."""
+def _write_answer(path: Any, found: dict[str, Any]) -> None:
+    """Write a probe's answer for the other workers (whole or not at all)."""
     import msgpack
 
     from hotswap.engine.loading.kernel_files import write_new
 
-    if records:
+    answer = {k: found[k] for k in ("vec_isa", "vec_isa_probed") if k in found}
+    if answer.get("vec_isa"):
         with contextlib.suppress(OSError):
-            write_new(str(path), msgpack.packb(records, use_bin_type=True), 0o600)
+            write_new(str(path), msgpack.packb(answer, use_bin_type=True), 0o600)
 
 
 def _probe_here(cpu_vec_isa: Any) -> None:
-    """Inductor's probe in this process, the ISAs this CPU has checked side by side (each
-    check is a compiler run and a process that loads its result; inductor caches each answer,
-    and then picks from them as it always does)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Inductor's probe in this process, as far as its pick reads (``ProbedAsRead``, where
+    the CPU's candidates are known: x86), then the pick as inductor always makes it."""
     candidates = _promised(cpu_vec_isa)
-    if len(candidates) > 1:
-        with ThreadPoolExecutor(len(candidates), thread_name_prefix="hotswap-probe") as pool:
-            list(pool.map(bool, candidates))
+    if candidates:
+        with _adopt_lock:
+            _install(cpu_vec_isa, ProbedAsRead(candidates))
     cpu_vec_isa.pick_vec_isa()
     reprobe_if_cut_short()
 
@@ -388,11 +506,12 @@ def _promised(cpu_vec_isa: Any) -> list[Any]:
 def reprobe_if_cut_short() -> None:
     """Workers: probe again, once, when an ISA the CPU has failed its build check. A build
     killed from outside fails the check for good in this process (inductor caches the
-    answer); a compiler that cannot build for the ISA fails again, and that answer stands."""
+    answer); a compiler that cannot build for the ISA fails again, and that answer stands.
+    Probed as far as the first probe went."""
     from torch._inductor import cpu_vec_isa
 
-    found = cpu_vec_isa.valid_vec_isa_list()
-    if len(found) >= len(_promised(cpu_vec_isa)):
+    answer = _answer
+    if answer is None or len(answer.known()) >= answer.probed:
         return
     for cls in {type(isa) for isa in cpu_vec_isa.supported_vec_isa_list}:
         for klass in cls.__mro__:
@@ -400,5 +519,9 @@ def reprobe_if_cut_short() -> None:
                 clear = getattr(klass.__dict__.get(name), "cache_clear", None)
                 if clear is not None:
                     clear()
-    cpu_vec_isa.valid_vec_isa_list.cache_clear()
-    cpu_vec_isa.valid_vec_isa_list()
+    again = ProbedAsRead(answer.candidates)
+    with again._lock:
+        while again.probed < answer.probed:
+            again._next()
+    with _adopt_lock:
+        _install(cpu_vec_isa, again)
