@@ -261,8 +261,11 @@ DECISIVE = 1.5
 # (their paired rounds' median) decide: contention slows both tiers of a round alike and
 # cannot make one tier look faster measurement after measurement.
 CONSISTENT = 3
-# Contended measurements after which a pair whose ratios' geometric mean stays within
-# CLOSE_MARGIN thresholds of 1.0 is too close to call on this machine: the serving tier stays.
+# Contended measurements after which a pair whose ratios' geometric mean has the candidate at
+# most CLOSE_MARGIN thresholds faster is too close to call on this machine, or the candidate
+# slower: the serving tier stays. (Within the margin either way, the cold demo's
+# max-autotune, 4-9 % slower on average, was measured seven times, 70 s, before one close
+# mean kept it out.)
 # Each measurement's ratio is the median of its clean rounds: where every one had some (and
 # MIN_CLEAN together), contention bent none and the verdict is "close"; where one came from
 # contended rounds alone (their fastest blocks, pulled toward 1.0), "low" and a later process
@@ -299,9 +302,10 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
     the serving tier) put the same tier ahead by more than ``threshold``, CONSISTENT in all.
     ``contended_mean``: (how many contended measurements of the pair, this one included; the
     geometric mean of their ratios; whether every one's ratio came from clean rounds, MIN_CLEAN
-    of them together); from CLOSE_AFTER on, a mean within CLOSE_MARGIN thresholds of 1.0
-    keeps the serving tier: "close" where the ratios came from clean rounds (contention bent
-    none of them), else "low" (too close to call here; a later process measures again).
+    of them together); from CLOSE_AFTER on, a mean that has the candidate at most
+    CLOSE_MARGIN thresholds faster (slower by any amount included) keeps the serving tier:
+    "close" where the ratios came from clean rounds (contention bent none of them), else "low"
+    (too close to call, or slower, here; a later process measures again).
     Anything else is "undecided" — unless ``last_attempt``: then the serving tier stays,
     "close" where the interval's fast end has the candidate at most CLOSE_MARGIN thresholds
     faster (what keeping the serving tier may cost), else "low" (a later process measures it
@@ -329,10 +333,12 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
                    f"of {streak * way + 1} contended measurements in a row")
         elif outcome == "undecided" and contended_mean is not None:
             count, mean, pooled = contended_mean
-            if count >= CLOSE_AFTER and abs(math.log(mean)) <= CLOSE_MARGIN * threshold:
+            if count >= CLOSE_AFTER and math.log(mean) >= -CLOSE_MARGIN * threshold:
                 outcome, confidence = "keep", "close" if pooled else "low"
-                why = (f"too close to call on this machine: over {count} contended measurements "
-                       f"the ratio averaged {mean:.3f} (geometric mean); the serving tier stays")
+                slower = math.log(mean) > CLOSE_MARGIN * threshold
+                why = (f"{'slower' if slower else 'too close to call'} on this machine: over "
+                       f"{count} contended measurements the ratio averaged {mean:.3f} "
+                       f"(geometric mean); the serving tier stays")
                 decided_by = (mean, f"over {count} measurements")
     if outcome == "undecided" and last_attempt:  # no verdict on noise: what serves stays
         margin = CLOSE_MARGIN * threshold

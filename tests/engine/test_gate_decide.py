@@ -274,16 +274,20 @@ def test_medians_that_disagree_with_the_paired_ratio_are_said_to() -> None:
 
 
 def test_one_lucky_contended_measurement_does_not_serve_a_tier_the_others_had_slower() -> None:
-    # As on the 2-core box beside a full test run: nine contended measurements had eager
-    # 4x-13x faster than scalar, the tenth had scalar 14 % faster. Eager serves on.
+    # As on the 2-core box beside a full test run: contended measurements had eager 4x-13x
+    # faster than scalar, then one had scalar 14 % faster. Eager serves on.
     lucky = _pair(0.86, -INF, INF, rounds=24, contended=24, every=(0.57, 9.96),
                   serving="eager", candidate="scalar")
-    earlier = 9 * math.log(5.0)
+    earlier = 3 * math.log(5.0)
     decision = decide(_of(BenchReply([], pairs=[lucky]), "eager", "scalar"), attempt=1,
-                      contended=9, threshold=0.02, now_s=NOW_S, evidence=earlier)
+                      contended=3, threshold=0.02, now_s=NOW_S, evidence=earlier)
     assert decision.action is Action.RETRY and decision.meanwhile == "eager"
-    assert decision.retry == Retry(RETRY_CAP_S, 1, 10, earlier + math.log(0.86), 1, blind=1,
-                                   rounds=24)
+    assert decision.retry == Retry(8.0, 1, 4, earlier + math.log(0.86), 1, blind=1, rounds=24)
+    # After nine such (the fifth contended measurement on), slower on average: kept out.
+    kept = decide(_of(BenchReply([], pairs=[lucky]), "eager", "scalar"), attempt=1,
+                  contended=9, threshold=0.02, now_s=NOW_S, evidence=9 * math.log(5.0))
+    assert kept.action is Action.KEEP and kept.record is not None
+    assert kept.record.confidence == "low" and "kept eager" in kept.reason
 
 
 def test_a_tier_on_trial_stays_while_ahead_and_gives_way_once_behind() -> None:
@@ -375,6 +379,29 @@ def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
     assert blind.record is not None and blind.record.confidence == "low"
 
 
+def test_contended_measurements_with_the_candidate_slower_on_average_keep_what_serves() -> None:
+    # As the cold demo's max-autotune against default: contended measurement after
+    # measurement, default ahead by 0.4 % to 16 % but never three times in a row by more
+    # than the threshold. Slower by any amount costs nothing kept out: from the fifth on, kept.
+    ratios = (1.118, 1.162, 1.004, 1.034)
+    once_more = _pair(0.992, -INF, INF, rounds=24, contended=24, every=(0.6, 1.7))
+    earlier = sum(math.log(r) for r in ratios)
+    early = decide(_of(BenchReply([], pairs=[once_more])), attempt=1, contended=3,
+                   threshold=0.02, now_s=NOW_S, evidence=earlier - math.log(ratios[-1]))
+    assert early.action is Action.RETRY
+    kept = decide(_of(BenchReply([], pairs=[once_more])), attempt=1, contended=4,
+                  threshold=0.02, now_s=NOW_S, evidence=earlier)
+    assert kept.action is Action.KEEP and kept.record is not None
+    assert kept.record.confidence == "low"
+    assert kept.reason.startswith("gate: 'default' is 5.7% faster than 'max-autotune' over 5 "
+                                  "measurements; kept 'default' ("), kept.reason
+    assert "low: slower on this machine: over 5 contended measurements" in kept.reason
+    # The other way, a candidate ahead by more than the margin on average is not kept.
+    ahead = decide(_of(BenchReply([], pairs=[once_more])), attempt=1, contended=4,
+                   threshold=0.02, now_s=NOW_S, evidence=-earlier)
+    assert ahead.action is Action.RETRY
+
+
 def _few(ratios: tuple[float, ...]) -> Paired:
     """A contended measurement: 24 rounds, only ``ratios`` clean, the others disagreeing."""
     ratio = sorted(ratios)[len(ratios) // 2]
@@ -439,9 +466,10 @@ def test_a_streak_decides_before_the_pooled_rounds() -> None:
 
 
 def test_measurements_an_earlier_process_made_count_as_evidence_not_toward_pauses() -> None:
-    # Far from close (1.3, after five near 1.0): measured again. Five of this process's own
-    # contended measurements would pause 2**5 s (capped); five inherited ones, the first pause.
-    far = _pair(1.3, -INF, INF, rounds=24, contended=24, every=(0.8, 1.6))
+    # Far from close (the candidate 1.7x faster, after five near 1.0): measured again. Five of
+    # this process's own contended measurements would pause 2**5 s (capped); five inherited
+    # ones, the first pause.
+    far = _pair(0.6, -INF, INF, rounds=24, contended=24, every=(0.3, 1.6))
     earlier = 5 * math.log(1.01)
     own = decide(_of(BenchReply([], pairs=[far])), attempt=1, contended=5, threshold=0.02,
                  now_s=NOW_S, evidence=earlier)
