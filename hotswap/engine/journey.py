@@ -45,6 +45,7 @@ from hotswap.engine.shipping.wire import CachedEntry, InputMeta
 from hotswap.profiles.records import Swap
 
 if TYPE_CHECKING:
+    from hotswap.engine.policy.gate import Retry
     from hotswap.engine.recording import Recorder
 
 __all__ = ["Candidate", "Entry", "GraphJourney", "GraphStatus", "Statuses", "TierState"]
@@ -186,16 +187,10 @@ class Candidate:
     tier: str                 # or "eager": the serving tier is measured against eager
     fn: Any
     verdict_key: str | None   # where a verdict on the tier is stored
-    attempt: int = 1          # the gate's measurement of it (undecided ones are measured again)
-    contended: int = 0        # measurements too contended to decide on, so far
     against: str = ""         # the tier it is weighed against ("eager" too), once measured
-    evidence: float = 0.0     # contended measurements' log ratios, summed (gate.Retry)
-    streak: int = 0           # contended measurements in a row with one tier ahead (gate.Retry)
-    clean: int = 0            # clean rounds of the contended measurements so far (gate.Retry)
-    blind: int = 0            # contended measurements without one clean round (gate.Retry)
-    clean_ratios: tuple[float, ...] = ()  # those clean rounds' ratios (gate.Retry)
-    rounds: int = 0           # rounds of the contended measurements so far (gate.Retry)
-    inherited: int = 0        # of ``contended``, an earlier process's (gate.Retry)
+    # What its measurements so far left (the next attempt, the contended ones and their
+    # evidence); None before the first
+    so_far: Retry | None = None
 
 
 class GraphJourney:

@@ -56,7 +56,7 @@ from hotswap.profiles.bench import (
 )
 from hotswap.profiles.records import GateDecision, Paired
 
-__all__ = ["EAGER", "HELD_SUFFIX", "MAX_ATTEMPTS", "RETRY_CAP_S", "Action", "Decision", "Gate",
+__all__ = ["EAGER", "FIRST", "HELD_SUFFIX", "MAX_ATTEMPTS", "RETRY_CAP_S", "Action", "Decision", "Gate",
            "Measurement", "Retry", "StoredVerdict", "decide", "measured_with", "pack_verdict",
            "pooled", "verdict_label"]
 
@@ -172,6 +172,16 @@ class Retry:
     # Of ``contended``, those an earlier process made (StoredVerdict.measured): they count
     # as evidence, not toward this process's pauses.
     inherited: int = 0
+
+    def decide_keywords(self) -> dict[str, Any]:
+        """``decide``'s keywords for the measurement this retry asks for (its fields, by
+        the same names, ``after_s`` aside): what the pair's measurements so far left."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "after_s"}
+
+
+# A pair not measured yet: its first measurement, nothing behind it.
+FIRST = Retry(0.0, 1, 0)
 
 
 @dataclass(frozen=True)

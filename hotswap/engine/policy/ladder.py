@@ -38,11 +38,13 @@ from hotswap.engine.options import Tier
 from hotswap.engine.policy.fleet_vote import FleetVote, Taken, Turn
 from hotswap.engine.policy.gate import (
     EAGER,
+    FIRST,
     HELD_SUFFIX,
     Action,
     Decision,
     Gate,
     Measurement,
+    Retry,
     StoredVerdict,
     decide,
     measured_with,
@@ -64,6 +66,11 @@ Measure = Callable[[BenchRequest], "Future[BenchReply]"]
 # Runs ``fn(*args)`` on the load thread; ``args[0]`` is the graph's journey.
 OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
 
+
+
+def _so_far(candidate: Candidate) -> Retry:
+    """What the candidate's measurements so far left (its first: nothing)."""
+    return candidate.so_far or FIRST
 
 
 def _name(tier: str) -> str:
@@ -189,26 +196,28 @@ class Ladder:
         bump("eager_checks" if serving == EAGER else "gate_benchmarks")
         if journey.state(candidate.tier) is TierState.LOADED:
             journey.to(candidate.tier, TierState.MEASURING)
-        again = f" (attempt {candidate.attempt + candidate.contended})" if (
-            candidate.attempt + candidate.contended > 1) else ""
+        so_far = _so_far(candidate)
+        again = f" (attempt {so_far.attempt + so_far.contended})" if (
+            so_far.attempt + so_far.contended > 1) else ""
         journey.gate_doing(f"measuring {_name(candidate.tier)} against {_name(serving)}{again}",
                            candidate.tier)
         bench = self.gate.request(journey.graph_id, entries, request, purpose="gate",
                                   with_graph=serving == EAGER or self._recorder.profiling,
-                                  pair=(serving, candidate.tier), attempt=candidate.attempt)
+                                  pair=(serving, candidate.tier), attempt=so_far.attempt)
         self._submit(bench, self._measured, journey, candidate, serving)
 
     def _going_on(self, candidate: Candidate, serving: str) -> Candidate:
         """A tier whose low verdict an earlier run stored, weighed against the same tier as
         then, goes on from that run's contended measurements instead of starting over."""
-        if candidate.attempt != 1 or candidate.contended or candidate.verdict_key is None:
+        if candidate.so_far is not None or candidate.verdict_key is None:
             return candidate
         with self._lock:
             stored = self._earlier.pop(candidate.verdict_key, None)
         if stored is None or stored.kept_for != serving or not stored.measured:
             return candidate
-        return dataclasses.replace(candidate, contended=stored.measured,
-                                   evidence=stored.evidence, inherited=stored.measured)
+        return dataclasses.replace(candidate, so_far=dataclasses.replace(
+            FIRST, contended=stored.measured, evidence=stored.evidence,
+            inherited=stored.measured))
 
     def _measured(self, journey: GraphJourney, candidate: Candidate, serving: str,
                   future: Future[BenchReply], started: float) -> None:
@@ -229,12 +238,8 @@ class Ladder:
                          "by ladder order", journey.graph_id, candidate.tier, serving,
                          type(reply).__name__, reply)
         decision = decide(Measurement(journey.graph_id, serving, candidate.tier, reply),
-                          attempt=candidate.attempt, contended=candidate.contended,
                           threshold=self.gate.threshold, now_s=time.monotonic(),
-                          evidence=candidate.evidence, streak=candidate.streak,
-                          clean=candidate.clean, blind=candidate.blind,
-                          clean_ratios=candidate.clean_ratios, rounds=candidate.rounds,
-                          inherited=candidate.inherited)
+                          **_so_far(candidate).decide_keywords())
         if decision.record is not None:
             self._recorder.timeline.add(decision.record)
         retry = decision.retry
@@ -252,11 +257,7 @@ class Ladder:
                            f"{_name(journey.serving)} serving meanwhile", candidate.tier)
         _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %g s",
                   journey.graph_id, candidate.tier, serving, why, retry.after_s)
-        again = dataclasses.replace(candidate, attempt=retry.attempt, contended=retry.contended,
-                                    evidence=retry.evidence, streak=retry.streak,
-                                    clean=retry.clean, blind=retry.blind,
-                                    clean_ratios=retry.clean_ratios, rounds=retry.rounds,
-                                    inherited=retry.inherited)
+        again = dataclasses.replace(candidate, so_far=retry)
         threads.scheduler.later(retry.after_s, self._on_loader,
                                 self._measure_next, (journey, again))
 
@@ -314,8 +315,9 @@ class Ladder:
         if decision.action is Action.KEEP:
             if record is not None:
                 bump("gate_kept")
+                so_far = _so_far(candidate)
                 self._store_verdict(journey, candidate.verdict_key, record, measured_with(
-                    candidate.contended, candidate.evidence, record))
+                    so_far.contended, so_far.evidence, record))
                 self._store_verdict(journey, self._vote.verdict_key(journey, candidate, serving,
                                                                     won=False), record)
             reason = decision.reason
