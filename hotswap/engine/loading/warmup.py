@@ -7,11 +7,13 @@ worker's, load_guard.py.) Paid during the swap, that is seconds of delay; paid w
 calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
 process, on the scheduler's thread (threads.py), in steps per device kind:
 
-    common   imports; then, at the lowest priority, the source hash
+    common   imports; then, at the lowest priority, the source hash (where there is a GPU,
+             triton's own source hash and its driver's start from the step's start, on a
+             thread beside the imports: they import triton alone)
     cpu      the C++ loading machinery's imports (nothing is probed or built to load:
              load_guard.py)
-    cuda     triton's runtime imports; at the lowest priority triton's source hash and
-             driver start
+    cuda     triton's runtime imports; at the lowest priority triton's hash with its
+             backend (torch's, from triton's parts warmed beside the imports)
 
 ``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
 before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
@@ -49,6 +51,8 @@ _CUDA_MODULES = ("torch._inductor.runtime.triton_heuristics", "torch.utils._trit
 def _common() -> None:
     import torch
 
+    if torch.cuda.is_available():  # the CUDA step's slowest part, beside the imports
+        _triton_early.start()
     # Inductor's modules as bytecode from hotswap's cache (compiled by a child process the
     # first time), where this process would compile them from source holding the GIL (an
     # environment without bytecode that writes none): bytecode.py. The child is no compiler
@@ -84,10 +88,49 @@ def _cpu() -> None:
     import torch._inductor.cpu_vec_isa  # noqa: F401
 
 
+class _TritonEarly:
+    """Triton's own part of its hash (its sources) and its driver's start (which builds its C
+    utilities into triton's cache with the C compiler, where they are not built yet), on a
+    low-priority thread from the warm-up's start, beside inductor's imports: they import
+    triton alone, none of torch's modules. After the imports, they took 0.93 s on the way
+    to a GPT-2 swap (H100, triton's cache cold), while the artifact waited."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threads.start(self._run, name="hotswap-triton-warmup")
+
+    def wait(self) -> None:
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    @staticmethod
+    def _run() -> None:
+        def warm() -> None:
+            from triton.compiler.compiler import triton_key
+            from triton.runtime.driver import driver
+
+            driver.active.get_current_target()
+            triton_key()
+
+        with _stage("warmup:triton_driver"), contextlib.suppress(Exception):  # best effort
+            at_lowest_priority(warm, wanted=_warmup.needed)
+
+
+_triton_early = _TritonEarly()
+
+
 def _cuda() -> None:
     import torch._inductor.runtime.triton_heuristics
     import torch.utils._triton
 
+    _triton_early.wait()  # one driver start, not two side by side
     # Triton's hash of its own sources and its driver's start: 0.5 s of the first CUDA load.
     triton_hash = getattr(torch.utils._triton, "triton_hash_with_backend", None)
     if triton_hash is not None:
