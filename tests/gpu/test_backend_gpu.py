@@ -192,3 +192,13 @@ def test_a_loaded_tier_runs_once_on_copies_before_it_serves() -> None:
         assert status.tier == "default" and status.timings_s["default/first_run"] > 0.0
         x.zero_()  # the run read copies: the user's tensors are the user's
         torch.testing.assert_close(compiled(x, w), torch.zeros_like(expected))
+
+
+def test_the_warm_up_starts_triton_beside_the_imports() -> None:
+    # Triton's driver start and its source hash run from the warm-up's start, on a thread
+    # beside inductor's imports; a failure there only costs time later, so it is said nowhere
+    # a user looks (the first version imported triton_key from where triton 3.6 has none).
+    from hotswap.engine.loading import warmup
+
+    assert warmup.wait_warmup(["cuda"], timeout_s=180)
+    assert warmup._triton_early.error is None

@@ -98,6 +98,7 @@ class _TritonEarly:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # why it failed (a load pays for it later)
 
     def start(self) -> None:
         with self._lock:
@@ -110,17 +111,25 @@ class _TritonEarly:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    @staticmethod
-    def _run() -> None:
+    def _run(self) -> None:
         def warm() -> None:
-            from triton.compiler.compiler import triton_key
+            from triton.compiler.compiler import make_backend
             from triton.runtime.driver import driver
 
-            driver.active.get_current_target()
+            make_backend(driver.active.get_current_target()).hash()  # the ptxas version too
+            try:  # where torch finds it (_inductor.runtime.triton_compat)
+                from triton.runtime.cache import triton_key
+            except ImportError:
+                from triton.compiler.compiler import triton_key
             triton_key()
 
-        with _stage("warmup:triton_driver"), contextlib.suppress(Exception):  # best effort
-            at_lowest_priority(warm, wanted=_warmup.needed)
+        try:
+            with _stage("warmup:triton_driver"):
+                at_lowest_priority(warm, wanted=_warmup.needed)
+        except Exception as e:  # the CUDA step pays for it, as before
+            self.error = e
+            log.debug("hotswap: warming triton beside the imports failed: %s: %s",
+                      type(e).__name__, e)
 
 
 _triton_early = _TritonEarly()
