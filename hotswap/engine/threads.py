@@ -11,10 +11,10 @@
 Each is a ``Lane``: one daemon thread at a time that runs the lane's tasks in order and its
 timers (``later``) when due, and ends once it has had nothing to do for ``idle_exit_s`` with no
 timer pending; the next task starts another. A process with many backends keeps no thread for
-each. ``at_lowest_priority`` (loading/loader.py) starts one more, short-lived, for the warm-up's
-source hashes. Every thread is a daemon: none holds up the interpreter's exit; ``join_all``
-waits for them, up to a deadline, and ``stop_lanes`` ends them once their queued tasks are done
-(their timers are dropped: nothing measures after a shutdown).
+each. The warm-up (loading/warmup.py) starts one more, short-lived, for triton's part of it
+beside the imports, where there is a GPU. Every thread is a daemon: none holds up the
+interpreter's exit; ``join_all`` waits for them, up to a deadline, and ``stop_lanes`` ends them
+once their queued tasks are done (their timers are dropped: nothing measures after a shutdown).
 
 The quick GIL handoff: a first load in a process is about a second of interpreter time on a
 thread of the user's process. Python hands its interpreter lock to a waiting thread only after

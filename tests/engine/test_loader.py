@@ -1,16 +1,13 @@
-"""The load thread's manners: the quick GIL handoff while it works, timers in order, low-priority
-helpers."""
+"""The load thread's manners: the quick GIL handoff while it works, timers in order."""
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
 
-from hotswap.engine.loading.loader import at_lowest_priority
 from hotswap.engine.threads import Lane, gil_handoff_s, quick_gil_handoff
 
 
@@ -77,18 +74,6 @@ def test_loader_runs_tasks_in_order_under_the_handoff_then_restores() -> None:
 
 def _fails() -> None:
     raise RuntimeError("a failing task")
-
-
-def test_lowest_priority_runs_on_an_idle_niced_thread_and_passes_results_and_errors() -> None:
-    me, my_nice = threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)
-    tid, nice, policy = at_lowest_priority(  # Linux: PRIO_PROCESS 0 is the calling thread
-        lambda: (threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0),
-                 os.sched_getscheduler(0)))
-    assert tid != me and nice == 19 and policy == os.SCHED_IDLE
-    assert os.sched_getscheduler(0) != os.SCHED_IDLE
-    assert os.getpriority(os.PRIO_PROCESS, 0) == my_nice  # the caller is untouched
-    with pytest.raises(KeyError):
-        at_lowest_priority(lambda: {}["missing"])
 
 
 def test_timers_run_on_the_lane_when_due_in_order_and_a_cancelled_one_never() -> None:

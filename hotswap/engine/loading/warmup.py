@@ -7,13 +7,20 @@ worker's, load_guard.py.) Paid during the swap, that is seconds of delay; paid w
 calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
 process, on the scheduler's thread (threads.py), in steps per device kind:
 
-    common   imports; then, at the lowest priority, the source hash (where there is a GPU,
-             triton's own source hash and its driver's start from the step's start, on a
-             thread beside the imports: they import triton alone)
+    common   imports; then the source hash (where there is a GPU, triton's own source
+             hash and its driver's start from the step's start, on a thread beside the
+             imports: they import triton alone)
     cpu      the C++ loading machinery's imports (nothing is probed or built to load:
              load_guard.py)
-    cuda     triton's runtime imports; at the lowest priority triton's hash with its
-             backend (torch's, from triton's parts warmed beside the imports)
+    cuda     triton's runtime imports; triton's hash with its backend (torch's, from
+             triton's parts warmed beside the imports)
+
+Every step yields the GIL to the user's calls until someone waits for it
+(``threads.yielding_gil``), at the thread's normal priority. The hashes ran at the lowest
+(niceness 19, ``SCHED_IDLE``) until a CPU row showed the inversion: a thread at that priority
+that holds the GIL waits for a core while the user's threads wait for it. GPT-2 on the 2-core
+box with a caller every 2 ms: torch's source hash, 0.1 s of work, took 4.1 s, and calls
+beside it 125-131 ms.
 
 ``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
 before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
@@ -32,7 +39,6 @@ from collections.abc import Callable, Iterable, Iterator
 from hotswap.engine import threads
 from hotswap.engine.loading import load_guard
 from hotswap.engine.loading.load_guard import count_compiler_runs
-from hotswap.engine.loading.loader import at_lowest_priority
 from hotswap.profiles.timeline import process_span
 from hotswap.system import bytecode
 
@@ -78,7 +84,7 @@ def _common() -> None:
     torch_key = getattr(torch._inductor.codecache, "torch_key", None)  # one file hash per process
     if torch_key is not None:
         with _stage("warmup:torch_key"):
-            at_lowest_priority(torch_key, wanted=_warmup.needed)
+            torch_key()
 
 
 def _cpu() -> None:
@@ -124,8 +130,8 @@ class _TritonEarly:
             triton_key()
 
         try:
-            with _stage("warmup:triton_driver"):
-                at_lowest_priority(warm, wanted=_warmup.needed)
+            with _stage("warmup:triton_driver"), threads.yielding_gil(unless=_warmup.needed):
+                warm()
         except Exception as e:  # the CUDA step pays for it, as before
             self.error = e
             log.debug("hotswap: warming triton beside the imports failed: %s: %s",
@@ -144,7 +150,7 @@ def _cuda() -> None:
     triton_hash = getattr(torch.utils._triton, "triton_hash_with_backend", None)
     if triton_hash is not None:
         with _stage("warmup:triton_hash"):
-            at_lowest_priority(triton_hash, wanted=_warmup.needed)
+            triton_hash()
 
 
 @contextlib.contextmanager
