@@ -7,14 +7,21 @@ release it) or the process gets no CPU, the wake is late by that long. The probe
 every wake's lateness on the user's clock (seconds since the process started), so that its
 worst wakes can be matched against the stage timeline. One Python thread at work beside it
 costs it up to the interpreter's switch interval (``sys.getswitchinterval()``, 5 ms): the
-floor a ``torch:eager-backend`` row shows."""
+floor a ``torch:eager-backend`` row shows.
+
+It also times the cycle collector's collections in the process (``gc.callbacks``): a full
+collection holds the GIL over every tracked object, and in a serving process that has imported
+inductor a warm-up's imports set one off (129 ms with torch alone on the 2-core box, the late
+wake beside it as long; 220-290 ms in a GPT-2 row)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from array import array
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Lateness", "LatenessProbe"]
 
@@ -30,11 +37,16 @@ class Lateness:
     p99_ms: float
     max_ms: float
     worst: tuple[tuple[float, float], ...]
+    # the collector's collections in the same window, and the longest as (s, ms, generation)
+    gc_collections: int = 0
+    gc_worst: tuple[tuple[float, float, int], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {"probe_wakes": self.wakes, "probe_p50_ms": self.p50_ms,
                 "probe_p99_ms": self.p99_ms, "probe_max_ms": self.max_ms,
-                "probe_worst": [list(w) for w in self.worst]}
+                "probe_worst": [list(w) for w in self.worst],
+                "gc_collections": self.gc_collections,
+                "gc_worst": [list(w) for w in self.gc_worst]}
 
 
 class LatenessProbe:
@@ -49,8 +61,20 @@ class LatenessProbe:
         self._at = array("d")  # perf_counter of each wake
         self._late = array("d")  # its lateness, s
         self._stop = threading.Event()
+        self._gc_started: float | None = None
+        self._gc = array("d")  # start (perf_counter), seconds, generation of each collection
+        gc.callbacks.append(self._collected)
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
+
+    def _collected(self, phase: str, info: dict[str, Any]) -> None:
+        """``gc.callbacks``: runs on the thread whose allocation set the collection off."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            started, self._gc_started = self._gc_started, None
+            self._gc.extend((started, time.perf_counter() - started,
+                             float(info.get("generation", -1))))
 
     def _run(self) -> None:
         interval, at, late, stopped = self._interval_s, self._at, self._late, self._stop.wait
@@ -65,14 +89,20 @@ class LatenessProbe:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
+        if self._collected in gc.callbacks:
+            gc.callbacks.remove(self._collected)
 
     def summary(self, *, since_s: float = float("-inf"), until_s: float = float("inf"),
                 top: int = 5) -> Lateness:
         """The wakes between ``since_s`` and ``until_s`` (on the probe's clock)."""
         origin = self._origin
+        collections = [(round(self._gc[i] - origin, 3), round(self._gc[i + 1] * 1e3, 2),
+                        int(self._gc[i + 2])) for i in range(0, len(self._gc) - 2, 3)
+                       if since_s <= self._gc[i] - origin <= until_s]
+        gc_worst = tuple(sorted(collections, key=lambda c: -c[1])[:top])
         picked = [i for i, at in enumerate(self._at) if since_s <= at - origin <= until_s]
         if not picked:
-            return Lateness(0, 0.0, 0.0, 0.0, ())
+            return Lateness(0, 0.0, 0.0, 0.0, (), len(collections), gc_worst)
         ordered = sorted(self._late[i] for i in picked)
         n = len(ordered)
         worst: list[tuple[float, float]] = []
@@ -83,4 +113,4 @@ class LatenessProbe:
             if len(worst) == top:
                 break
         return Lateness(n, ordered[n // 2] * 1e3, ordered[int(0.99 * (n - 1))] * 1e3,
-                        ordered[-1] * 1e3, tuple(worst))
+                        ordered[-1] * 1e3, tuple(worst), len(collections), gc_worst)

@@ -37,3 +37,27 @@ def test_stop_before_any_wake_and_the_thread_ends() -> None:
     seen = probe.summary()
     assert seen.wakes == 0 and seen.worst == ()
     assert not any(t.name == "hotswap-lateness" for t in threading.enumerate())
+
+
+def test_the_collectors_collections_are_timed_in_the_window() -> None:
+    # A full collection holds the GIL over every tracked object: the warm-up's imports set
+    # one off in a serving process (129 ms on the 2-core box, the late wake beside it).
+    import gc
+
+    origin = time.perf_counter()
+    probe = LatenessProbe(clock_origin=origin)
+    time.sleep(0.05)
+    at = time.perf_counter() - origin
+    gc.collect()  # generation 2
+    after = time.perf_counter() - origin
+    time.sleep(0.05)
+    probe.stop()
+    seen = probe.summary()
+    assert seen.gc_collections >= 1
+    assert any(at - 0.001 <= t <= after and g == 2 and ms > 0  # times rounded to 1 ms
+               for t, ms, g in seen.gc_worst), (at, after, seen.gc_worst)
+    assert [ms for _, ms, _ in seen.gc_worst] == sorted((ms for _, ms, _ in seen.gc_worst),
+                                                         reverse=True)
+    assert probe.summary(since_s=after + 0.01).gc_collections < seen.gc_collections
+    assert probe._collected not in gc.callbacks  # stop() takes the callback back
+    assert seen.as_dict()["gc_worst"][0] == list(seen.gc_worst[0])

@@ -167,9 +167,12 @@ def _lateness(results: list[dict[str, Any]]) -> list[str]:
         worst = ", ".join(f"{ms:.0f} ms at {at:.1f} s" for at, ms in r["probe_worst"][:3])
         verdict = (("met" if r["probe_max_ms"] <= 10 else "MISSED")
                    if r["row"].startswith("hotswap:") else "for comparison")
+        gc_worst = r.get("gc_worst") or []
+        collector = (f"; longest collection (gc) {gc_worst[0][1]:.0f} ms, generation "
+                     f"{gc_worst[0][2]}, at {gc_worst[0][0]:.1f} s" if gc_worst else "")
         lines.append(f"  {r['row']} probe lateness p99 {r['probe_p99_ms']:.1f} ms, max "
                      f"{r['probe_max_ms']:.1f} ms (worst: {worst or '-'}) vs 10 ms: {verdict}; "
-                     f"during the first call {r['probe_first_call_max_ms']:.1f} ms")
+                     f"during the first call {r['probe_first_call_max_ms']:.1f} ms{collector}")
     return lines
 
 
