@@ -133,7 +133,7 @@ hotswap.shutdown()
 # cold on the demo's first run, warm on later ones, as hotswap's. (This run's cache would hand
 # it the kernels hotswap's workers just built, and its temporary folder the C++ header that
 # inductor precompiles there whatever its cache: 4.5 s of a cold first call on 2 cores.)
-inductor = (os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+inductor = (os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").rstrip(os.sep)
             or os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
 os.makedirs(inductor + "-plain-tmp", mode=0o700, exist_ok=True)
 print("\nplain torch.compile, the same model in a fresh process ...", flush=True)

@@ -184,6 +184,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
         probe_vec_isa,
         probes,
         record_precompiled_headers,
+        reprobe_if_cut_short,
     )
 
     request = CompileRequest.from_wire(wire)
@@ -204,6 +205,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
         files = kernel_files.compile_outputs(sources, started, _files_since_s)
+        reprobe_if_cut_short()  # a tier that read on probed during the compile
         entry = pack_entry(data, files, probes())
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()

@@ -335,7 +335,7 @@ def gate_decision(pair: Paired, *, threshold: float, time_s: float = 0.0, attemp
             count, mean, pooled = contended_mean
             if count >= CLOSE_AFTER and math.log(mean) >= -CLOSE_MARGIN * threshold:
                 outcome, confidence = "keep", "close" if pooled else "low"
-                slower = math.log(mean) > CLOSE_MARGIN * threshold
+                slower = mean >= 1.0 / (1.0 - threshold)  # as direction() says -1
                 why = (f"{'slower' if slower else 'too close to call'} on this machine: over "
                        f"{count} contended measurements the ratio averaged {mean:.3f} "
                        f"(geometric mean); the serving tier stays")

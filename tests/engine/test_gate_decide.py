@@ -495,3 +495,13 @@ def test_inherited_measurements_close_a_pair_only_beside_one_as_close_of_this_pr
     assert kept.reason.startswith("gate: 'max-autotune' and 'default' are within 0.7% of each "
                                   "other over 6 measurements; kept 'default'"), kept.reason
     assert kept.record.confidence == "low"  # an earlier process's rounds count as without
+
+
+def test_inherited_measurements_and_this_one_far_slower_keep_what_serves() -> None:
+    # Slower by any amount keeps a candidate out: beside five earlier measurements at 1.0,
+    # this process's own measurement 30 % slower keeps it out (low: contended), not again.
+    far = _pair(1.3, -INF, INF, rounds=24, contended=24, every=(0.9, 1.6))
+    kept = decide(_of(BenchReply([], pairs=[far])), attempt=1, contended=5, threshold=0.02,
+                  now_s=NOW_S, evidence=0.0, inherited=5)
+    assert kept.action is Action.KEEP and kept.record is not None
+    assert kept.record.confidence == "low" and "slower on this machine" in kept.reason

@@ -537,5 +537,5 @@ def test_a_profiling_comparison_cut_short_by_shutdown_is_no_failure(
     deadline = time.monotonic() + 10
     while "not compared" not in caplog.text and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert status.final and "tiers not compared: hotswap shut down first" in caplog.text
+    assert status.final and "tiers not compared: the worker pool closed first" in caplog.text
     assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -152,7 +152,9 @@ def test_probes_travel_as_plain_values_and_a_pickle_among_them_is_never_loaded()
     assert [(r["name"], r["flags"]) for r in found.get("vec_isa", [])] == probed
     mine = [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()]
     assert mine[:len(probed)] == probed  # read on, the probe goes on
-    load_guard.adopt(found)  # probed less far than this process is now: changes nothing
+    before = load_guard._answer
+    load_guard.adopt(found)  # probed no further than this process is now: changes nothing
+    assert load_guard._answer is before
     assert [(str(i), i.build_arch_flags()) for i in cpu_vec_isa.valid_vec_isa_list()] == mine
     # An entry of the old format carried the ISAs pickled: refused, never unpickled.
     with pytest.raises(ValueError, match="vec_isa"):
@@ -331,6 +333,14 @@ def test_a_partial_answer_is_checked_and_never_replaces_a_fuller_one() -> None:
         load_guard.adopt({"vec_isa": [], "vec_isa_probed": len(promised) + 1})
     load_guard.probe_vec_isa()
     everything = list(cpu_vec_isa.valid_vec_isa_list())  # read on: probed all
-    whole = load_guard.probes()["vec_isa"]
+    whole, before = load_guard.probes()["vec_isa"], load_guard._answer
+    if before is not None:
+        assert before.probed == len(promised)
     load_guard.adopt({"vec_isa": whole[:1], "vec_isa_probed": 1})
+    assert load_guard._answer is before or before is None
     assert list(cpu_vec_isa.valid_vec_isa_list()) == everything
+    # An ISA out of this CPU's order, or past those probed, is refused: the first probed
+    # cannot be the last candidate.
+    with pytest.raises(ValueError, match="in order"):
+        load_guard.adopt({"vec_isa": whole[-1:], "vec_isa_probed": 1} if len(whole) > 1
+                         else {"vec_isa": whole * 2})

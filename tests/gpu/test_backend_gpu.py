@@ -201,4 +201,4 @@ def test_the_warm_up_starts_triton_beside_the_imports() -> None:
     from hotswap.engine.loading import warmup
 
     assert warmup.wait_warmup(["cuda"], timeout_s=180)
-    assert warmup._triton_early.error is None
+    assert warmup._triton_early.done and warmup._triton_early.error is None

@@ -189,14 +189,20 @@ def adopt(found: dict[str, Any]) -> None:
         if vec_isa is not None:
             isas = [_isa_from(record, cpu_vec_isa) for record in vec_isa]
             candidates = _promised(cpu_vec_isa)
+            upto = len(candidates) if probed is None else probed
             if probed is not None and probed > len(candidates):
                 raise ValueError(f"probes: {probed} ISAs probed, this CPU has "
                                  f"{len(candidates)} to probe")
-            # Answers of one machine agree where both probed: the one probed further stays.
-            if _answer is None or _answer.probed < (len(candidates) if probed is None
-                                                    else probed):
-                _install(cpu_vec_isa, ProbedAsRead(
-                    candidates, isas, len(candidates) if probed is None else probed))
+            if candidates:  # the ISAs found: this CPU's candidates, in order, among those probed
+                at = [next((i for i, c in enumerate(candidates) if c is isa), -1) for isa in isas]
+                if any(i < 0 or i >= upto for i in at) or at != sorted(set(at)):
+                    raise ValueError(f"probes: {[str(i) for i in isas]} are not this CPU's "
+                                     f"candidates in order among the first {upto} probed")
+            # Answers of one machine agree where both probed, but for a check a kill failed:
+            # the one probed further stays, and of two as far, the one that found more.
+            if (_answer is None or _answer.probed < upto
+                    or (_answer.probed == upto and len(_answer.known()) < len(isas))):
+                _install(cpu_vec_isa, ProbedAsRead(candidates, isas, upto))
         _headers.update({(h, c): p for h, c, p in headers})
     if headers:
         record_precompiled_headers()
@@ -496,7 +502,8 @@ def _probe_here(cpu_vec_isa: Any) -> None:
 def _promised(cpu_vec_isa: Any) -> list[Any]:
     """The ISAs whose CPU flags this (x86) machine has: what the probe checks."""
     checker = getattr(cpu_vec_isa, "x86_isa_checker", None)
-    if checker is None or platform.machine() not in ("x86_64", "AMD64"):
+    if (checker is None or platform.machine() not in ("x86_64", "AMD64")
+            or sys.platform not in ("linux", "win32")):  # as inductor's own list
         return []
     flags = set(checker())
     return [isa for isa in cpu_vec_isa.supported_vec_isa_list

@@ -57,8 +57,6 @@ _CUDA_MODULES = ("torch._inductor.runtime.triton_heuristics", "torch.utils._trit
 def _common() -> None:
     import torch
 
-    if torch.cuda.is_available():  # the CUDA step's slowest part, beside the imports
-        _triton_early.start()
     # Inductor's modules as bytecode from hotswap's cache (compiled by a child process the
     # first time), where this process would compile them from source holding the GIL (an
     # environment without bytecode that writes none): bytecode.py. The child is no compiler
@@ -97,19 +95,23 @@ def _cpu() -> None:
 class _TritonEarly:
     """Triton's own part of its hash (its sources) and its driver's start (which builds its C
     utilities into triton's cache with the C compiler, where they are not built yet), on a
-    low-priority thread from the warm-up's start, beside inductor's imports: they import
+    thread of their own from the warm-up's start, beside inductor's imports: they import
     triton alone, none of torch's modules. After the imports, they took 0.93 s on the way
-    to a GPT-2 swap (H100, triton's cache cold), while the artifact waited."""
+    to a GPT-2 swap (H100, triton's cache cold), while the artifact waited. Only where the
+    warm-up is for CUDA: the driver's start makes a CUDA context (on ``device``, or the
+    current one)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None  # why it failed (a load pays for it later)
+        self.done = False
 
-    def start(self) -> None:
+    def start(self, device: int | None) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threads.start(self._run, name="hotswap-triton-warmup")
+                self._thread = threads.start(self._run, args=(device,),
+                                             name="hotswap-triton-warmup")
 
     def wait(self) -> None:
         with self._lock:
@@ -117,10 +119,14 @@ class _TritonEarly:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _run(self) -> None:
+    def _run(self, device: int | None) -> None:
         def warm() -> None:
+            import torch
             from triton.compiler.compiler import make_backend
             from triton.runtime.driver import driver
+
+            if device is not None:  # a new thread's current device is 0
+                torch.cuda.set_device(device)
 
             make_backend(driver.active.get_current_target()).hash()  # the ptxas version too
             try:  # where torch finds it (_inductor.runtime.triton_compat)
@@ -136,6 +142,8 @@ class _TritonEarly:
             self.error = e
             log.debug("hotswap: warming triton beside the imports failed: %s: %s",
                       type(e).__name__, e)
+        finally:
+            self.done = True
 
 
 _triton_early = _TritonEarly()
@@ -146,7 +154,8 @@ def _cuda() -> None:
     import torch.utils._triton
 
     _triton_early.wait()  # one driver start, not two side by side
-    # Triton's hash of its own sources and its driver's start: 0.5 s of the first CUDA load.
+    # Triton's hash with its backend: what _TritonEarly left (0.6-0.9 s of a first CUDA load
+    # on the H100 where it did not run).
     triton_hash = getattr(torch.utils._triton, "triton_hash_with_backend", None)
     if triton_hash is not None:
         with _stage("warmup:triton_hash"):
@@ -182,6 +191,11 @@ class _Warmup:
         self.wanted = threading.Event()
 
     def start(self, devices: Iterable[str]) -> list[threading.Event]:
+        devices = list(devices)
+        cuda = [d for d in devices if d.split(":")[0] == "cuda"]
+        if cuda:  # the CUDA step's slowest part, from now on beside the imports
+            index = cuda[0].partition(":")[2]
+            _triton_early.start(int(index) if index.isdigit() else None)
         events = []
         with self._lock:
             for step in _steps_for(devices):

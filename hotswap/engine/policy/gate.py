@@ -241,8 +241,9 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
                                    m.candidate, results[m.candidate].median_ms)
     contended_mean = None
     # Measurements an earlier process made close a pair only beside one of this process's
-    # as close: a candidate now measured far faster is measured again, not kept on history.
-    going_on = not inherited or abs(math.log(max(pair.ratio, 1e-9))) <= CLOSE_MARGIN * threshold
+    # that keeps it out as well (at most the close margin faster, slower by any amount): a
+    # candidate now measured far faster is measured again, not kept on history.
+    going_on = not inherited or math.log(max(pair.ratio, 1e-9)) >= -CLOSE_MARGIN * threshold
     if pair.clean < MIN_CLEAN and going_on:  # this measurement and the contended ones before
         # Each measurement's ratio is its clean rounds' median: pooled over measurements that
         # all had some, enough of them are evidence contention did not bend toward 1.0 (an
@@ -280,10 +281,10 @@ def decide(measurement: Measurement, *, attempt: int, contended: int, threshold:
 def _meanwhile(pair: Paired, retry: Retry, threshold: float) -> str:
     """Which of an undecided pair serves until it is decided (Decision.meanwhile): the
     candidate where the contended measurements so far have it faster by the threshold; ""
-    (whichever serves now stays) where they, or a clean measurement, have it faster by less;
-    else the serving tier. A candidate on trial stays while it is ahead at all: in the cold
-    demo two tiers 1-4 % apart swapped four times while the gate decided, each swap of no
-    gain."""
+    (whichever serves now stays) where they have it faster by less, or a clean measurement
+    has it faster at all (a clean one never puts a candidate on trial); else the serving
+    tier. A candidate on trial stays while it is ahead at all: in the cold demo two tiers
+    1-4 % apart swapped four times while the gate decided, each swap of no gain."""
     if not pair.ratio > 0:
         return pair.serving
     lead = (retry.evidence / retry.contended if pair.clean < MIN_CLEAN

@@ -378,8 +378,8 @@ class Ladder:
                                 track="hotswap-gate")
             error = future.exception()
             if isinstance(error, PoolClosed):  # shut down mid-comparison: nothing went wrong
-                _log.info("graph %s: tiers not compared: hotswap shut down first",
-                          journey.graph_id)
+                _log.info("graph %s: tiers not compared: the worker pool closed first (%s)",
+                          journey.graph_id, error)
                 return
             if error is not None:
                 _log.warning("graph %s: comparing tiers failed: %s: %s", journey.graph_id,
