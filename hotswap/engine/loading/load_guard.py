@@ -108,6 +108,8 @@ _headers: dict[tuple[str, str], str] = {}
 _headers_hooked = False
 
 
+# What of ``probes()`` is the vector-ISA answer (the workers' shared file holds these alone)
+_ISA_KEYS = ("vec_isa", "vec_isa_probed")
 # What a probe may find beside an ISA's name: features checked by a build of their own (the
 # ISA's compiler flags then carry one more -m option).
 _ISA_FEATURES = ("_is_avx512_bf16_supported", "_is_amx_fp16_supported")
@@ -300,9 +302,8 @@ def probe_vec_isa(shared_dir: str | None = None) -> None:
             if _adopt_answer(answer, cpu_vec_isa):
                 return
             _probe_here(cpu_vec_isa)
-            found = probes()
-            if _answer is not None and len(_answer.known()) == _answer.probed:
-                _write_answer(answer, found)  # a probe cut short is not shared
+            if _answer is not None and _answer.all_passed:  # one cut short is not shared
+                _write_answer(answer, probes())
     except (OSError, filelock.Timeout):  # a lock held too long, a folder gone: probe here
         if not _answered(cpu_vec_isa):
             _probe_here(cpu_vec_isa)
@@ -332,6 +333,12 @@ class ProbedAsRead:
     def complete(self) -> bool:
         return self.probed >= len(self.candidates)
 
+    @property
+    def all_passed(self) -> bool:
+        """Whether every candidate probed so far passed (none failed, by a kill or not)."""
+        with self._lock:
+            return len(self._valid) == self.probed
+
     def known(self) -> list[Any]:
         with self._lock:
             return list(self._valid)
@@ -348,6 +355,12 @@ class ProbedAsRead:
         left."""
         with self._lock:
             while len(self._valid) < found and not self.complete:
+                self._next()
+
+    def probe_through(self, probed: int) -> None:
+        """Probe the next candidates, one by one, until the first ``probed`` are."""
+        with self._lock:
+            while self.probed < min(probed, len(self.candidates)):
                 self._next()
 
     def _all(self) -> None:
@@ -467,7 +480,7 @@ def _adopt_answer(path: Any, cpu_vec_isa: Any) -> bool:
     try:
         answer = msgpack.unpackb(read_private(path), raw=False)
         if isinstance(answer, dict):
-            adopt({k: answer[k] for k in ("vec_isa", "vec_isa_probed") if k in answer})
+            adopt({k: answer[k] for k in _ISA_KEYS if k in answer})
         else:
             adopt({"vec_isa": answer})
     except (OSError, ValueError, TypeError, msgpack.UnpackException):
@@ -482,7 +495,7 @@ def _write_answer(path: Any, found: dict[str, Any]) -> None:
 
     from hotswap.engine.loading.kernel_files import write_new
 
-    answer = {k: found[k] for k in ("vec_isa", "vec_isa_probed") if k in found}
+    answer = {k: found[k] for k in _ISA_KEYS if k in found}
     if answer.get("vec_isa"):
         with contextlib.suppress(OSError):
             write_new(str(path), msgpack.packb(answer, use_bin_type=True), 0o600)
@@ -518,7 +531,7 @@ def reprobe_if_cut_short() -> None:
     from torch._inductor import cpu_vec_isa
 
     answer = _answer
-    if answer is None or len(answer.known()) >= answer.probed:
+    if answer is None or answer.all_passed:
         return
     for cls in {type(isa) for isa in cpu_vec_isa.supported_vec_isa_list}:
         for klass in cls.__mro__:
@@ -527,8 +540,6 @@ def reprobe_if_cut_short() -> None:
                 if clear is not None:
                     clear()
     again = ProbedAsRead(answer.candidates)
-    with again._lock:
-        while again.probed < answer.probed:
-            again._next()
+    again.probe_through(answer.probed)
     with _adopt_lock:
         _install(cpu_vec_isa, again)

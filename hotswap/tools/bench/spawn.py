@@ -16,6 +16,11 @@ from typing import Any
 __all__ = ["cold_env", "row_env", "spawn_row", "stop_service", "warm_service"]
 
 
+# What a compile leaves on the machine outside hotswap's cache: what a replica (or the
+# compile service) has of its own
+_COMPILER_CACHES = ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
 def cold_env(root: str) -> dict[str, str]:
     """This process's environment with inductor's, triton's and hotswap's caches in empty
     directories under ``root``: what a fresh process of a benchmark row starts with. Its
@@ -68,8 +73,7 @@ def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",
         for run in range(2 if again else 1):
             if run == 1 and again == "replica":
                 fresh = cold_env(os.path.join(cache, "replica"))
-                env.update({k: fresh[k] for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR",
-                                                  "TRITON_CACHE_DIR")})
+                env.update({k: fresh[k] for k in _COMPILER_CACHES})
             try:
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                      timeout=args.timeout_s + 120)
@@ -95,15 +99,14 @@ def stop_service(env: dict[str, str]) -> None:
 def warm_service(args: argparse.Namespace) -> float:
     """Start the compile service the @service rows share and have it compile a model none of
     them runs ("pointwise"): a service a process started earlier. Off every row's clock.
-    The service keeps the caches (and temporary folder) of the process that started it, so they live beside
-    ``args.service_dir``, not in that row's own folder, which goes when the row ends (with
-    triton writing into it, on CUDA, its removal failed)."""
+    The service keeps the caches (and temporary folder) of the process that started it, so
+    they live beside ``args.service_dir``, not in that row's own folder, which goes when the
+    row ends (with triton writing into it, on CUDA, its removal failed)."""
     t = time.monotonic()
     caches = cold_env(os.path.join(os.path.dirname(args.service_dir), "service-caches"))
     warm = spawn_row("hotswap:async@service", argparse.Namespace(**{**vars(args),
                                                                     "model": "pointwise"}),
-                     env={k: caches[k] for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR",
-                                                 "TRITON_CACHE_DIR", "HOTSWAP_CACHE_DIR")})
+                     env={k: caches[k] for k in (*_COMPILER_CACHES, "HOTSWAP_CACHE_DIR")})
     took = time.monotonic() - t
     print(f"  compile service in {args.service_dir}: started and warmed (a pointwise model "
           f"compiled) in {took:.1f} s{'; ' + warm['error'] if 'error' in warm else ''}",
