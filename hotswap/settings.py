@@ -35,6 +35,11 @@ on them at once rather than in a worker or a background thread.
                                                             >= 0 (0: never)
     HOTSWAP_SWITCH_INTERVAL_S       0.0002                  the GIL switch interval while hotswap
                                                             loads, seconds in (0, 1]
+    HOTSWAP_GC_FREEZE               on                      on: the objects alive around the load
+                                                            path's warm-up leave the cycle
+                                                            collector's full passes (gc.freeze;
+                                                            thawed at torch.compiler.reset());
+                                                            off
     HOTSWAP_LOG                     info                    hotswap's default stderr lines: info,
                                                             warning (failures only) or off
     HOTSWAP_SERVICE                 off                     on: compile in the machine's compile
@@ -63,7 +68,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check_all",
-           "claim_ttl_s", "env_number", "executor", "gate_threshold", "log_level", "mode",
+           "claim_ttl_s", "env_number", "executor", "gate_threshold", "gc_freeze", "log_level", "mode",
            "profile_dir", "pycache", "service", "service_dir", "service_idle_exit_s",
            "switch_interval_s", "tiers", "timeout_s", "worker_devices",
            "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes", "workers"]
@@ -217,6 +222,14 @@ def pycache() -> str:
     return setting
 
 
+def gc_freeze() -> bool:
+    """HOTSWAP_GC_FREEZE: whether the warm-up freezes the heap (hotswap.system.heap)."""
+    setting = os.environ.get("HOTSWAP_GC_FREEZE", "").strip().lower() or "on"
+    if setting not in ("on", "off"):
+        raise ValueError(f"HOTSWAP_GC_FREEZE must be 'on' or 'off', got {setting!r}")
+    return setting == "on"
+
+
 def switch_interval_s() -> float:
     value = env_number("HOTSWAP_SWITCH_INTERVAL_S", float, lambda v: 0 < v <= 1,
                        "a number of seconds in (0, 1]", default=_SWITCH_INTERVAL_S)
@@ -238,5 +251,5 @@ def check_all() -> None:
     thread."""
     for read in (workers, worker_nice, worker_idle, worker_rss_limit_bytes, cache_max_bytes,
                  switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s, service,
-                 service_idle_exit_s, pycache):
+                 service_idle_exit_s, pycache, gc_freeze):
         read()

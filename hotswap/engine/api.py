@@ -22,6 +22,7 @@ from hotswap.engine.options import MODES, Options, split_torch_options
 from hotswap.engine.runtime import Runtime
 from hotswap.engine.runtime import runtime as _runtime
 from hotswap.errors import WaitTimeout
+from hotswap.system import heap
 
 __all__ = ["backend", "compile", "hotswap_backend", "prepare", "runtime", "shutdown", "status",
            "wait"]
@@ -279,12 +280,14 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
 
 class _Forget:
     """Reset with dynamo (``torch.compiler.reset()``): the recompile limits hit so far go with
-    the graphs (each coordinator forgets its own), and idle workers may exit."""
+    the graphs (each coordinator forgets its own), idle workers may exit, and the heap the
+    warm-up froze is the collector's again (hotswap.system.heap)."""
 
     def reset(self) -> None:
         with _lock:
             _unattributed.clear()
         _runtime.release_idle()
+        heap.thaw()
 
 
 _forget = _Forget()

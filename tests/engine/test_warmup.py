@@ -1,11 +1,13 @@
-"""Warming the process's load path: each step once, in order, and hotswap.prepare()."""
+"""Warming the process's load path: each step once, in order, and hotswap.prepare(); the heap
+it leaves out of the collector's full passes."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ import torch
 import hotswap
 from hotswap.engine import threads
 from hotswap.engine.loading import warmup
+from hotswap.system import heap
 
 
 @pytest.fixture
@@ -134,3 +137,61 @@ def test_the_warmup_stops_yielding_once_a_task_waits_behind_it(
     assert queued.wait(30)
     (wall0, cpu0), (wall1, cpu1) = seen
     assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 2 * cpu0 / wall0, seen
+
+
+@pytest.fixture
+def thawed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The collector as if nothing had frozen this process's heap yet."""
+    gc.unfreeze()
+    monkeypatch.setattr(heap, "_froze", False)
+    monkeypatch.setattr(heap, "_program_froze", False)
+    yield
+    gc.unfreeze()
+
+
+def _step_making(made: list[list[int]]) -> Callable[[], None]:
+    def run() -> None:  # as an import does: objects that stay
+        made.extend([i] for i in range(1000))  # lists: always tracked
+    return run
+
+
+def _tracked(obj: object) -> bool:
+    """Whether the collector's full passes see ``obj`` (frozen objects are in no generation)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_a_step_leaves_what_it_made_out_of_full_collections_until_a_reset(
+        fresh_warmup: list[str], thawed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = [1]  # the program's, alive when the warm-up starts
+    made: list[list[int]] = []
+    monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made))
+    hotswap.backend(mode="async")  # torch.compiler.reset() reaches hotswap from here on
+    assert warmup.wait_warmup(["cpu"], timeout_s=30)
+    assert gc.get_freeze_count() >= len(made) == 1000
+    assert not _tracked(made[0]) and not _tracked(before)
+    torch.compiler.reset()  # a cycle among them could outlive its user: thawed
+    assert gc.get_freeze_count() == 0 and _tracked(made[0]) and _tracked(before)
+
+
+def test_a_heap_the_program_froze_stays_frozen_at_reset(
+        fresh_warmup: list[str], thawed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    gc.freeze()  # as a server does after its start
+    frozen = gc.get_freeze_count()
+    made: list[list[int]] = []
+    monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made))
+    hotswap.backend(mode="async")
+    assert warmup.wait_warmup(["cpu"], timeout_s=30)
+    torch.compiler.reset()
+    assert gc.get_freeze_count() >= frozen + len(made)
+
+
+def test_gc_freeze_off_leaves_the_collector_alone(
+        fresh_warmup: list[str], thawed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[list[int]] = []
+    monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made))
+    monkeypatch.setenv("HOTSWAP_GC_FREEZE", "off")
+    assert warmup.wait_warmup(["cpu"], timeout_s=30)
+    assert gc.get_freeze_count() == 0 and _tracked(made[0])
+    monkeypatch.setenv("HOTSWAP_GC_FREEZE", "yes")
+    with pytest.raises(ValueError, match="HOTSWAP_GC_FREEZE must be 'on' or 'off'"):
+        hotswap.compile(torch.nn.ReLU())

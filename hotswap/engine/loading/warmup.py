@@ -40,7 +40,7 @@ from hotswap.engine import threads
 from hotswap.engine.loading import load_guard
 from hotswap.engine.loading.load_guard import count_compiler_runs
 from hotswap.profiles.timeline import process_span
-from hotswap.system import bytecode
+from hotswap.system import bytecode, heap
 
 __all__ = ["start_warmup", "wait_warmup"]
 
@@ -225,6 +225,9 @@ class _Warmup:
             # Until a load waits for it (or a task queued behind it on the scheduler's thread:
             # a load that arrived meanwhile), it yields the GIL to the user's calls, beside
             # the scheduler's quick handoff.
+            # Each step starts and ends by moving the heap out of the collector's full
+            # passes: a step's imports would otherwise set off one over all of it (heap.py).
+            heap.freeze()
             with count_compiler_runs(), threads.yielding_gil(unless=self.needed):
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
@@ -234,6 +237,7 @@ class _Warmup:
                     "hotswap: warming the load path (%s) failed: %s: %s", step,
                     type(e).__name__, e)
         finally:
+            heap.freeze()
             log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
             self._done[step].set()
 
