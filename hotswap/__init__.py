@@ -96,3 +96,9 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+# HOTSWAP_SERVICE=on: the compile service warms while the model is built (a daemon thread).
+from hotswap.service import early as _early  # noqa: E402
+
+_early.start()

@@ -17,7 +17,7 @@ import pytest
 from hotswap import cli
 from hotswap.executors import registry
 from hotswap.executors.service import ServiceExecutor, ServiceLink
-from hotswap.service import control
+from hotswap.service import control, early
 from hotswap.service.place import Place, authkey, find_place, stamp
 from hotswap.system import bytecode
 from tests.conftest import gone
@@ -176,3 +176,59 @@ def test_the_service_names_its_bytecode_folder_and_its_clients_are_offered_it(
     status = current_status()
     assert status is not None and status["pycache"] == str(bytecode.plan(os.environ).folder)
     assert bytecode._offered == [Path(status["pycache"])]
+
+
+@pytest.mark.parametrize(("argv", "own"), [
+    (["python", "-m", "hotswap.cli", "service", "status"], True),
+    (["python", "/venv/bin/hotswap", "service", "status"], True),
+    (["python", "-X", "importtime", "-u", "-m", "hotswap.service", "--dir", "d"], True),
+    (["python", "-um", "hotswap.workers"], True),
+    (["python", "-mhotswap"], True),
+    (["python", "-m", "hotswap.tools.bench.main", "--row", "hotswap:async"], False),
+    (["python", "-Xdev", "-W", "ignore", "train.py", "hotswap"], False),
+    (["python", "-c", "import hotswap", "-m", "hotswap.cli"], False),
+    (["python"], False),
+])
+def test_own_programs_are_told_from_the_users(argv: list[str], own: bool) -> None:
+    assert early.own_program(argv) is own
+
+
+EARLY = """
+import time
+import hotswap
+from hotswap.service import control, early
+from hotswap.service.place import authkey, find_place
+
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        place = find_place(create=False)
+        status = control.probe(place, authkey(place, create=False))
+    except (FileNotFoundError, control.NotAnswering):
+        status = None
+    if status is not None:
+        print(status["pid"])
+        break
+    time.sleep(0.05)
+"""
+
+
+def test_importing_hotswap_starts_the_service_and_its_command_line_does_not(
+        service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_SERVICE", "on")
+    status = subprocess.run([sys.executable, "-m", "hotswap.cli", "service", "status"],
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 1 and "no compile service running" in status.stdout
+    time.sleep(1.0)  # a start under way would have made the folder by now
+    assert not service_dir.exists()
+    # a user's program: no compile asked for, the service answers all the same
+    user = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True,
+                          timeout=120)
+    assert user.returncode == 0 and user.stdout.strip(), user.stderr
+    status_now = current_status()
+    assert status_now is not None and status_now["pid"] == int(user.stdout)
+    monkeypatch.setenv("HOTSWAP_SERVICE", "off")
+    monkeypatch.setenv("HOTSWAP_SERVICE_DIR", str(service_dir.parent / "other"))
+    off = subprocess.run([sys.executable, "-c", EARLY.replace("60", "3")],
+                         capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0 and off.stdout.strip() == "", off.stdout

@@ -1,0 +1,94 @@
+"""The compile service, found or started as hotswap is imported (HOTSWAP_SERVICE=on).
+
+A process that compiles with the service asks for it when its first coordinator is made
+(``hotswap.compile``, or dynamo's first graph for ``backend="hotswap"``): after the model is
+built. In the first process ever the service then starts its workers, which import torch and
+inductor (15 s on a GPU machine without bytecode) and warm CUDA, while the graph waits. Asked
+for as hotswap is imported instead, the service warms while the model is built (importing
+transformers, building GPT-2, moving it to the GPU: 10 s on the H100), and a first job finds a
+worker that is ready, or nearly.
+
+The import only starts a daemon thread; the thread finds or starts the service
+(``control.ensure``, under its lock, as a job's link would) and nothing more. Whatever fails
+there is said later by the link of the job that needs the service, which tries again.
+
+Not in hotswap's own processes: its workers (``HOTSWAP_SCRATCH_DIR`` is set for them), the
+service itself, and the command line (``hotswap service status`` must find no service where
+none runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+
+from hotswap import settings
+
+__all__ = ["own_program", "start"]
+
+log = logging.getLogger("hotswap")
+
+# ``python -m <module>`` programs of hotswap's that start no service as they import it.
+_OWN_MODULES = ("hotswap", "hotswap.cli", "hotswap.service", "hotswap.workers")
+_OWN_PACKAGES = ("hotswap.service.", "hotswap.workers.")
+
+
+def start() -> threading.Thread | None:
+    """Find or start the service on a daemon thread, where this process would use it."""
+    if not _wanted():
+        return None
+    thread = threading.Thread(target=_ensure, daemon=True, name="hotswap-service-early")
+    thread.start()
+    return thread
+
+
+def own_program(argv: Sequence[str]) -> bool:
+    """Whether the command line ``argv`` (``sys.orig_argv``: the interpreter, its options,
+    then the program) runs one of hotswap's own programs: ``python -m hotswap.cli ...``,
+    ``python -m hotswap.service ...``, the ``hotswap`` command."""
+    args = list(argv[1:])
+    while args:
+        arg = args.pop(0)
+        if arg == "-" or not arg.startswith("-"):  # the script: the console entry point?
+            return os.path.basename(arg) == "hotswap"
+        if arg.startswith("--"):
+            if arg == "--check-hash-based-pycs":
+                args = args[1:]
+            continue
+        letters = arg[1:]
+        if letters[0] in "XW":  # -X opt, -Xopt, -W arg, -Warg
+            if len(letters) == 1:
+                args = args[1:]
+            continue
+        for i, letter in enumerate(letters):  # flags, as -uB; then -c or -m ends them
+            if letter == "c":
+                return False  # a command string: the user's code
+            if letter == "m":
+                module = letters[i + 1:] or (args[0] if args else "")
+                return module in _OWN_MODULES or module.startswith(_OWN_PACKAGES)
+    return False
+
+
+def _wanted() -> bool:
+    if os.environ.get("HOTSWAP_SCRATCH_DIR"):  # a worker of a pool (workers/scratch.py)
+        return False
+    try:
+        if not settings.service() or settings.executor() not in (None, "service://"):
+            return False
+    except ValueError:  # hotswap.compile says so, naming the variable
+        return False
+    return not own_program(getattr(sys, "orig_argv", sys.argv))
+
+
+def _ensure() -> None:
+    try:
+        from hotswap.service import control
+        from hotswap.service.place import find_place
+
+        control.ensure(find_place(create=True))
+    except Exception as e:  # the link of the first job tries again and says why
+        log.debug("hotswap: starting the compile service early failed: %s: %s",
+                  type(e).__name__, e)
