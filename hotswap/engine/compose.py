@@ -65,6 +65,7 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     inprocess = InProcess(cache, recorder, load)
     here = Route(inprocess, waits=True, first_only=not plan.waits)
     shipped = here if plan.here else Route(
-        TierLifecycle(cache, job, load, on_loader, recorder), waits=plan.waits)
+        TierLifecycle(cache, job, load, on_loader, recorder, store_first=plan.gated),
+        waits=plan.waits)
     return Composition(tiers=list(tiers), gate=gate if plan.gated else None,
                        shipped=shipped, here=here, remote=not plan.here)
