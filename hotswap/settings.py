@@ -45,7 +45,9 @@ on them at once rather than in a worker or a background thread.
     HOTSWAP_SERVICE                 off                     on: compile in the machine's compile
                                                             service (executor "service://") when
                                                             no executor= or HOTSWAP_EXECUTOR says
-                                                            otherwise; off: the local pool
+                                                            otherwise, found or started as
+                                                            hotswap is imported; off: the local
+                                                            pool
     HOTSWAP_SERVICE_DIR             $XDG_RUNTIME_DIR/hotswap the service's private folder (socket,
                                     or /tmp/hotswap-service- key, lock, log), mode 0700
                                     <uid>

@@ -22,7 +22,6 @@ from hotswap.engine.options import MODES, Options, split_torch_options
 from hotswap.engine.runtime import Runtime
 from hotswap.engine.runtime import runtime as _runtime
 from hotswap.errors import WaitTimeout
-from hotswap.system import heap
 
 __all__ = ["backend", "compile", "hotswap_backend", "prepare", "runtime", "shutdown", "status",
            "wait"]
@@ -280,14 +279,12 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
 
 class _Forget:
     """Reset with dynamo (``torch.compiler.reset()``): the recompile limits hit so far go with
-    the graphs (each coordinator forgets its own), idle workers may exit, and the heap the
-    warm-up froze is the collector's again (hotswap.system.heap)."""
+    the graphs (each coordinator forgets its own), and idle workers may exit."""
 
     def reset(self) -> None:
         with _lock:
             _unattributed.clear()
         _runtime.release_idle()
-        heap.thaw()
 
 
 _forget = _Forget()
@@ -343,8 +340,9 @@ def _notes(coordinators: list[Coordinator]) -> list[str]:
 
 def wait(compiled: Any = None, timeout_s: float | None = None, *,
          raise_on_timeout: bool = False) -> Statuses:
-    """Block until no tier is pending for any graph of ``compiled`` (or ``timeout_s`` passes;
-    then, with ``raise_on_timeout``, raise ``hotswap.WaitTimeout``)."""
+    """Block until no tier is pending for any graph of ``compiled`` and the cache entries of
+    the tiers that arrived are written (or ``timeout_s`` passes; then, with
+    ``raise_on_timeout``, raise ``hotswap.WaitTimeout``)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     coordinators = _coordinators(compiled)
     statuses = Statuses()

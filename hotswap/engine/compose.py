@@ -27,7 +27,14 @@ from hotswap.engine.recording import Recorder, profiled
 from hotswap.engine.shipping.request import Prepared
 from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.engine.sources.inprocess import InProcess
-from hotswap.engine.sources.tiers import Compile, Load, OnLoader, TierLifecycle, TierSource
+from hotswap.engine.sources.tiers import (
+    Compile,
+    Load,
+    OnLoader,
+    PendingStores,
+    TierLifecycle,
+    TierSource,
+)
 
 __all__ = ["Composition", "Route", "compose"]
 
@@ -49,6 +56,7 @@ class Composition:
     shipped: Route             # a graph that travels to the workers (or, inprocess, compiles here)
     here: Route                # a graph that cannot travel: inductor in the backend call
     remote: bool               # jobs go to workers: warm them as the backend is made
+    stores: PendingStores | None = None  # entries stored once their tier serves
 
     def route(self, prepared: Prepared) -> Route:
         """The route of a prepared graph: ``here`` if it was to travel and could not."""
@@ -64,8 +72,9 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     gate = Gate(options.gate_threshold, {t.name: t.load_config for t in tiers})
     inprocess = InProcess(cache, recorder, load)
     here = Route(inprocess, waits=True, first_only=not plan.waits)
-    shipped = here if plan.here else Route(
-        TierLifecycle(cache, job, load, on_loader, recorder, store_first=plan.gated),
-        waits=plan.waits)
+    lifecycle = None if plan.here else TierLifecycle(cache, job, load, on_loader, recorder,
+                                                      store_first=plan.gated)
+    shipped = here if lifecycle is None else Route(lifecycle, waits=plan.waits)
     return Composition(tiers=list(tiers), gate=gate if plan.gated else None,
-                       shipped=shipped, here=here, remote=not plan.here)
+                       shipped=shipped, here=here, remote=not plan.here,
+                       stores=lifecycle.stores if lifecycle is not None else None)

@@ -296,10 +296,11 @@ class Coordinator:
     def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self.graphs.wait(timeout_s, lambda: self.ladder.idle)
-        # A tier's entry is stored after it serves (sources/tiers.py), on the scheduler's
-        # thread, queued as it arrived: a process that waited and exits leaves it stored.
-        threads.scheduler.drain(float("inf") if deadline is None
-                                else max(0.0, deadline - time.monotonic()))
+        stores = self.composition.stores
+        # Entries are stored once their tier serves (sources/tiers.py), by the scheduler's
+        # thread: a wait on it would wait for itself.
+        if stores is not None and not threads.scheduler.here():
+            stores.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.status()
 
 

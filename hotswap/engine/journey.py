@@ -396,11 +396,13 @@ class GraphJourney:
 
     # ------------------------------------------------------------------ the gate's queue
 
-    def remember(self, tier: str, entry: Entry) -> None:
+    def remember(self, tier: str, entry: Entry, *, only_instead: bool = False) -> None:
         """A loaded tier's packed artifact, or where the cache holds it (then the bytes are
-        not sent again): what a later benchmark of this graph loads."""
+        not sent again): what a later benchmark of this graph loads. ``only_instead``: only
+        in place of one remembered already (not once the graph has let go of its entries)."""
         with self._lock:
-            self._entries[tier] = entry
+            if not only_instead or tier in self._entries:
+                self._entries[tier] = entry
 
     def entries(self, tiers: tuple[str, ...] | None = None) -> dict[str, Entry]:
         with self._lock:

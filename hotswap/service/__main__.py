@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-exit-s", type=float, default=None,
                         help="exit after this long without a job (default "
                              "HOTSWAP_SERVICE_IDLE_EXIT_S, else 600)")
+    parser.add_argument("--first-job-within-s", type=float, default=None,
+                        help="until a first job comes, exit after this long without one (a "
+                             "service started as hotswap was imported: it may get none)")
     parser.add_argument("--stamp", default=None,
                         help="the build stamp to serve (default: this environment's); the "
                              "client that starts the service passes the one it computed, so "
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     # The service's own idle exit governs its workers: its pool never stops them early.
     os.environ["HOTSWAP_WORKER_IDLE_EXIT_S"] = "0"
     idle = args.idle_exit_s if args.idle_exit_s is not None else settings.service_idle_exit_s()
-    service = Service(place, idle_exit_s=idle)
+    service = Service(place, idle_exit_s=idle, first_job_within_s=args.first_job_within_s)
     install_signals(service)
     service.serve_forever()
     return 0

@@ -96,9 +96,10 @@ def probe(place: Place, key: bytes) -> dict[str, Any] | None:
     return status
 
 
-def ensure(place: Place) -> dict[str, Any]:
+def ensure(place: Place, *, first_job_within_s: float | None = None) -> dict[str, Any]:
     """The status of this build's service, started if none answers. Safe to call from many
-    processes at once: one starts it, the others find it."""
+    processes at once: one starts it, the others find it. A service started here with
+    ``first_job_within_s`` exits after that long if no job comes first."""
     key = authkey(place, create=True)
     status = probe(place, key)
     if status is not None:
@@ -110,13 +111,14 @@ def ensure(place: Place) -> dict[str, Any]:
                 return status
             if check_socket(place.socket):  # nobody listens: stale
                 os.unlink(place.socket)
-            return _start(place, key)
+            return _start(place, key, first_job_within_s)
     except Timeout:
         raise StartFailed(f"another process held {place.lock} for {LOCK_TIMEOUT_S:g} s while "
                           "starting the compile service") from None
 
 
-def _start(place: Place, key: bytes) -> dict[str, Any]:
+def _start(place: Place, key: bytes, first_job_within_s: float | None = None
+           ) -> dict[str, Any]:
     env = dict(os.environ)
     # The service must import the hotswap this process runs, however it found it.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
@@ -125,8 +127,10 @@ def _start(place: Place, key: bytes) -> dict[str, Any]:
     env = bytecode.child_env(env)
     with open(place.log, "ab") as log:
         os.chmod(place.log, 0o600)
+        first = ([] if first_job_within_s is None
+                 else ["--first-job-within-s", f"{first_job_within_s:g}"])
         proc = subprocess.Popen([sys.executable, "-m", "hotswap.service", "--dir",
-                                 str(place.dir), "--stamp", place.stamp], cwd=place.dir, env=env,
+                                 str(place.dir), "--stamp", place.stamp, *first], cwd=place.dir, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, close_fds=True)
     # Reap it when it exits (it outlives this process as often as not).

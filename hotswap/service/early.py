@@ -14,12 +14,16 @@ there is said later by the link of the job that needs the service, which tries a
 
 Not in hotswap's own processes: its workers (``HOTSWAP_SCRATCH_DIR`` is set for them), the
 service itself, and the command line (``hotswap service status`` must find no service where
-none runs).
+none runs); nor in children of multiprocessing (a DataLoader's workers, a Dask cluster's),
+whose parent asked already. The service's build is this environment's as hotswap is imported:
+set ``CUDA_VISIBLE_DEVICES`` and ``TORCHINDUCTOR_*`` before; a service started early for
+another build exits ``FIRST_JOB_WITHIN_S`` after its start if no job came.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import sys
 import threading
@@ -27,10 +31,14 @@ from collections.abc import Sequence
 
 from hotswap import settings
 
-__all__ = ["own_program", "start"]
+__all__ = ["FIRST_JOB_WITHIN_S", "own_program", "start"]
 
 log = logging.getLogger("hotswap")
 
+# A service started here exits this long after its start unless a job came (this process may
+# set CUDA_VISIBLE_DEVICES or a TORCHINDUCTOR_* variable after importing hotswap, and then
+# ask a service of another build; or compile with executor="local").
+FIRST_JOB_WITHIN_S = 120.0
 # ``python -m <module>`` programs of hotswap's that start no service as they import it.
 _OWN_MODULES = ("hotswap", "hotswap.cli", "hotswap.service", "hotswap.workers")
 _OWN_PACKAGES = ("hotswap.service.", "hotswap.workers.")
@@ -41,7 +49,10 @@ def start() -> threading.Thread | None:
     if not _wanted():
         return None
     thread = threading.Thread(target=_ensure, daemon=True, name="hotswap-service-early")
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # imported first as the interpreter exits: no new threads
+        return None
     return thread
 
 
@@ -59,21 +70,24 @@ def own_program(argv: Sequence[str]) -> bool:
                 args = args[1:]
             continue
         letters = arg[1:]
-        if letters[0] in "XW":  # -X opt, -Xopt, -W arg, -Warg
-            if len(letters) == 1:
-                args = args[1:]
-            continue
-        for i, letter in enumerate(letters):  # flags, as -uB; then -c or -m ends them
+        for i, letter in enumerate(letters):  # flags, as -uB; -c, -m, -X, -W end them
             if letter == "c":
                 return False  # a command string: the user's code
             if letter == "m":
                 module = letters[i + 1:] or (args[0] if args else "")
                 return module in _OWN_MODULES or module.startswith(_OWN_PACKAGES)
+            if letter in "XW":  # -uX importtime, -uXimporttime: the value follows
+                if i == len(letters) - 1:
+                    args = args[1:]
+                break
     return False
 
 
 def _wanted() -> bool:
     if os.environ.get("HOTSWAP_SCRATCH_DIR"):  # a worker of a pool (workers/scratch.py)
+        return False
+    # A child of multiprocessing (a DataLoader's, a Dask worker's): its parent asked already.
+    if multiprocessing.parent_process() is not None:
         return False
     try:
         if not settings.service() or settings.executor() not in (None, "service://"):
@@ -88,7 +102,7 @@ def _ensure() -> None:
         from hotswap.service import control
         from hotswap.service.place import find_place
 
-        control.ensure(find_place(create=True))
+        control.ensure(find_place(create=True), first_job_within_s=FIRST_JOB_WITHIN_S)
     except Exception as e:  # the link of the first job tries again and says why
         log.debug("hotswap: starting the compile service early failed: %s: %s",
                   type(e).__name__, e)

@@ -79,9 +79,14 @@ class Service:
     """Serves jobs of clients of this uid on ``place.socket`` until idle for ``idle_exit_s``
     or stopped. ``serve_forever()`` returns once it has stopped its workers."""
 
-    def __init__(self, place: Place, *, idle_exit_s: float, workers: int | None = None) -> None:
+    def __init__(self, place: Place, *, idle_exit_s: float, workers: int | None = None,
+                 first_job_within_s: float | None = None) -> None:
         self.place = place
         self.idle_exit_s = idle_exit_s
+        # Until a first job comes, the idle exit is this (a service started early, as hotswap
+        # was imported, for a process that then never sent it a job: service/early.py).
+        self.first_job_within_s = first_job_within_s
+        self._had_job = False
         self._key = authkey(place, create=True)
         self._pools = LocalPools()
         self._executor = LocalExecutor(workers, (), shared=self._pools)
@@ -177,7 +182,10 @@ class Service:
 
     def _idle(self) -> bool:
         with self._lock:
-            return self._connections == 0 and time.monotonic() - self._last_job >= self.idle_exit_s
+            limit = self.idle_exit_s
+            if not self._had_job and self.first_job_within_s is not None:
+                limit = min(limit, self.first_job_within_s)
+            return self._connections == 0 and time.monotonic() - self._last_job >= limit
 
     # ------------------------------------------------------------------ one connection
 
@@ -231,6 +239,7 @@ class Service:
             return
         with self._lock:
             self._jobs_running += 1
+            self._had_job = True
         done = _Signal()
         try:
             try:

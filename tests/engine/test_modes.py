@@ -492,6 +492,7 @@ def test_a_compiled_entry_is_stored_after_it_serves_unless_a_gate_reads_it(
     def watched(self: CacheAccess, key: str | None, tier: str, entry: Any,
                 origin: str = "") -> Any:
         serving_then.append(hotswap.status(compiled)[0].tier)
+        time.sleep(0.5)  # wait() still returns after it
         return store(self, key, tier, entry, origin)
 
     monkeypatch.setattr(CacheAccess, "store", watched)
@@ -506,3 +507,35 @@ def test_a_compiled_entry_is_stored_after_it_serves_unless_a_gate_reads_it(
     assert ("default/store" in status.timings_s) is (mode == "async")
     assert "default" in [e.tier for e in ArtifactCache(tmp_path).entries()]
     _close(compiled(*args), model(*args))
+
+
+EXITS_AT_THE_SWAP = """
+import sys, time
+import torch
+import hotswap
+from hotswap.engine.sources.cache_access import CacheAccess
+
+store = CacheAccess.store
+def slow(self, *args, **kwargs):
+    time.sleep(0.5)
+    return store(self, *args, **kwargs)
+CacheAccess.store = slow
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+compiled = hotswap.compile(model, mode="async", cache_dir=sys.argv[1])
+deadline = time.monotonic() + 240
+while hotswap.status(compiled)[0:1] == [] or hotswap.status(compiled)[0].tier == "eager":
+    assert time.monotonic() < deadline
+    compiled(torch.ones(2, 8))
+    time.sleep(0.01)
+"""
+
+
+def test_a_process_that_exits_at_the_swap_leaves_the_entry_stored(tmp_path: Path) -> None:
+    from hotswap.cache.store import ArtifactCache
+
+    done = subprocess.run([sys.executable, "-c", EXITS_AT_THE_SWAP, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [e.tier for e in ArtifactCache(tmp_path).entries()] == ["default"]

@@ -145,12 +145,15 @@ def thawed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     gc.unfreeze()
     monkeypatch.setattr(heap, "_froze", False)
     monkeypatch.setattr(heap, "_program_froze", False)
+    monkeypatch.setattr(heap, "_after", 0)
     yield
     gc.unfreeze()
 
 
-def _step_making(made: list[list[int]]) -> Callable[[], None]:
+def _step_making(made: list[list[int]], before: object = None) -> Callable[[], None]:
     def run() -> None:  # as an import does: objects that stay
+        if before is not None:  # frozen as the step starts: its imports' passes skip it
+            made.append([int(_tracked(before))])
         made.extend([i] for i in range(1000))  # lists: always tracked
     return run
 
@@ -164,25 +167,29 @@ def test_a_step_leaves_what_it_made_out_of_full_collections_until_a_reset(
         fresh_warmup: list[str], thawed: None, monkeypatch: pytest.MonkeyPatch) -> None:
     before = [1]  # the program's, alive when the warm-up starts
     made: list[list[int]] = []
-    monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made))
-    hotswap.backend(mode="async")  # torch.compiler.reset() reaches hotswap from here on
+    monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made, before))
     assert warmup.wait_warmup(["cpu"], timeout_s=30)
-    assert gc.get_freeze_count() >= len(made) == 1000
-    assert not _tracked(made[0]) and not _tracked(before)
+    assert made[0] == [0]  # untracked inside the step already
+    assert gc.get_freeze_count() >= len(made) == 1001
+    assert not _tracked(made[1]) and not _tracked(before)
     torch.compiler.reset()  # a cycle among them could outlive its user: thawed
-    assert gc.get_freeze_count() == 0 and _tracked(made[0]) and _tracked(before)
+    assert gc.get_freeze_count() == 0 and _tracked(made[1]) and _tracked(before)
 
 
+@pytest.mark.parametrize("when", ["before", "since"])
 def test_a_heap_the_program_froze_stays_frozen_at_reset(
-        fresh_warmup: list[str], thawed: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    gc.freeze()  # as a server does after its start
-    frozen = gc.get_freeze_count()
+        when: str, fresh_warmup: list[str], thawed: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if when == "before":
+        gc.freeze()  # as a server does after its start
     made: list[list[int]] = []
     monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made))
-    hotswap.backend(mode="async")
     assert warmup.wait_warmup(["cpu"], timeout_s=30)
+    loaded = [[i] for i in range(1000)]
+    if when == "since":
+        gc.freeze()  # as a pre-fork server does once its model is loaded
     torch.compiler.reset()
-    assert gc.get_freeze_count() >= frozen + len(made)
+    assert not _tracked(made[0]) and _tracked(loaded[0]) is (when == "before")
 
 
 def test_gc_freeze_off_leaves_the_collector_alone(
@@ -192,6 +199,9 @@ def test_gc_freeze_off_leaves_the_collector_alone(
     monkeypatch.setenv("HOTSWAP_GC_FREEZE", "off")
     assert warmup.wait_warmup(["cpu"], timeout_s=30)
     assert gc.get_freeze_count() == 0 and _tracked(made[0])
-    monkeypatch.setenv("HOTSWAP_GC_FREEZE", "yes")
+    monkeypatch.setenv("HOTSWAP_GC_FREEZE", "yes")  # malformed: nothing frozen, the step ends
+    monkeypatch.setattr(warmup, "_warmup", warmup._Warmup())
+    assert warmup.wait_warmup(["cpu"], timeout_s=30)
+    assert gc.get_freeze_count() == 0
     with pytest.raises(ValueError, match="HOTSWAP_GC_FREEZE must be 'on' or 'off'"):
         hotswap.compile(torch.nn.ReLU())

@@ -110,6 +110,16 @@ def test_the_service_exits_when_idle(service_dir: Path,
     assert not find_place(create=False).socket.exists()
 
 
+def test_a_service_started_early_exits_if_no_job_comes_first(service_dir: Path) -> None:
+    place = find_place(create=True)
+    unused = control.ensure(place, first_job_within_s=1.0)
+    wait_for(lambda: gone(unused["pid"]), 20)  # its idle exit is 120 s (the fixture's)
+    used = control.ensure(place, first_job_within_s=1.0)
+    assert ServiceExecutor().submit(SLEEP, 0.1, 60).result(60) == 0.1
+    time.sleep(2.5)  # a job came: the usual idle exit holds from then on
+    assert not gone(used["pid"])
+
+
 def test_a_service_of_another_build_is_not_used(service_dir: Path) -> None:
     """A service whose stamp differs (here: it sees other GPUs) is never asked for a job, even
     when its socket sits where this build's would."""
@@ -187,10 +197,30 @@ def test_the_service_names_its_bytecode_folder_and_its_clients_are_offered_it(
     (["python", "-m", "hotswap.tools.bench.main", "--row", "hotswap:async"], False),
     (["python", "-Xdev", "-W", "ignore", "train.py", "hotswap"], False),
     (["python", "-c", "import hotswap", "-m", "hotswap.cli"], False),
+    (["python", "-uX", "importtime", "-m", "hotswap.cli"], True),
+    (["python", "-uXimporttime", "-m", "hotswap.cli"], True),
+    (["python", "-uWerror::DeprecationWarning", "-m", "hotswap.cli"], True),
+    (["python", "-W", "error", "serve.py"], False),
     (["python"], False),
 ])
 def test_own_programs_are_told_from_the_users(argv: list[str], own: bool) -> None:
     assert early.own_program(argv) is own
+
+
+def test_who_starts_the_service_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_SERVICE", "on")
+    monkeypatch.delenv("HOTSWAP_EXECUTOR", raising=False)
+    monkeypatch.delenv("HOTSWAP_SCRATCH_DIR", raising=False)
+    monkeypatch.setattr(sys, "orig_argv", ["python", "train.py"])
+    assert early._wanted()
+    monkeypatch.setattr(sys, "orig_argv", ["python", "/venv/bin/hotswap", "service", "stop"])
+    assert not early._wanted()
+    monkeypatch.setattr(sys, "orig_argv", ["python", "train.py"])
+    for name, value in [("HOTSWAP_EXECUTOR", "local"), ("HOTSWAP_SERVICE", "off"),
+                        ("HOTSWAP_SERVICE", "maybe"), ("HOTSWAP_SCRATCH_DIR", "/tmp/w")]:
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            assert not early._wanted(), (name, value)
 
 
 EARLY = """

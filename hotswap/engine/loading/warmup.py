@@ -227,7 +227,7 @@ class _Warmup:
             # the scheduler's quick handoff.
             # Each step starts and ends by moving the heap out of the collector's full
             # passes: a step's imports would otherwise set off one over all of it (heap.py).
-            heap.freeze()
+            _freeze_heap()
             with count_compiler_runs(), threads.yielding_gil(unless=self.needed):
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
@@ -237,12 +237,37 @@ class _Warmup:
                     "hotswap: warming the load path (%s) failed: %s: %s", step,
                     type(e).__name__, e)
         finally:
-            heap.freeze()
-            log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
-            self._done[step].set()
+            try:
+                _freeze_heap()
+            finally:
+                log.debug("hotswap: warm-up step %s took %.2f s", step, time.monotonic() - t)
+                self._done[step].set()
 
 
 _warmup = _Warmup()
+
+
+class _Thaw:
+    """What ``torch.compiler.reset()`` calls (``compat.reset_with_dynamo``): the heap the
+    warm-up froze is the collector's again."""
+
+    def reset(self) -> None:
+        heap.thaw()
+
+
+_thaw = _Thaw()
+
+
+def _freeze_heap() -> None:
+    """Freeze the heap (heap.py) and have the next reset thaw it: dynamo forgets the backends
+    it resets, and a step can end after a reset (or run for prepare(), without a backend)."""
+    try:
+        heap.freeze()
+        from hotswap import compat
+
+        compat.reset_with_dynamo(_thaw)
+    except Exception as e:  # a collector left as it was costs pauses, nothing else
+        log.debug("hotswap: freezing the heap failed: %s: %s", type(e).__name__, e)
 
 
 def start_warmup(devices: Iterable[str] = ()) -> None:

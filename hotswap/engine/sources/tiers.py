@@ -22,8 +22,11 @@ walks ``pending -> compiled`` here; the caller moves it on.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
@@ -86,6 +89,7 @@ class TierLifecycle:
         # (the benchmark job then reads it from the cache, its bytes do not travel); else
         # after it serves.
         self._store_first = store_first
+        self.stores = PendingStores()
 
     def start(self, journey: GraphJourney, tier: Tier, *, cached: Buffer | None = None,
               example_inputs: Sequence[Any] = ()) -> Future[Arrival]:
@@ -191,9 +195,12 @@ class TierLifecycle:
             # Served first, stored after: a cache's first entry writes the headers its
             # entries share too, and a GPT-2 swap on the 2-core box waited 0.75 s for that
             # while the caller's calls ran beside it.
-            _resolve(out, Arrival(fn, "worker", result.entry))
-            self._on_loader(self._store, (journey, tier.name, key, result.entry))
-            key = None  # _store releases it
+            self.stores.add()
+            try:
+                _resolve(out, Arrival(fn, "worker", result.entry))
+            finally:
+                self._on_loader(self._store, (journey, tier.name, key, result.entry))
+                key = None  # _store releases it
         except Exception as e:  # never leave a tier pending: wait() would hang
             _resolve(out, error=LoadFailed(f"internal error: {type(e).__name__}: {e}"))
         finally:
@@ -208,10 +215,49 @@ class TierLifecycle:
         try:
             stored = self._cache.store(key, tier, entry, journey.origin)
             if stored is not None:
-                journey.remember(tier, stored)
+                journey.remember(tier, stored, only_instead=True)
         finally:
             self._cache.release(key)  # processes waiting on us may go on
             self._recorder.span(journey, tier, "store", start, time.monotonic())
+            self.stores.done()
+
+
+class PendingStores:
+    """Entries to be stored once their tier serves (``TierLifecycle._store``): ``wait()``
+    (``hotswap.wait``) waits for them, and interpreter exit waits for every one up to
+    ``EXIT_WAIT_S``, so that a process that exits right after a swap leaves its entry stored."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+        _pending.add(self)
+
+    def add(self) -> None:
+        with self._cond:
+            self._count += 1
+
+    def done(self) -> None:
+        with self._cond:
+            self._count -= 1
+            self._cond.notify_all()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """False: some were still pending after ``timeout_s``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count == 0, timeout_s)
+
+
+EXIT_WAIT_S = 2.0
+_pending: weakref.WeakSet[PendingStores] = weakref.WeakSet()
+
+
+def _wait_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for stores in list(_pending):
+        stores.wait(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_wait_at_exit)
 
 
 def _resolve(out: Future[Arrival], result: Arrival | None = None, *,
