@@ -15,8 +15,10 @@ count, as nearly everything is (the corpus's models, compiled by dynamo and drop
 its last user, ``gc.collect()`` included, as does cyclic garbage not yet collected when the
 freeze came. ``torch.compiler.reset()`` thaws the heap hotswap froze (``thaw``; the warm-up
 registers it with dynamo after each freeze), so the next full pass finds such cycles; a heap
-the program froze itself, before hotswap or since, stays frozen. ``HOTSWAP_GC_FREEZE=off``
-leaves the collector alone.
+the program had frozen before hotswap stays frozen. A program that freezes the heap itself
+later (a pre-fork server, once its model is loaded) and resets dynamo after that sets
+``HOTSWAP_GC_FREEZE=off``: a reset would thaw its freeze too (the two are one generation, and
+telling them apart means counting every frozen object, holding the GIL).
 """
 
 from __future__ import annotations
@@ -30,41 +32,33 @@ __all__ = ["freeze", "thaw"]
 
 _lock = threading.Lock()
 _froze = False           # hotswap froze the heap since the last thaw
-_program_froze = False   # the program froze it too: before hotswap's first freeze, or since
-_after = 0               # the freeze count right after hotswap's last freeze (or thaw)
+_program_froze = False   # the program had frozen it before hotswap did
 
 
 def freeze() -> None:
     """Move every object tracked now out of the collector's full passes (unless
     ``HOTSWAP_GC_FREEZE=off``). Never raises: a malformed setting freezes nothing (hotswap.compile
     names the variable)."""
-    global _froze, _after
+    global _froze, _program_froze
     try:
         if not settings.gc_freeze():
             return
     except ValueError:
         return
     with _lock:
-        _note_program_freeze()
+        # Counting walks the frozen objects, holding the GIL (40 ms for 400 k of them): only
+        # while none are hotswap's, where it counts the program's alone (none, as a rule).
+        if not _froze and not _program_froze and gc.get_freeze_count():
+            _program_froze = True
         gc.freeze()
-        _froze, _after = True, gc.get_freeze_count()
+        _froze = True
 
 
 def thaw() -> None:
     """``torch.compiler.reset()``: give what hotswap froze back to the collector, unless the
-    program froze the heap itself (its frozen objects and hotswap's are one generation)."""
-    global _froze, _after
+    program had frozen the heap before (its frozen objects and hotswap's are one generation)."""
+    global _froze
     with _lock:
-        _note_program_freeze()
         if _froze and not _program_froze:
             gc.unfreeze()
-        _froze, _after = False, gc.get_freeze_count()
-
-
-def _note_program_freeze() -> None:
-    """Frozen objects only leave (their reference counts free them) unless someone freezes:
-    more of them than hotswap left means the program froze too. (A freeze of fewer objects
-    than have left since goes unseen: a program freezes once it has loaded something.)"""
-    global _program_froze
-    if gc.get_freeze_count() > _after:
-        _program_froze = True
+        _froze = False

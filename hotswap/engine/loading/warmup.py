@@ -71,9 +71,12 @@ def _common() -> None:
             # ImportError (one of them could be the user's first call). Entering at dynamo,
             # as the user's thread does, makes one thread wait for the other instead.
             import torch._dynamo
+            _freeze_heap()  # and between the largest (heap.py), the user's first trace's too
             import torch._functorch._aot_autograd.autograd_cache
             import torch._inductor.codecache
+            _freeze_heap()
             import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
+            _freeze_heap()
             import torch._inductor.standalone_compile
             if torch.cuda.is_available():
                 import torch._inductor.runtime.triton_heuristics
