@@ -141,20 +141,25 @@ class _QuickHandoff:
 
 quick_gil_handoff = _QuickHandoff()
 
-# A thread inside ``yielding_gil`` runs at most this long, then sleeps this long (below).
+# A thread inside ``yielding_gil`` runs at most this long, then sleeps this long (below);
+# once someone waits for its work, this long.
 YIELD_RUN_S = 0.002
 YIELD_REST_S = 0.004
+YIELD_WANTED_REST_S = 0.001
 
 
 @contextlib.contextmanager
 def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
-                 unless: Callable[[], bool] = lambda: False) -> Iterator[None]:
+                 unless: Callable[[], bool] = lambda: False,
+                 wanted_rest_s: float = YIELD_WANTED_REST_S) -> Iterator[None]:
     """Inside the block this thread runs Python for at most about ``run_s`` at a time, then
     sleeps ``rest_s``, holding no GIL; once ``unless()`` (someone waits for the work now) it
-    runs on at full speed. For interpreter-heavy work that nobody waits for (the load path's
-    warm-up). The quick handoff alone is not enough for a GPU caller: each of the hundreds of
-    ops in one call gives the GIL up and waits up to the switch interval to take it back, so a
-    3 ms GPT-2 call took 90-190 ms while the warm-up imported inductor's modules (H100).
+    sleeps ``wanted_rest_s`` instead (0: it runs on at full speed). For interpreter-heavy work
+    (the load path's warm-up). The quick handoff alone is not enough for a GPU caller: each of
+    the hundreds of ops in one call gives the GIL up and waits up to the switch interval to
+    take it back, so a 3 ms GPT-2 call took 90-190 ms while the warm-up imported inductor's
+    modules (H100); at full speed once an artifact waited for the rest of the warm-up, a call
+    beside it took 171 ms.
 
     A trace function on this thread alone (``sys.settrace``; it asks for no line events)
     looks at the clock as each Python frame starts, and removes itself once ``unless()``; the
@@ -164,10 +169,11 @@ def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
 
     def trace(frame: Any, event: str, arg: Any) -> None:
         if time.perf_counter() - started[0] > run_s:
-            if unless():
+            rest = wanted_rest_s if unless() else rest_s
+            if rest <= 0:
                 sys.settrace(None)  # full speed from here: no more calls into this function
                 return
-            time.sleep(rest_s)
+            time.sleep(rest)
             started[0] = time.perf_counter()
 
     earlier = sys.gettrace()

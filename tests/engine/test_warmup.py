@@ -95,9 +95,13 @@ def test_yielding_gil_rests_between_short_runs_unless_wanted() -> None:
     # 2 ms of work, then 4 ms asleep without the GIL: about a third of the time on the CPU
     # (compared with the same work unrested, as a busy machine slows both alike)
     assert cpu < 0.5 * wall, (cpu, wall)
-    with threads.yielding_gil(unless=lambda: True):  # someone waits: no rests
+    with threads.yielding_gil(unless=lambda: True):  # someone waits: 1 ms rests
         wall_wanted, cpu_wanted = _interpreter_work(0.5)
-    assert cpu_wanted / wall_wanted > 2 * cpu / wall, (cpu, wall, cpu_wanted, wall_wanted)
+    assert 1.5 * cpu / wall < cpu_wanted / wall_wanted < 0.85, (cpu, wall, cpu_wanted,
+                                                                wall_wanted)
+    with threads.yielding_gil(unless=lambda: True, wanted_rest_s=0):  # no rests
+        wall_full, cpu_full = _interpreter_work(0.5)
+    assert cpu_full / wall_full > 1.2 * cpu_wanted / wall_wanted, (cpu_full, wall_full)
 
 
 def test_the_warmup_yields_until_a_load_waits_for_it(fresh_warmup: list[str],
@@ -118,7 +122,7 @@ def test_the_warmup_yields_until_a_load_waits_for_it(fresh_warmup: list[str],
         time.sleep(0.01)
     assert warmup.wait_warmup(["cpu"], timeout_s=30)  # now a load waits
     (_, wall0, cpu0), (_, wall1, cpu1) = seen
-    assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 2 * cpu0 / wall0, seen
+    assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 1.5 * cpu0 / wall0, seen
 
 
 def test_the_warmup_stops_yielding_once_a_task_waits_behind_it(
@@ -136,7 +140,7 @@ def test_the_warmup_stops_yielding_once_a_task_waits_behind_it(
     warmup.start_warmup([])
     assert queued.wait(30)
     (wall0, cpu0), (wall1, cpu1) = seen
-    assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 2 * cpu0 / wall0, seen
+    assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 1.5 * cpu0 / wall0, seen
 
 
 @pytest.fixture

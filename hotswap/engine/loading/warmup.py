@@ -15,8 +15,8 @@ process, on the scheduler's thread (threads.py), in steps per device kind:
     cuda     triton's runtime imports; triton's hash with its backend (torch's, from
              triton's parts warmed beside the imports)
 
-Every step yields the GIL to the user's calls until someone waits for it
-(``threads.yielding_gil``), at the thread's normal priority. The hashes ran at the lowest
+Every step yields the GIL to the user's calls (``threads.yielding_gil``): 2 ms of Python, then
+4 ms asleep, and 1 ms once someone waits for it; at the thread's normal priority. The hashes ran at the lowest
 (niceness 19, ``SCHED_IDLE``) until a CPU row showed the inversion: a thread at that priority
 that holds the GIL waits for a core while the user's threads wait for it. GPT-2 on the 2-core
 box with a caller every 2 ms: torch's source hash, 0.1 s of work, took 4.1 s, and calls
@@ -189,8 +189,8 @@ class _Warmup:
         self._done: dict[str, threading.Event] = {}
         self._taken: set[str] = set()  # steps that started running (on whichever thread)
         # Set once a load (or prepare(wait=True)) waits for a step, or a task waits behind
-        # one on the scheduler's thread: the steps stop yielding the GIL to the user's calls
-        # (threads.yielding_gil) and run at full speed.
+        # one on the scheduler's thread: the steps rest less between their runs of Python
+        # (threads.yielding_gil).
         self.wanted = threading.Event()
 
     def start(self, devices: Iterable[str]) -> list[threading.Event]:
