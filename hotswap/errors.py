@@ -171,14 +171,17 @@ class WorkerStartFailed(HotswapError):
 
 
 class WaitTimeout(HotswapError, TimeoutError):
-    """``hotswap.wait(..., raise_on_timeout=True)`` ran out with tiers still pending;
-    ``statuses`` are the graphs' statuses at that moment."""
+    """``hotswap.wait(..., raise_on_timeout=True)`` ran out with tiers still pending, or their
+    cache entries still being written; ``statuses`` are the graphs' statuses at that moment."""
 
     def __init__(self, timeout_s: float | None, statuses: list[Any]) -> None:
         pending = [s for s in statuses if not s.final]
-        lines = "; ".join(s.summary() for s in pending[:5])
-        more = f" (and {len(pending) - 5} more)" if len(pending) > 5 else ""
-        super().__init__(f"{len(pending)} graph(s) still pending after {timeout_s:g} s: "
-                         f"{lines}{more}")
+        if not pending:
+            super().__init__(f"cache entries still being written after {timeout_s:g} s")
+        else:
+            lines = "; ".join(s.summary() for s in pending[:5])
+            more = f" (and {len(pending) - 5} more)" if len(pending) > 5 else ""
+            super().__init__(f"{len(pending)} graph(s) still pending after {timeout_s:g} s: "
+                             f"{lines}{more}")
         self.timeout_s = timeout_s
         self.statuses = statuses

@@ -22,6 +22,7 @@ from hotswap.engine.options import MODES, Options, split_torch_options
 from hotswap.engine.runtime import Runtime
 from hotswap.engine.runtime import runtime as _runtime
 from hotswap.errors import WaitTimeout
+from hotswap.system import heap
 
 __all__ = ["backend", "compile", "hotswap_backend", "prepare", "runtime", "shutdown", "status",
            "wait"]
@@ -183,6 +184,7 @@ def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
     cluster = _runtime.cluster(options.executor) if options.executor is not None else None
     pool = _runtime.pool(workers, options.worker_devices) if cluster is None else None
     importlib.import_module("torch._dynamo")  # here, before the warm-up thread (warmup.py)
+    _watch_limits()  # a reset thaws what the warm-up freezes
     start_warmup(devices)
     if not wait:
         return True
@@ -279,12 +281,14 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
 
 class _Forget:
     """Reset with dynamo (``torch.compiler.reset()``): the recompile limits hit so far go with
-    the graphs (each coordinator forgets its own), and idle workers may exit."""
+    the graphs (each coordinator forgets its own), idle workers may exit, and the heap the
+    load path's warm-up froze is the collector's again (hotswap.system.heap)."""
 
     def reset(self) -> None:
         with _lock:
             _unattributed.clear()
         _runtime.release_idle()
+        heap.thaw()
 
 
 _forget = _Forget()
@@ -350,7 +354,8 @@ def wait(compiled: Any = None, timeout_s: float | None = None, *,
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         statuses += c.wait(remaining)
     statuses.notes = _notes(coordinators)
-    if raise_on_timeout and not all(s.final for s in statuses):
+    if raise_on_timeout and not (all(s.final for s in statuses)
+                                 and all(c.entries_written() for c in coordinators)):
         raise WaitTimeout(timeout_s, statuses)
     return statuses
 

@@ -303,6 +303,11 @@ class Coordinator:
             stores.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.status()
 
+    def entries_written(self) -> bool:
+        """Whether no cache entry of this coordinator's is still to be written."""
+        stores = self.composition.stores
+        return stores is None or stores.wait(0)
+
 
 def _recompile_limit_hit(hit: compat.RecompileLimitHit) -> None:
     """Dynamo hit a recompile limit in a call with a Coordinator (torch.compile wraps it):

@@ -151,26 +151,30 @@ YIELD_WANTED_REST_S = 0.001
 @contextlib.contextmanager
 def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
                  unless: Callable[[], bool] = lambda: False,
-                 wanted_rest_s: float = YIELD_WANTED_REST_S) -> Iterator[None]:
+                 wanted_rest_s: float = YIELD_WANTED_REST_S,
+                 full_speed: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """Inside the block this thread runs Python for at most about ``run_s`` at a time, then
     sleeps ``rest_s``, holding no GIL; once ``unless()`` (someone waits for the work now) it
-    sleeps ``wanted_rest_s`` instead (0: it runs on at full speed). For interpreter-heavy work
-    (the load path's warm-up). The quick handoff alone is not enough for a GPU caller: each of
-    the hundreds of ops in one call gives the GIL up and waits up to the switch interval to
-    take it back, so a 3 ms GPT-2 call took 90-190 ms while the warm-up imported inductor's
-    modules (H100); at full speed once an artifact waited for the rest of the warm-up, a call
-    beside it took 171 ms.
+    sleeps ``wanted_rest_s`` instead, and once ``full_speed()`` too (0 rest: the user's own
+    thread waits), it removes itself and runs on at full speed: the hook costs the work about
+    as much again (a warm-up's imports took 4.99 s with 1 ms rests, 2.23 s at full speed). For
+    interpreter-heavy work (the load path's warm-up). The quick handoff alone is not enough
+    for a GPU caller: each of the hundreds of ops in one call gives the GIL up and waits up to
+    the switch interval to take it back, so a 3 ms GPT-2 call took 90-190 ms while the warm-up
+    imported inductor's modules (H100); at full speed once an artifact waited for the rest of
+    the warm-up, a call beside it took 171 ms.
 
     A trace function on this thread alone (``sys.settrace``; it asks for no line events)
-    looks at the clock as each Python frame starts, and removes itself once ``unless()``; the
+    looks at the clock as each Python frame starts, and removes itself at full speed; the
     thread's earlier one is put back after the block. A single C call is not split. (A
     profile function would also see every C call: the imports then ran 6x slower.)"""
     started = [time.perf_counter()]
 
     def trace(frame: Any, event: str, arg: Any) -> None:
         if time.perf_counter() - started[0] > run_s:
-            rest = wanted_rest_s if unless() else rest_s
-            if rest <= 0:
+            wanted = unless()
+            rest = wanted_rest_s if wanted else rest_s
+            if rest <= 0 or (wanted and full_speed()):
                 sys.settrace(None)  # full speed from here: no more calls into this function
                 return
             time.sleep(rest)

@@ -86,8 +86,7 @@ def own_program(argv: Sequence[str]) -> bool:
 def _wanted() -> bool:
     if os.environ.get("HOTSWAP_SCRATCH_DIR"):  # a worker of a pool (workers/scratch.py)
         return False
-    # A child of multiprocessing (a DataLoader's, a Dask worker's): its parent asked already.
-    if multiprocessing.parent_process() is not None:
+    if _multiprocessing_child():  # a DataLoader's worker, a Dask worker: its parent asked
         return False
     try:
         if not settings.service() or settings.executor() not in (None, "service://"):
@@ -95,6 +94,17 @@ def _wanted() -> bool:
     except ValueError:  # hotswap.compile says so, naming the variable
         return False
     return not own_program(getattr(sys, "orig_argv", sys.argv))
+
+
+def _multiprocessing_child() -> bool:
+    """Whether this process is a child of ``multiprocessing``. A spawned or forkserver child
+    imports hotswap again as it re-imports the parent's ``__main__``, before
+    ``parent_process()`` says so: its command line (``--multiprocessing-fork``) or the
+    process object it is being built as (``_inheriting``) tell it then."""
+    if "--multiprocessing-fork" in getattr(sys, "orig_argv", sys.argv):
+        return True
+    current = multiprocessing.current_process()
+    return bool(getattr(current, "_inheriting", False)) or multiprocessing.parent_process() is not None
 
 
 def _ensure() -> None:

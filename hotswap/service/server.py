@@ -117,8 +117,9 @@ class Service:
                 try:
                     sock, _ = listener.accept()
                 except TimeoutError:
-                    if self._idle():
-                        log.info("hotswap service: no job for %g s; exiting", self.idle_exit_s)
+                    why = self._idle()
+                    if why:
+                        log.info("hotswap service: %s; exiting", why)
                         break
                     continue
                 except OSError as e:
@@ -180,12 +181,18 @@ class Service:
                 os.unlink(self.place.pid_file)
         listener.close()
 
-    def _idle(self) -> bool:
+    def _idle(self) -> str:
+        """Why the service exits now ("" while it stays)."""
         with self._lock:
-            limit = self.idle_exit_s
-            if not self._had_job and self.first_job_within_s is not None:
-                limit = min(limit, self.first_job_within_s)
-            return self._connections == 0 and time.monotonic() - self._last_job >= limit
+            if self._connections:
+                return ""
+            now = time.monotonic()
+            if (not self._had_job and self.first_job_within_s is not None
+                    and now - self._started >= self.first_job_within_s):
+                return f"no first job within {self.first_job_within_s:g} s of its start"
+            if now - self._last_job >= self.idle_exit_s:
+                return f"no job for {self.idle_exit_s:g} s"
+            return ""
 
     # ------------------------------------------------------------------ one connection
 

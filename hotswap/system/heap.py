@@ -13,8 +13,8 @@ What a freeze costs: a frozen object that is dropped later is still freed by its
 count, as nearly everything is (the corpus's models, compiled by dynamo and dropped after
 ``torch.compiler.reset()``, all were); only a reference cycle among frozen objects outlives
 its last user, ``gc.collect()`` included, as does cyclic garbage not yet collected when the
-freeze came. ``torch.compiler.reset()`` thaws the heap hotswap froze (``thaw``; the warm-up
-registers it with dynamo after each freeze), so the next full pass finds such cycles; a heap
+freeze came. ``torch.compiler.reset()`` thaws the heap hotswap froze (``thaw``, from
+the reset hook hotswap registers with dynamo), so the next full pass finds such cycles; a heap
 the program had frozen before hotswap stays frozen. A program that freezes the heap itself
 later (a pre-fork server, once its model is loaded) and resets dynamo after that sets
 ``HOTSWAP_GC_FREEZE=off``: a reset would thaw its freeze too (the two are one generation, and

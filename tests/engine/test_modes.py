@@ -539,3 +539,29 @@ def test_a_process_that_exits_at_the_swap_leaves_the_entry_stored(tmp_path: Path
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert [e.tier for e in ArtifactCache(tmp_path).entries()] == ["default"]
+
+
+def test_wait_raises_on_timeout_while_an_entry_is_still_being_written(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from hotswap.engine.sources.cache_access import CacheAccess
+
+    writing, go_on = threading.Event(), threading.Event()
+    store = CacheAccess.store
+
+    def held(self: CacheAccess, *args: Any, **kwargs: Any) -> Any:
+        writing.set()
+        go_on.wait(60)
+        return store(self, *args, **kwargs)
+
+    monkeypatch.setattr(CacheAccess, "store", held)
+    model, args = mlp()
+    compiled = hotswap.compile(model, mode="async", cache_dir=str(tmp_path))
+    compiled(*args)
+    try:
+        assert writing.wait(240)  # default serves; its entry is being written
+        with pytest.raises(hotswap.WaitTimeout, match="cache entries still being written"):
+            hotswap.wait(compiled, timeout_s=0.3, raise_on_timeout=True)
+    finally:
+        go_on.set()
+    [status] = hotswap.wait(compiled, timeout_s=60, raise_on_timeout=True)
+    assert status.tier == "default" and status.final

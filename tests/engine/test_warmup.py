@@ -125,6 +125,29 @@ def test_the_warmup_yields_until_a_load_waits_for_it(fresh_warmup: list[str],
     assert cpu0 < 0.5 * wall0 and cpu1 / wall1 > 1.5 * cpu0 / wall0, seen
 
 
+def test_a_users_thread_waiting_runs_the_warmup_at_full_speed(
+        fresh_warmup: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    hooked: list[bool] = []
+    started = threading.Event()
+
+    def common() -> None:
+        _interpreter_work(0.05)
+        hooked.append(sys.gettrace() is not None)  # yielding: the hook is in place
+        started.set()
+        deadline = time.monotonic() + 30
+        while not warmup._warmup.blocking.is_set() and time.monotonic() < deadline:
+            _interpreter_work(0.01)
+        _interpreter_work(0.05)  # the hook's next look at the clock removes it
+        hooked.append(sys.gettrace() is not None)
+
+    monkeypatch.setitem(warmup._STEPS, "common", common)
+    monkeypatch.setattr(warmup, "_warmup", warmup._Warmup())
+    warmup.start_warmup([])
+    assert started.wait(30)
+    assert warmup.wait_warmup([], timeout_s=30)  # this thread is the user's: nothing to spare
+    assert hooked == [True, False]
+
+
 def test_the_warmup_stops_yielding_once_a_task_waits_behind_it(
         fresh_warmup: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[float, float]] = []
@@ -171,6 +194,7 @@ def test_a_step_leaves_what_it_made_out_of_full_collections_until_a_reset(
     before = [1]  # the program's, alive when the warm-up starts
     made: list[list[int]] = []
     monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made, before))
+    hotswap.backend(mode="async")  # registers hotswap's reset hook with dynamo
     assert warmup.wait_warmup(["cpu"], timeout_s=30)
     assert made[0] == [0]  # untracked inside the step already
     assert gc.get_freeze_count() >= len(made) == 1001
@@ -185,6 +209,7 @@ def test_a_heap_the_program_froze_first_stays_frozen_at_reset(
     gc.freeze()  # as a server does after its start
     made: list[list[int]] = []
     monkeypatch.setitem(warmup._STEPS, "cpu", _step_making(made))
+    hotswap.backend(mode="async")
     assert warmup.wait_warmup(["cpu"], timeout_s=30)
     torch.compiler.reset()
     assert not _tracked(made[0]) and not _tracked(mine[0])

@@ -16,7 +16,8 @@ process, on the scheduler's thread (threads.py), in steps per device kind:
              triton's parts warmed beside the imports)
 
 Every step yields the GIL to the user's calls (``threads.yielding_gil``): 2 ms of Python, then
-4 ms asleep, and 1 ms once someone waits for it; at the thread's normal priority. The hashes ran at the lowest
+4 ms asleep, and 1 ms once a load waits for it (full speed once a thread of the user's waits:
+``prepare(wait=True)``); at the thread's normal priority. The hashes ran at the lowest
 (niceness 19, ``SCHED_IDLE``) until a CPU row showed the inversion: a thread at that priority
 that holds the GIL waits for a core while the user's threads wait for it. GPT-2 on the 2-core
 box with a caller every 2 ms: torch's source hash, 0.1 s of work, took 4.1 s, and calls
@@ -139,7 +140,8 @@ class _TritonEarly:
             triton_key()
 
         try:
-            with _stage("warmup:triton_driver"), threads.yielding_gil(unless=_warmup.needed):
+            with _stage("warmup:triton_driver"), threads.yielding_gil(
+                    unless=_warmup.needed, full_speed=_warmup.blocking.is_set):
                 warm()
         except Exception as e:  # the CUDA step pays for it, as before
             self.error = e
@@ -192,6 +194,10 @@ class _Warmup:
         # one on the scheduler's thread: the steps rest less between their runs of Python
         # (threads.yielding_gil).
         self.wanted = threading.Event()
+        # Set once a thread of the user's waits for a step (prepare(wait=True)): nobody's
+        # calls to protect, so the steps run at full speed (the yielding hook alone costs
+        # them about as much again).
+        self.blocking = threading.Event()
 
     def start(self, devices: Iterable[str]) -> list[threading.Event]:
         devices = list(devices)
@@ -231,7 +237,8 @@ class _Warmup:
             # Each step starts and ends by moving the heap out of the collector's full
             # passes: a step's imports would otherwise set off one over all of it (heap.py).
             _freeze_heap()
-            with count_compiler_runs(), threads.yielding_gil(unless=self.needed):
+            with count_compiler_runs(), threads.yielding_gil(
+                    unless=self.needed, full_speed=self.blocking.is_set):
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
             # Once the interpreter is exiting, steps fail for that reason alone.
@@ -250,25 +257,12 @@ class _Warmup:
 _warmup = _Warmup()
 
 
-class _Thaw:
-    """What ``torch.compiler.reset()`` calls (``compat.reset_with_dynamo``): the heap the
-    warm-up froze is the collector's again."""
-
-    def reset(self) -> None:
-        heap.thaw()
-
-
-_thaw = _Thaw()
-
-
 def _freeze_heap() -> None:
-    """Freeze the heap (heap.py) and have the next reset thaw it: dynamo forgets the backends
-    it resets, and a step can end after a reset (or run for prepare(), without a backend)."""
+    """Freeze the heap (heap.py). The next ``torch.compiler.reset()`` thaws it: hotswap's
+    reset hook, which the user's thread registers with dynamo (api.py; never this thread:
+    dynamo's reset iterates over what is registered)."""
     try:
         heap.freeze()
-        from hotswap import compat
-
-        compat.reset_with_dynamo(_thaw)
     except Exception as e:  # a collector left as it was costs pauses, nothing else
         log.debug("hotswap: freezing the heap failed: %s: %s", type(e).__name__, e)
 
@@ -283,6 +277,8 @@ def wait_warmup(devices: Iterable[str] = (), timeout_s: float | None = None) -> 
     """Start (if needed) and wait for the warm-up of ``devices``; False on timeout."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     _warmup.wanted.set()
+    if threading.current_thread().name.partition("-")[0] != "hotswap":
+        _warmup.blocking.set()  # the user's thread waits (prepare(wait=True))
     for event in _warmup.start(devices):
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not event.wait(remaining):

@@ -213,13 +213,15 @@ class TierLifecycle:
         carrying its bytes."""
         start = time.monotonic()
         try:
-            stored = self._cache.store(key, tier, entry, journey.origin)
-            if stored is not None:
-                journey.remember(tier, stored, only_instead=True)
+            try:
+                stored = self._cache.store(key, tier, entry, journey.origin)
+                if stored is not None:
+                    journey.remember(tier, stored, only_instead=True)
+            finally:
+                self._cache.release(key)  # processes waiting on us may go on
+                self._recorder.span(journey, tier, "store", start, time.monotonic())
         finally:
-            self._cache.release(key)  # processes waiting on us may go on
-            self._recorder.span(journey, tier, "store", start, time.monotonic())
-            self.stores.done()
+            self.stores.done()  # whatever failed: wait() and exit must not wait for it
 
 
 class PendingStores:
