@@ -93,7 +93,7 @@ def _wanted() -> bool:
             return False
     except ValueError:  # hotswap.compile says so, naming the variable
         return False
-    return not own_program(getattr(sys, "orig_argv", sys.argv))
+    return not own_program(sys.orig_argv)
 
 
 def _multiprocessing_child() -> bool:
@@ -101,7 +101,7 @@ def _multiprocessing_child() -> bool:
     imports hotswap again as it re-imports the parent's ``__main__``, before
     ``parent_process()`` says so: its command line (``--multiprocessing-fork``) or the
     process object it is being built as (``_inheriting``) tell it then."""
-    if "--multiprocessing-fork" in getattr(sys, "orig_argv", sys.argv):
+    if "--multiprocessing-fork" in sys.orig_argv:
         return True
     current = multiprocessing.current_process()
     return bool(getattr(current, "_inheriting", False)) or multiprocessing.parent_process() is not None

@@ -109,13 +109,19 @@ class _TritonEarly:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None  # why it failed (a load pays for it later)
-        self.done = False
 
     def start(self, device: int | None) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threads.start(self._run, args=(device,),
                                              name="hotswap-triton-warmup")
+
+    @property
+    def done(self) -> bool:
+        """Whether it started and has ended."""
+        with self._lock:
+            thread = self._thread
+        return thread is not None and not thread.is_alive()
 
     def wait(self) -> None:
         with self._lock:
@@ -147,8 +153,6 @@ class _TritonEarly:
             self.error = e
             log.debug("hotswap: warming triton beside the imports failed: %s: %s",
                       type(e).__name__, e)
-        finally:
-            self.done = True
 
 
 _triton_early = _TritonEarly()
@@ -277,7 +281,7 @@ def wait_warmup(devices: Iterable[str] = (), timeout_s: float | None = None) -> 
     """Start (if needed) and wait for the warm-up of ``devices``; False on timeout."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     _warmup.wanted.set()
-    if threading.current_thread().name.partition("-")[0] != "hotswap":
+    if threading.current_thread() not in threads.live():
         _warmup.blocking.set()  # the user's thread waits (prepare(wait=True))
     for event in _warmup.start(devices):
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
