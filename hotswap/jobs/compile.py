@@ -177,7 +177,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from hotswap import compat
-    from hotswap.engine.loading import kernel_files
+    from hotswap.engine.loading import kernel_files, source_key
     from hotswap.engine.loading.artifacts import pack_entry
     from hotswap.engine.loading.load_guard import (
         cpp_sources,
@@ -206,6 +206,6 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     with stage("collect_files", tier=request.tier):
         files = kernel_files.compile_outputs(sources, started, _files_since_s)
         reprobe_if_cut_short()  # a tier that read on probed during the compile
-        entry = pack_entry(data, files, probes())
+        entry = pack_entry(data, files, {**probes(), **source_key.record()})
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()

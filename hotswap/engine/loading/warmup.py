@@ -1,15 +1,16 @@
 """Warming this process's load path before the first artifact arrives.
 
 A first load in a process pays once for what every later load reuses: inductor's runtime
-imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU) and a hash
-of torch's sources. (It used to pay inductor's CPU vector-ISA probe too; loads now take the
-worker's, load_guard.py.) Paid during the swap, that is seconds of delay; paid while the user's
+imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU). (It used to
+pay inductor's CPU vector-ISA probe and a hash of torch's sources too; loads now take the
+worker's: load_guard.py, source_key.py.) Paid during the swap, that is seconds of delay; paid while the user's
 calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
 process, on the scheduler's thread (threads.py), in steps per device kind:
 
-    common   imports; then the source hash (where there is a GPU, triton's own source
-             hash and its driver's start from the step's start, on a thread beside the
-             imports: they import triton alone)
+    common   imports (where there is a GPU, triton's own source hash and its driver's
+             start from the step's start, on a thread beside the imports: they import
+             triton alone); torch's source hash only where this torch cannot take the
+             worker's
     cpu      the C++ loading machinery's imports (nothing is probed or built to load:
              load_guard.py)
     cuda     triton's runtime imports; triton's hash with its backend (torch's, from
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from hotswap.engine import threads
-from hotswap.engine.loading import load_guard
+from hotswap.engine.loading import load_guard, source_key
 from hotswap.engine.loading.load_guard import count_compiler_runs
 from hotswap.profiles.timeline import process_span
 from hotswap.system import bytecode, heap
@@ -83,8 +84,10 @@ def _common() -> None:
                 import torch._inductor.runtime.triton_heuristics
                 import torch.utils._triton
 
-    torch_key = getattr(torch._inductor.codecache, "torch_key", None)  # one file hash per process
-    if torch_key is not None:
+    # Torch's source hash: where this torch takes one from elsewhere, a load takes its
+    # worker's (source_key.py); else it is hashed here, once per process.
+    torch_key = getattr(torch._inductor.codecache, "torch_key", None)
+    if torch_key is not None and not source_key.settable():
         with _stage("warmup:torch_key"):
             torch_key()
 
