@@ -41,7 +41,7 @@ from typing import Any
 from hotswap import settings
 
 __all__ = ["Lane", "Timer", "gil_handoff_s", "io", "join_all", "live", "quick_gil_handoff",
-           "scheduler", "start", "stop_lanes", "yielding_gil"]
+           "scheduler", "start", "stop_lanes", "yielding", "yielding_gil"]
 
 log = logging.getLogger("hotswap")
 
@@ -148,6 +148,111 @@ YIELD_REST_S = 0.004
 YIELD_WANTED_REST_S = 0.001
 
 
+class _Yield:
+    """One thread's state inside ``yielding_gil``."""
+
+    __slots__ = ("full_speed", "rest_s", "run_s", "started", "unless", "wanted_rest_s")
+
+    def __init__(self, run_s: float, rest_s: float, unless: Callable[[], bool],
+                 wanted_rest_s: float, full_speed: Callable[[], bool]) -> None:
+        self.run_s, self.rest_s, self.unless = run_s, rest_s, unless
+        self.wanted_rest_s, self.full_speed = wanted_rest_s, full_speed
+        self.started = time.perf_counter()
+
+    def tick(self) -> bool:
+        """As a Python frame starts: rest once the thread has run ``run_s``. False: full speed
+        from here (no more ticks wanted)."""
+        if time.perf_counter() - self.started <= self.run_s:
+            return True
+        wanted = self.unless()
+        rest = self.wanted_rest_s if wanted else self.rest_s
+        if rest <= 0 or (wanted and self.full_speed()):
+            return False
+        time.sleep(rest)
+        self.started = time.perf_counter()
+        return True
+
+
+class _Monitoring:
+    """``sys.monitoring`` (Python 3.12+) for ``yielding_gil``: a callback as each Python
+    function starts, for the threads inside a block. On 3.12 a trace function on one thread
+    (``sys.settrace``) instruments every line of every function for every thread: the user's
+    calls ran their Python with that instrumentation for as long as a warm-up yielded beside
+    them. A ``PY_START`` callback is the one event it asks for; a thread outside the blocks
+    gets ``DISABLE`` for the function it starts, so the user's code runs uninstrumented after
+    its first call. (Disabled is per function, not per thread: the blocks' threads then see
+    fewer starts, in code the user's thread ran first; imports run code nobody ran before.)"""
+
+    TOOL_IDS = (3, 4)  # free by convention (0: debuggers, 1: coverage, 2: profilers, 5: optimizers)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tool: int | None = None
+        self._active: dict[int, _Yield] = {}  # thread -> its innermost block's state
+        self._outer: dict[int, list[_Yield | None]] = {}  # thread -> the states around it
+        self._available = sys.version_info >= (3, 12)
+
+    def enter(self, state: _Yield) -> bool:
+        """Tick ``state`` as this thread's functions start (until ``exit``: then the state of
+        the block around this one, if any, again); False: sys.monitoring is not available
+        here (older Python, or every tool id taken)."""
+        monitoring: Any = getattr(sys, "monitoring", None)
+        with self._lock:
+            if not self._available or monitoring is None:
+                return False
+            if self._tool is None:
+                for tool in self.TOOL_IDS:
+                    try:
+                        monitoring.use_tool_id(tool, "hotswap")
+                    except ValueError:  # in use
+                        continue
+                    monitoring.register_callback(tool, monitoring.events.PY_START,
+                                                 self._on_start)
+                    self._tool = tool
+                    break
+                else:
+                    self._available = False
+                    return False
+            ident = threading.get_ident()
+            self._outer.setdefault(ident, []).append(self._active.get(ident))
+            self._active[ident] = state
+            if len(self._active) == 1:
+                monitoring.set_events(self._tool, monitoring.events.PY_START)
+        return True
+
+    def exit(self) -> None:
+        monitoring: Any = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+        with self._lock:
+            ident = threading.get_ident()
+            outer = self._outer[ident].pop()
+            if not self._outer[ident]:
+                del self._outer[ident]
+            if outer is None:
+                self._active.pop(ident, None)
+            else:
+                self._active[ident] = outer
+            if not self._active and self._tool is not None:
+                monitoring.set_events(self._tool, 0)
+
+    def threads(self) -> set[int]:
+        """The threads whose starts it ticks now."""
+        with self._lock:
+            return set(self._active)
+
+    def _on_start(self, code: Any, offset: int) -> Any:
+        ident = threading.get_ident()
+        state = self._active.get(ident)
+        if state is None:
+            return sys.monitoring.DISABLE  # type: ignore[attr-defined,unused-ignore]
+        if not state.tick():
+            with self._lock:  # full speed from here
+                self._active.pop(ident, None)
+        return None
+
+
+_monitoring = _Monitoring()
+
+
 @contextlib.contextmanager
 def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
                  unless: Callable[[], bool] = lambda: False,
@@ -164,28 +269,43 @@ def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
     imported inductor's modules (H100); at full speed once an artifact waited for the rest of
     the warm-up, a call beside it took 171 ms.
 
-    A trace function on this thread alone (``sys.settrace``; it asks for no line events)
-    looks at the clock as each Python frame starts, and removes itself at full speed; the
-    thread's earlier one is put back after the block. A single C call is not split. (A
+    The clock is looked at as each Python function starts: through ``sys.monitoring`` on
+    Python 3.12+ (``_Monitoring``), else a trace function on this thread alone
+    (``sys.settrace``; it asks for no line events), which removes itself at full speed and
+    puts the thread's earlier one back after the block. A single C call is not split. (A
     profile function would also see every C call: the imports then ran 6x slower.)"""
-    started = [time.perf_counter()]
+    state = _Yield(run_s, rest_s, unless, wanted_rest_s, full_speed)
+    if _monitoring.enter(state):
+        try:
+            yield
+        finally:
+            _monitoring.exit()
+        return
 
     def trace(frame: Any, event: str, arg: Any) -> None:
-        if time.perf_counter() - started[0] > run_s:
-            wanted = unless()
-            rest = wanted_rest_s if wanted else rest_s
-            if rest <= 0 or (wanted and full_speed()):
-                sys.settrace(None)  # full speed from here: no more calls into this function
-                return
-            time.sleep(rest)
-            started[0] = time.perf_counter()
+        if not state.tick():
+            sys.settrace(None)  # full speed from here: no more calls into this function
 
     earlier = sys.gettrace()
     sys.settrace(trace)
+    _tracing.hook = trace
     try:
         yield
     finally:
         sys.settrace(earlier)
+        _tracing.hook = None
+
+
+_tracing = threading.local()  # .hook: this thread's yielding trace function (settrace's way)
+
+
+def yielding() -> bool:
+    """Whether this thread's Python yields now: inside ``yielding_gil``, not yet at full
+    speed."""
+    if threading.get_ident() in _monitoring.threads():
+        return True
+    hook = getattr(_tracing, "hook", None)
+    return hook is not None and sys.gettrace() is hook
 
 _Task = tuple[Callable[..., Any], tuple[Any, ...]]
 

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -89,9 +90,11 @@ def _interpreter_work(seconds: float) -> tuple[float, float]:
 
 def test_yielding_gil_rests_between_short_runs_unless_wanted() -> None:
     earlier = sys.gettrace()  # a coverage tool's, or None
+    assert not threads.yielding()
     with threads.yielding_gil():
+        assert threads.yielding()
         wall, cpu = _interpreter_work(0.5)
-    assert sys.gettrace() is earlier  # the hook is this block's alone
+    assert sys.gettrace() is earlier and not threads.yielding()  # the block's hook alone
     # 2 ms of work, then 4 ms asleep without the GIL: about a third of the time on the CPU
     # (compared with the same work unrested, as a busy machine slows both alike)
     assert cpu < 0.5 * wall, (cpu, wall)
@@ -102,6 +105,38 @@ def test_yielding_gil_rests_between_short_runs_unless_wanted() -> None:
     with threads.yielding_gil(unless=lambda: True, wanted_rest_s=0):  # no rests
         wall_full, cpu_full = _interpreter_work(0.5)
     assert cpu_full / wall_full > 1.2 * cpu_wanted / wall_wanted, (cpu_full, wall_full)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
+def test_on_312_yielding_instruments_no_other_thread() -> None:
+    """A trace function on one thread makes 3.12 instrument every line for every thread;
+    sys.monitoring's PY_START alone does not, and a thread outside the block is told to
+    disable the function it starts."""
+    monitoring = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+    other: list[Any] = []
+    inside, done = threading.Event(), threading.Event()
+
+    def block() -> None:
+        with threads.yielding_gil(unless=lambda: True):
+            other.append((sys.gettrace(), threads.yielding()))
+            inside.set()
+            while not done.is_set():
+                _interpreter_work(0.01)
+
+    worker = threading.Thread(target=block)
+    worker.start()
+    assert inside.wait(30)
+    try:
+        tool = threads._monitoring._tool
+        assert tool is not None and monitoring.get_tool(tool) == "hotswap"
+        assert monitoring.get_events(tool) == monitoring.events.PY_START
+        assert not threads.yielding()  # this thread is not in the block
+        assert threads._monitoring._on_start(None, 0) is monitoring.DISABLE
+    finally:
+        done.set()
+        worker.join(30)
+    assert other == [(None, True)]  # no trace function, yet it yields
+    assert monitoring.get_events(tool) == 0  # off once no thread is in a block
 
 
 def test_the_warmup_yields_until_a_load_waits_for_it(fresh_warmup: list[str],
@@ -132,13 +167,13 @@ def test_a_users_thread_waiting_runs_the_warmup_at_full_speed(
 
     def common() -> None:
         _interpreter_work(0.05)
-        hooked.append(sys.gettrace() is not None)  # yielding: the hook is in place
+        hooked.append(threads.yielding())  # the hook is in place
         started.set()
         deadline = time.monotonic() + 30
         while not warmup._warmup.blocking.is_set() and time.monotonic() < deadline:
             _interpreter_work(0.01)
         _interpreter_work(0.05)  # the hook's next look at the clock removes it
-        hooked.append(sys.gettrace() is not None)
+        hooked.append(threads.yielding())
 
     monkeypatch.setitem(warmup._STEPS, "common", common)
     monkeypatch.setattr(warmup, "_warmup", warmup._Warmup())
