@@ -181,7 +181,8 @@ class _Monitoring:
     them. A ``PY_START`` callback is the one event it asks for; a thread outside the blocks
     gets ``DISABLE`` for the function it starts, so the user's code runs uninstrumented after
     its first call. (Disabled is per function, not per thread: the blocks' threads then see
-    fewer starts, in code the user's thread ran first; imports run code nobody ran before.)"""
+    fewer starts, in code the user's thread ran first; imports run code nobody ran before.
+    The first block in re-enables what was disabled before it.)"""
 
     TOOL_IDS = (3, 4)  # free by convention (0: debuggers, 1: coverage, 2: profilers, 5: optimizers)
 
@@ -217,6 +218,10 @@ class _Monitoring:
             self._outer.setdefault(ident, []).append(self._active.get(ident))
             self._active[ident] = state
             if len(self._active) == 1:
+                # What earlier blocks' outsiders disabled is code this block may run too.
+                # (This re-enables other tools' disabled events as well: they see those
+                # again once, which costs them time, not correctness.)
+                monitoring.restart_events()
                 monitoring.set_events(self._tool, monitoring.events.PY_START)
         return True
 

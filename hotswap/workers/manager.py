@@ -59,6 +59,8 @@ __all__ = ["Manager"]
 log = logging.getLogger(__name__)
 
 _MAX_START_FAILURES = 3
+# How long a worker's start is taken to be before one has been timed in this pool.
+DEFAULT_START_S = 5.0
 
 
 class Manager:
@@ -73,6 +75,7 @@ class Manager:
         self._running: dict[int, WorkerProcess] = {}
         self._start_failures = 0
         self._last_start_error = ""
+        self._last_start_s: float | None = None  # how long the last worker's start took
         self._selector = selectors.DefaultSelector()
         self.cpu = CpuWatch(config.nice, config.idle)  # starvation.py
         self.watchdog = Watchdog(config, self.cpu)       # watchdog.py
@@ -119,9 +122,9 @@ class Manager:
         with self.inbox.lock:
             # A closing pool still runs what was queued before shutdown() (unless cancelled).
             wanted = not self.inbox.terminating and (not self.inbox.closing or bool(self.inbox.jobs))
-        if wanted:
-            self._top_up_workers()
+        if wanted:  # dispatch first: a job an idle worker takes now is due no new one
             self._dispatch()
+            self._top_up_workers()
         for key, mask in self._selector.select(self._next_timeout()):
             what, worker = key.data
             if what == "wake":
@@ -155,7 +158,12 @@ class Manager:
     def _next_timeout(self) -> float | None:
         with self.inbox.lock:
             queued = self.inbox.wanted()
-        return self.watchdog.next_deadline(self.workers.values(), queued, time.monotonic())
+        now = time.monotonic()
+        timeout = self.watchdog.next_deadline(self.workers.values(), queued, now)
+        grow = self._grow_deadline()
+        if grow is not None:
+            timeout = max(0.0, grow - now) if timeout is None else min(timeout, max(0.0, grow - now))
+        return timeout
 
     def _spawn(self, slot: int) -> None:
         worker = spawn(slot, self.config, self._selector)
@@ -169,6 +177,9 @@ class Manager:
         worker.send(MessageKind.INIT, 0, encode_control(init))
 
     def _top_up_workers(self) -> None:
+        """Start workers, up to the pool's size: the first at once; the others for jobs that
+        waited as long as a worker takes to start (``_due``), or for a caller in
+        ``wait_ready``, who asked for all of them."""
         if len(self.workers) >= self.config.workers:
             return
         if self._start_failures >= _MAX_START_FAILURES:
@@ -179,12 +190,57 @@ class Manager:
         # be ready than one alone. More start at once only for jobs that would otherwise wait.
         with self.inbox.lock:
             queued = len(self.inbox.jobs)
+            everyone = self.inbox.ready_waiters > 0
+        due = queued if everyone or not self.workers else self._due(time.monotonic())
         starting = sum(not w.ready for w in self.workers.values())
         used = {w.slot for w in self.workers.values()}
         for slot in range(self.config.workers):
-            if slot not in used and (starting == 0 or starting < queued):
+            if slot in used:
+                continue
+            if not self.workers or (everyone and starting == 0) or starting < due:
+                if self.workers and not everyone:
+                    log.info("hotswap: a job waited %.1f s for a worker (a start takes %.1f s "
+                             "here): starting worker %d of %d", self._longest_wait(),
+                             self._start_s(), len(self.workers) + 1, self.config.workers)
                 self._spawn(slot)
                 starting += 1
+
+    # A pool grows past its first worker only for jobs that waited: a worker holds hundreds
+    # of MB (on a GPU, a CUDA context and inductor's compile processes: about 5 GB on a
+    # 16-core H100 machine), and a pool that grew to its size whatever came made four
+    # processes of one service hold 12.3 GB where one held 4.9 GB. A queued job is due a new
+    # worker once it has waited as long as a start takes here (rent or buy: it never waits
+    # more than twice what the best choice in hindsight would have cost it): short jobs
+    # that finish one after another on the running workers start none.
+    def _start_s(self) -> float:
+        """How long a worker's start takes here: the last one's (its imports and device
+        set-up); before one was timed, at least as long as the one under way has taken."""
+        if self._last_start_s is not None:
+            return self._last_start_s
+        now = time.monotonic()
+        return max([DEFAULT_START_S, *(now - w.started_s for w in self.workers.values()
+                                       if not w.ready)])
+
+    def _due(self, now: float) -> int:
+        """Queued jobs that have waited as long as a worker's start takes."""
+        limit = self._start_s()
+        with self.inbox.lock:
+            return sum(now - job.queued_s >= limit for job in self.inbox.jobs)
+
+    def _longest_wait(self) -> float:
+        now = time.monotonic()
+        with self.inbox.lock:
+            return max((now - job.queued_s for job in self.inbox.jobs), default=0.0)
+
+    def _grow_deadline(self) -> float | None:
+        """When the oldest queued job becomes due a worker (None: none will)."""
+        if not self.workers or len(self.workers) >= self.config.workers:
+            return None
+        if self._last_start_s is None and not all(w.ready for w in self.workers.values()):
+            return None  # the start under way sets the measure: its readiness wakes us
+        with self.inbox.lock:
+            oldest = min((job.queued_s for job in self.inbox.jobs), default=None)
+        return None if oldest is None else oldest + self._start_s()
 
     def _read(self, worker: WorkerProcess) -> None:
         while True:
@@ -220,6 +276,7 @@ class Manager:
             with self.inbox.ready_cond:
                 worker.ready = True
                 worker.ready_s = time.monotonic()
+                self._last_start_s = worker.ready_s - worker.started_s
                 self._start_failures = 0
                 self.inbox.ready_cond.notify_all()
             return
