@@ -52,6 +52,8 @@ def row_timeline(row: dict[str, Any], profile_dir: str, min_ms: float,
         during = [f"{s.tier}/{s.name}{f' [{s.category}]' if s.category else ''}@{s.track} "
                   f"{a:.2f}-{b:.2f}" for a, b, s in spans if a < end and b > at]
         lines.append(f"  {what} {at:.3f} s, {ms:.1f} ms; during: {'; '.join(during) or '-'}")
+    lines += [f"  compiled from source at {at:.3f} s: {name} ({kb:.0f} KB)"
+              for at, kb, name in row.get("source_compiles_largest", [])]
     return lines
 
 

@@ -39,6 +39,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -202,21 +203,52 @@ def read_for_imports(modules: Sequence[str] = ()) -> Iterator[Path | None]:
     compile (inductor's imports from source stalled the serving process's calls by 400-750 ms
     on the GPU machine), a child holds none of this process's. A child still running at exit
     is killed."""
-    folder = _reading_folder()
-    if folder is None:
-        yield None
-        return
-    if modules and not _has_bytecode(folder):
+    global _readers
+    with _readers_lock:  # blocks on several threads at once (the warm-up's and triton's)
+        joined = Path(sys.pycache_prefix) if _readers and sys.pycache_prefix else None
+        if joined is not None:  # the prefix another block set: read it too
+            _readers += 1
+    if joined is not None:
+        folder = joined
+    else:
+        reading = _reading_folder()
+        if reading is None:
+            yield None
+            return
+        folder = _with_bytecode(reading, modules)
+        with _readers_lock:
+            if _readers == 0:
+                sys.pycache_prefix = str(folder)
+            _readers += 1
+    try:
+        if joined is not None:
+            _with_bytecode(folder, modules)  # written for this block's imports too
+        yield Path(sys.pycache_prefix or folder)
+    finally:
+        with _readers_lock:
+            _readers -= 1
+            if _readers == 0:
+                sys.pycache_prefix = None
+
+
+_readers_lock = threading.Lock()
+_readers = 0  # blocks inside read_for_imports now: the last one out puts the prefix back
+_compiling = threading.Lock()  # one child at a time writes the folder
+
+
+def _with_bytecode(folder: Path, modules: Sequence[str]) -> Path:
+    """The folder to read ``modules`` from: ``folder`` where it has torch's bytecode, else the
+    compile service's where that has it, else ``folder`` once a child has written it there."""
+    if not modules or _has_bytecode(folder):
+        return folder
+    with _compiling:  # a block beside this one may be writing it now
+        if _has_bytecode(folder):
+            return folder
         served = next((f for f in list(_offered) if _trusted(f) and _has_bytecode(f)), None)
         if served is not None:
-            folder = served  # the compile service's: already written, and checked
-        else:
-            _compile_in_a_child(modules)
-    sys.pycache_prefix = str(folder)
-    try:
-        yield folder
-    finally:
-        sys.pycache_prefix = None
+            return served  # the compile service's: already written, and checked
+        _compile_in_a_child(modules)
+    return folder
 
 
 # Bytecode folders of this build's compile service (its status names the one it and its

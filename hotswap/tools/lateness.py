@@ -12,11 +12,15 @@ floor a ``torch:eager-backend`` row shows.
 It also times the cycle collector's collections in the process (``gc.callbacks``): a full
 collection holds the GIL over every tracked object, and in a serving process that has imported
 inductor a warm-up's imports set one off (129 ms with torch alone on the 2-core box, the late
-wake beside it as long; 220-290 ms in a GPT-2 row)."""
+wake beside it as long; 220-290 ms in a GPT-2 row). And it lists the Python sources the
+process compiles (the ``compile`` audit event: a module imported without bytecode), each one
+GIL held for its whole compile: 56-146 ms for one of inductor's 300-400 KB modules on the
+2-core box."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 from array import array
@@ -40,13 +44,19 @@ class Lateness:
     # the collector's collections in the same window, and the longest as (s, ms, generation)
     gc_collections: int = 0
     gc_worst: tuple[tuple[float, float, int], ...] = ()
+    # Sources compiled in the window: how many, their KB, and the largest as (s, KB, file)
+    compiles: int = 0
+    compiled_kb: float = 0.0
+    compiles_largest: tuple[tuple[float, float, str], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {"probe_wakes": self.wakes, "probe_p50_ms": self.p50_ms,
                 "probe_p99_ms": self.p99_ms, "probe_max_ms": self.max_ms,
                 "probe_worst": [list(w) for w in self.worst],
                 "gc_collections": self.gc_collections,
-                "gc_worst": [list(w) for w in self.gc_worst]}
+                "gc_worst": [list(w) for w in self.gc_worst],
+                "source_compiles": self.compiles, "source_compiled_kb": self.compiled_kb,
+                "source_compiles_largest": [list(c) for c in self.compiles_largest]}
 
 
 class LatenessProbe:
@@ -64,8 +74,16 @@ class LatenessProbe:
         self._gc_started: float | None = None
         self._gc = array("d")  # start (perf_counter), seconds, generation of each collection
         gc.callbacks.append(self._collected)
+        self._compiles: list[tuple[float, float, str]] = []  # (perf_counter, KB, file)
+        sys.addaudithook(self._audit)  # for good: it stops recording at stop()
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event == "compile" and not self._stop.is_set() and len(args) >= 2:
+            source = args[0]
+            if isinstance(source, (str, bytes)) and len(source) >= 1024:
+                self._compiles.append((time.perf_counter(), len(source) / 1024, str(args[1])))
 
     def _collected(self, phase: str, info: dict[str, Any]) -> None:
         """``gc.callbacks``: runs on the thread whose allocation set the collection off."""
@@ -100,9 +118,13 @@ class LatenessProbe:
                         int(self._gc[i + 2])) for i in range(0, len(self._gc) - 2, 3)
                        if since_s <= self._gc[i] - origin <= until_s]
         gc_worst = tuple(sorted(collections, key=lambda c: -c[1])[:top])
+        compiled = [(round(at - origin, 3), round(kb, 1), name)
+                    for at, kb, name in list(self._compiles) if since_s <= at - origin <= until_s]
+        largest = tuple(sorted(compiled, key=lambda c: -c[1])[:top])
+        sources = (len(compiled), round(sum(c[1] for c in compiled), 1), largest)
         picked = [i for i, at in enumerate(self._at) if since_s <= at - origin <= until_s]
         if not picked:
-            return Lateness(0, 0.0, 0.0, 0.0, (), len(collections), gc_worst)
+            return Lateness(0, 0.0, 0.0, 0.0, (), len(collections), gc_worst, *sources)
         ordered = sorted(self._late[i] for i in picked)
         n = len(ordered)
         worst: list[tuple[float, float]] = []
@@ -113,4 +135,4 @@ class LatenessProbe:
             if len(worst) == top:
                 break
         return Lateness(n, ordered[n // 2] * 1e3, ordered[int(0.99 * (n - 1))] * 1e3,
-                        ordered[-1] * 1e3, tuple(worst), len(collections), gc_worst)
+                        ordered[-1] * 1e3, tuple(worst), len(collections), gc_worst, *sources)

@@ -8,6 +8,7 @@ import os
 import py_compile
 import stat
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,33 @@ def test_a_process_that_writes_no_bytecode_reads_the_cache_for_its_later_imports
     with bytecode.read_for_imports() as folder:
         assert folder == bytecode.cache_folder() and sys.pycache_prefix == str(folder)
     assert sys.pycache_prefix is None  # the block's imports alone: __pycache__ counts again
+
+
+def test_blocks_on_two_threads_keep_the_prefix_until_the_last_one_ends(
+        sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The warm-up's imports and triton's, side by side: the first one out must not take the
+    # prefix from under the other's imports.
+    monkeypatch.setenv(NO_WRITE, "1")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    inside, leave = threading.Event(), threading.Event()
+    seen: list[str | None] = []
+
+    def other() -> None:
+        with bytecode.read_for_imports():
+            inside.set()
+            leave.wait(30)
+            seen.append(sys.pycache_prefix)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert inside.wait(30)
+    with bytecode.read_for_imports() as folder:
+        assert sys.pycache_prefix == str(folder)
+    assert sys.pycache_prefix == str(folder)  # the other block is still inside
+    leave.set()
+    thread.join(30)
+    assert seen == [str(folder)] and sys.pycache_prefix is None
 
 
 @pytest.mark.parametrize("case", ["writes bytecode", "own prefix", "bytecode beside", "off"])

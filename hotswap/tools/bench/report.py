@@ -170,9 +170,14 @@ def _lateness(results: list[dict[str, Any]]) -> list[str]:
         gc_worst = r.get("gc_worst") or []
         collector = (f"; longest collection (gc) {gc_worst[0][1]:.0f} ms, generation "
                      f"{gc_worst[0][2]}, at {gc_worst[0][0]:.1f} s" if gc_worst else "")
+        compiled = r.get("source_compiles_largest") or []
+        sources = (f"; {r['source_compiles']} sources compiled ({r['source_compiled_kb']:.0f} "
+                   f"KB; largest {compiled[0][1]:.0f} KB {os.path.basename(compiled[0][2])} at "
+                   f"{compiled[0][0]:.1f} s)" if compiled else "")
         lines.append(f"  {r['row']} probe lateness p99 {r['probe_p99_ms']:.1f} ms, max "
                      f"{r['probe_max_ms']:.1f} ms (worst: {worst or '-'}) vs 10 ms: {verdict}; "
-                     f"during the first call {r['probe_first_call_max_ms']:.1f} ms{collector}")
+                     f"during the first call {r['probe_first_call_max_ms']:.1f} ms{collector}"
+                     f"{sources}")
     return lines
 
 
