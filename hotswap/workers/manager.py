@@ -76,6 +76,7 @@ class Manager:
         self._start_failures = 0
         self._last_start_error = ""
         self._last_start_s: float | None = None  # how long the last worker's start took
+        self._mean_job_s: float | None = None  # the recent jobs' time (a moving average)
         self._selector = selectors.DefaultSelector()
         self.cpu = CpuWatch(config.nice, config.idle)  # starvation.py
         self.watchdog = Watchdog(config, self.cpu)       # watchdog.py
@@ -199,19 +200,21 @@ class Manager:
                 continue
             if not self.workers or (everyone and starting == 0) or starting < due:
                 if self.workers and not everyone:
-                    log.info("hotswap: a job waited %.1f s for a worker (a start takes %.1f s "
-                             "here): starting worker %d of %d", self._longest_wait(),
-                             self._start_s(), len(self.workers) + 1, self.config.workers)
+                    log.info("hotswap: the queued jobs would wait about %.1f s for a worker "
+                             "(a start takes %.1f s here): starting worker %d of %d",
+                             self._longest_wait(), self._start_s(), len(self.workers) + 1,
+                             self.config.workers)
                 self._spawn(slot)
                 starting += 1
 
-    # A pool grows past its first worker only for jobs that waited: a worker holds hundreds
-    # of MB (on a GPU, a CUDA context and inductor's compile processes: about 5 GB on a
-    # 16-core H100 machine), and a pool that grew to its size whatever came made four
-    # processes of one service hold 12.3 GB where one held 4.9 GB. A queued job is due a new
-    # worker once it has waited as long as a start takes here (rent or buy: it never waits
-    # more than twice what the best choice in hindsight would have cost it): short jobs
-    # that finish one after another on the running workers start none.
+    # A pool grows past its first worker only where the queue would keep a job waiting longer
+    # than a new worker takes to start: a worker holds hundreds of MB (on a GPU, a CUDA
+    # context and inductor's compile processes: about 5 GB on a 16-core H100 machine), and a
+    # pool that grew to its size whatever came made four processes of one service hold 12.3
+    # GB where one held 3.6-4.9 GB. The wait is estimated from the jobs ahead of the last
+    # queued one (running ones included) per worker, times how long a job takes here (the
+    # recent ones' average, or the running one's time so far where that is longer): short
+    # jobs run one after another on the workers already up.
     def _start_s(self) -> float:
         """How long a worker's start takes here: the last one's (its imports and device
         set-up); before one was timed, at least as long as the one under way has taken."""
@@ -221,26 +224,44 @@ class Manager:
         return max([DEFAULT_START_S, *(now - w.started_s for w in self.workers.values()
                                        if not w.ready)])
 
-    def _due(self, now: float) -> int:
-        """Queued jobs that have waited as long as a worker's start takes."""
-        limit = self._start_s()
+    def _job_s(self, now: float) -> float:
+        """How long a job takes here: the recent ones' average, or the longest running one's
+        time so far (0.0 where neither is known)."""
+        running = [now - w.job_started_s for w in self.workers.values() if w.job is not None]
+        return max([self._mean_job_s or 0.0, *running])
+
+    def _queue_wait_s(self, now: float) -> float:
+        """About how long the last queued job would wait with the workers there are."""
         with self.inbox.lock:
-            return sum(now - job.queued_s >= limit for job in self.inbox.jobs)
+            queued = len(self.inbox.jobs)
+        if not queued or not self.workers:
+            return 0.0
+        busy = sum(w.job is not None for w in self.workers.values())
+        rounds = -(-(busy + queued) // len(self.workers))  # jobs ahead of it, per worker
+        return rounds * self._job_s(now)
+
+    def _due(self, now: float) -> int:
+        """Workers to add now: one where the queue's last job would wait longer than a start."""
+        return int(self._queue_wait_s(now) > self._start_s())
 
     def _longest_wait(self) -> float:
-        now = time.monotonic()
-        with self.inbox.lock:
-            return max((now - job.queued_s for job in self.inbox.jobs), default=0.0)
+        return self._queue_wait_s(time.monotonic())
 
     def _grow_deadline(self) -> float | None:
-        """When the oldest queued job becomes due a worker (None: none will)."""
+        """When the queue's wait, growing with the longest running job's time so far, would
+        exceed a worker's start (None: not before something else wakes the manager)."""
         if not self.workers or len(self.workers) >= self.config.workers:
             return None
         if self._last_start_s is None and not all(w.ready for w in self.workers.values()):
             return None  # the start under way sets the measure: its readiness wakes us
         with self.inbox.lock:
-            oldest = min((job.queued_s for job in self.inbox.jobs), default=None)
-        return None if oldest is None else oldest + self._start_s()
+            queued = len(self.inbox.jobs)
+        running = [w.job_started_s for w in self.workers.values() if w.job is not None]
+        if not queued or not running:
+            return None
+        rounds = -(-(len(running) + queued) // len(self.workers))
+        due = min(running) + self._start_s() / rounds
+        return due if due > time.monotonic() else None
 
     def _read(self, worker: WorkerProcess) -> None:
         while True:
@@ -310,6 +331,9 @@ class Manager:
         if worker.job is not None:
             with self.inbox.lock:
                 self._running.pop(worker.job.job_id, None)
+            took = time.monotonic() - worker.job_started_s
+            self._mean_job_s = (took if self._mean_job_s is None
+                                else 0.7 * self._mean_job_s + 0.3 * took)
         self.watchdog.job_ended(worker.pid, had_job=worker.job is not None)
         worker.job = None
         worker.deadline_s = None
@@ -328,6 +352,7 @@ class Manager:
                     self._running.pop(job.job_id, None)
                 continue
             worker.job = job
+            worker.job_started_s = time.monotonic()
             job.future.worker_pid = worker.pid
             job.future.set_running()
             if job.timeout_s is not None:

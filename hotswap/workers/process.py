@@ -64,6 +64,7 @@ class WorkerProcess:
         self.started_s = time.monotonic()
         self.ready_s: float | None = None
         self.job: Job | None = None
+        self.job_started_s = 0.0  # when its job was sent (monotonic)
         self.deadline_s: float | None = None
         self.kill_reason: tuple[str, Any] | None = None
         self.watching_write = False

@@ -351,16 +351,17 @@ def test_callbacks_may_submit_from_the_manager_thread(pool: WorkerPool) -> None:
     assert chained[0].result(timeout=30) == 2
 
 
-def test_a_pool_grows_past_its_first_worker_only_for_jobs_that_waited() -> None:
-    """Short jobs run one after another on the first worker; a job that waited as long as a
-    worker's start takes gets a second (rent or buy); wait_ready asks for every worker."""
+def test_a_pool_grows_past_its_first_worker_only_for_a_queue_longer_than_a_start() -> None:
+    """Short jobs run one after another on the first worker; a queue that would keep its
+    last job waiting longer than a worker's start takes gets a second; wait_ready asks for
+    every worker."""
     with WorkerPool(2, warm_modules=()) as pool:
         first = pool.submit(F + "echo", 0).result(timeout=60)  # the first worker, timed
         assert first == 0
         quick = [pool.submit(F + "echo", i) for i in range(6)]
         assert [f.result(timeout=60) for f in quick] == list(range(6))
         assert len(pool.workers_info()) == 1  # none waited long: nothing started
-        slow = [pool.submit(F + "sleep", 3.0) for _ in range(2)]  # the second waits 3 s
+        slow = [pool.submit(F + "sleep", 3.0) for _ in range(2)]  # the second would wait 3 s
         assert [f.result(timeout=60) for f in slow] == [3.0, 3.0]
         infos = pool.workers_info()
         assert len(infos) == 2 and len({f.worker_pid for f in slow}) == 2
