@@ -177,7 +177,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from hotswap import compat
-    from hotswap.engine.loading import kernel_files, source_key
+    from hotswap.engine.loading import kernel_files, precompiled, source_key
     from hotswap.engine.loading.artifacts import pack_entry
     from hotswap.engine.loading.load_guard import (
         cpp_sources,
@@ -199,13 +199,14 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,
           torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
           compat.intra_op_threads(request.num_threads),
-          compat.under_compile_id(request.compile_id)):
+          compat.under_compile_id(request.compile_id), precompiled.recording() as codes):
         data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
         files = kernel_files.compile_outputs(sources, started, _files_since_s)
         reprobe_if_cut_short()  # a tier that read on probed during the compile
-        entry = pack_entry(data, files, {**probes(), **source_key.record()})
+        entry = pack_entry(data, files, {**probes(), **source_key.record(),
+                                         **precompiled.record(codes)})
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()

@@ -22,7 +22,7 @@ import msgpack
 
 from hotswap import compat
 from hotswap.compat import Buffer
-from hotswap.engine.loading import kernel_files, load_guard, source_key
+from hotswap.engine.loading import kernel_files, load_guard, precompiled, source_key
 from hotswap.engine.loading.cudagraphs import CudaGraphed, split_cudagraphs
 
 __all__ = ["entry_parts", "load_entry", "pack_entry", "shared_spans"]
@@ -116,7 +116,7 @@ def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -
     if probes:
         load_guard.adopt(probes)
         source_key.adopt(probes)  # torch's source hash: not computed here again
-    with load_guard.count_compiler_runs(), config.patch(
+    with load_guard.count_compiler_runs(), precompiled.adopted(probes), config.patch(
             {**config_patches, **load_guard.load_config()}):
         fn = compat.artifact_from_bytes(artifact)
     return CudaGraphed(fn) if cudagraphs else fn
