@@ -211,10 +211,10 @@ class Manager:
     # than a new worker takes to start: a worker holds hundreds of MB (on a GPU, a CUDA
     # context and inductor's compile processes: about 5 GB on a 16-core H100 machine), and a
     # pool that grew to its size whatever came made four processes of one service hold 12.3
-    # GB where one held 3.6-4.9 GB. The wait is estimated from the jobs ahead of the last
-    # queued one (running ones included) per worker, times how long a job takes here (the
-    # recent ones' average, or the running one's time so far where that is longer): short
-    # jobs run one after another on the workers already up.
+    # GB where one held 3.6-4.9 GB. The wait is estimated from the queued jobs per worker,
+    # times how long a job takes here (the recent ones' average, or the longest running
+    # one's time so far), after what the soonest running job has left: short jobs run one
+    # after another on the workers already up.
     def _start_s(self) -> float:
         """How long a worker's start takes here: the last one's (its imports and device
         set-up); before one was timed, at least as long as the one under way has taken."""
@@ -231,14 +231,17 @@ class Manager:
         return max([self._mean_job_s or 0.0, *running])
 
     def _queue_wait_s(self, now: float) -> float:
-        """About how long the last queued job would wait with the workers there are."""
+        """About how long the last queued job would wait with the workers there are: the
+        queued jobs per worker, each a job's time, after what the soonest running job has
+        left of it."""
         with self.inbox.lock:
             queued = len(self.inbox.jobs)
         if not queued or not self.workers:
             return 0.0
-        busy = sum(w.job is not None for w in self.workers.values())
-        rounds = -(-(busy + queued) // len(self.workers))  # jobs ahead of it, per worker
-        return rounds * self._job_s(now)
+        job_s = self._job_s(now)
+        left = min((max(0.0, job_s - (now - w.job_started_s)) for w in self.workers.values()
+                    if w.job is not None), default=0.0)
+        return left + -(-queued // len(self.workers)) * job_s
 
     def _due(self, now: float) -> int:
         """Workers to add now: one where the queue's last job would wait longer than a start."""
@@ -259,7 +262,7 @@ class Manager:
         running = [w.job_started_s for w in self.workers.values() if w.job is not None]
         if not queued or not running:
             return None
-        rounds = -(-(len(running) + queued) // len(self.workers))
+        rounds = -(-queued // len(self.workers))  # the wait grows as the running job lasts
         due = min(running) + self._start_s() / rounds
         return due if due > time.monotonic() else None
 
