@@ -84,7 +84,8 @@ def _run(n: int, model: str, device: str, service: str, root: str) -> dict[str, 
         workers = sum(_rss(d.pid) for p in procs for d in descendants(p.pid)
                       if d.pid not in in_service)
         return {"serving": serving / MIB, "own workers": workers / MIB,
-                "service": service_rss / MIB, "total": (serving + workers + service_rss) / MIB}
+                "service": service_rss / MIB, "total": (serving + workers + service_rss) / MIB,
+                "service processes": float(len(in_service))}
     finally:
         for p in procs:
             if p.stdin:
@@ -109,10 +110,11 @@ def main() -> int:
                            (f"{args.processes} processes, own pools", "off")):
         with tempfile.TemporaryDirectory(prefix="hotswap-four-") as root:
             rows[label] = _run(args.processes, args.model, args.device, service, root)
-    print(f"{'MiB (RSS)':<28}{'serving':>10}{'own workers':>13}{'service':>10}{'total':>10}")
+    print(f"{'MiB (RSS)':<28}{'serving':>10}{'own workers':>13}{'service':>10}{'total':>10}"
+          f"{'service processes':>19}")
     for label, r in rows.items():
         print(f"{label:<28}{r['serving']:>10.0f}{r['own workers']:>13.0f}{r['service']:>10.0f}"
-              f"{r['total']:>10.0f}")
+              f"{r['total']:>10.0f}{r['service processes']:>19.0f}")
     one = rows["one process, service"]
     limit = args.processes * one["serving"] + one["service"]
     total = rows[f"{args.processes} processes, service"]["total"]
