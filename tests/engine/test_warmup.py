@@ -4,10 +4,14 @@ it leaves out of the collector's full passes."""
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -263,3 +267,39 @@ def test_gc_freeze_off_leaves_the_collector_alone(
     assert gc.get_freeze_count() == 0
     with pytest.raises(ValueError, match="HOTSWAP_GC_FREEZE must be 'on' or 'off'"):
         hotswap.compile(torch.nn.ReLU())
+
+
+_LOAD_IMPORTS = r"""
+import json, sys, threading
+import torch
+import hotswap
+
+hotswap.prepare(devices=["cpu"], wait=True, timeout_s=300)
+imported = []
+def hook(event, args):
+    if (event == "import" and args[0] not in sys.modules
+            and threading.current_thread().name == "hotswap-load"):
+        imported.append(args[0])
+sys.addaudithook(hook)
+model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU())
+fast = hotswap.compile(model, mode="async", workers=1)
+x = torch.randn(4, 32)
+with torch.no_grad():
+    fast(x)
+    [status] = hotswap.wait(fast, timeout_s=300)
+print(json.dumps({"tier": status.tier, "imported": imported}))
+"""
+
+
+def test_after_the_warmup_a_load_imports_only_its_own_kernels(tmp_path: Path) -> None:
+    """Every module a CPU load needs was imported by the warm-up (off the load, yielding):
+    the load imports only the generated kernel modules it loads."""
+    env = {**os.environ, "HOTSWAP_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "HOTSWAP_SERVICE": "off"}
+    done = subprocess.run([sys.executable, "-c", _LOAD_IMPORTS], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["tier"] == "default"
+    named = [m for m in result["imported"] if not m.endswith(".kernel")]
+    assert named == [], named

@@ -33,6 +33,7 @@ scheduler's thread does not wait for a step queued behind it: it runs the step i
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import threading
 import time
@@ -53,6 +54,11 @@ log = logging.getLogger("hotswap")
 _COMMON_MODULES = ("torch._dynamo", "torch._functorch._aot_autograd.autograd_cache",
                    "torch._inductor.codecache", "torch._inductor.compile_fx",
                    "torch._inductor.standalone_compile")
+# What a load imports beyond those (the generated wrapper's imports, AOTAutograd's runtime),
+# where this torch has them: imported at the load, after the warm-up, one was compiled from
+# source beside the largest call of a GPT-2 swap (memory_planning, 26 KB; H100).
+_LOAD_MODULES = ("torch._inductor.hooks", "torch._inductor.codegen.memory_planning",
+                 "torch._functorch._aot_autograd.subclass_codegen")
 _CUDA_MODULES = ("torch._inductor.runtime.triton_heuristics", "torch.utils._triton")
 
 
@@ -63,7 +69,8 @@ def _common() -> None:
     # first time), where this process would compile them from source holding the GIL (an
     # environment without bytecode that writes none): bytecode.py. The child is no compiler
     # run of a load's (load_guard).
-    modules = _COMMON_MODULES + (_CUDA_MODULES if torch.cuda.is_available() else ())
+    modules = _COMMON_MODULES + (_CUDA_MODULES if torch.cuda.is_available() else ()) \
+        + _LOAD_MODULES
     with load_guard.uncounted(), contextlib.ExitStack() as reading:
         with _stage("warmup:bytecode"):  # the child's compile, where there is one
             reading.enter_context(bytecode.read_for_imports(modules))
@@ -80,6 +87,9 @@ def _common() -> None:
             import torch._inductor.compile_fx  # what loading imports: lowering, templates, ...
             _freeze_heap()
             import torch._inductor.standalone_compile
+            for name in _LOAD_MODULES:
+                with contextlib.suppress(ImportError):  # not in every torch
+                    importlib.import_module(name)
             if torch.cuda.is_available():
                 import torch._inductor.runtime.triton_heuristics
                 import torch.utils._triton
@@ -94,9 +104,12 @@ def _common() -> None:
 
 def _cpu() -> None:
     # What loading a C++ kernel imports. No probe and no compiler: loads take the worker's
-    # vector-ISA probe with the artifact and find its kernels built (load_guard.py).
+    # vector-ISA probe with the artifact and find its kernels built (load_guard.py). Inductor
+    # reads its include paths from cpp_extension, which imports setuptools: at the first
+    # load otherwise.
     import torch._inductor.cpp_builder
-    import torch._inductor.cpu_vec_isa  # noqa: F401
+    import torch._inductor.cpu_vec_isa
+    import torch.utils.cpp_extension  # noqa: F401
 
 
 class _TritonEarly:
