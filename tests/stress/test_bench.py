@@ -46,8 +46,10 @@ def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,
         if slowest:
             assert ms[0] == pytest.approx(row["largest_call_ms"], abs=0.01)
             assert all(0 < at <= row["to_final_s"] for at, _ in slowest)
-        # the lateness probe woke through the serving, its worst wakes on the same clock
-        assert row["probe_wakes"] > 0 and row["probe_max_ms"] >= row["probe_p99_ms"] >= 0
+        # the lateness probe woke through the serving, its worst wakes on the same clock (an
+        # eager-backend row is final at its first output: it may end before the probe wakes)
+        assert row["probe_wakes"] > 0 or row["row"] == "torch:eager-backend"
+        assert row["probe_max_ms"] >= row["probe_p99_ms"] >= 0
         assert all(row["ready_s"] <= at <= row["to_final_s"] + 1 for at, _ in row["probe_worst"])
     assert data["rows"][0]["counters"]["worker_compiles"] == 1
     assert "dispatch" in data and "torch" in data["machine"]
