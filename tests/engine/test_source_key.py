@@ -19,8 +19,9 @@ from hotswap.engine.loading import source_key
 class _Key:
     """inductor's torch_key as a prefetchable_cache: computed once, or set from elsewhere."""
 
-    def __init__(self, value: bytes, *, settable: bool = True) -> None:
-        self.value, self.computed = value, 0
+    def __init__(self, value: bytes, *, settable: bool = True,
+                 refusal: type[Exception] = RuntimeError) -> None:
+        self.value, self.computed, self.refusal = value, 0, refusal
         self.taken: bytes | None = None
         if settable:
             self.set = self._set
@@ -32,14 +33,14 @@ class _Key:
         return self.taken
 
     def _set(self, value: bytes) -> None:
-        if self.taken is not None:
-            raise RuntimeError("prefetchable_cache value already set")
+        if self.taken is not None:  # 2.13: RuntimeError; 2.11: a failed assert
+            raise self.refusal("prefetchable_cache value already set")
         self.taken = value
 
 
-@pytest.fixture
-def key(monkeypatch: pytest.MonkeyPatch) -> _Key:
-    fake = _Key(b"\x01" * 32)
+@pytest.fixture(params=[RuntimeError, AssertionError], ids=["torch 2.13", "torch 2.11"])
+def key(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> _Key:
+    fake = _Key(b"\x01" * 32, refusal=request.param)
     monkeypatch.setattr(source_key, "_torch_key", lambda: fake)
     monkeypatch.setattr(source_key, "install_id", lambda: "host|/site-packages/torch|2.13")
     return fake

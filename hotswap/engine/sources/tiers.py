@@ -185,6 +185,8 @@ class TierLifecycle:
             try:
                 fn = self._load(journey, tier, result.entry, "load")
             except Exception as e:
+                log.debug("hotswap: graph %s tier %r: its artifact failed to load",
+                          journey.graph_id, tier.name, exc_info=True)
                 _resolve(out, error=LoadFailed(
                     f"artifact failed to load: {type(e).__name__}: {e}"))
                 return
