@@ -192,6 +192,8 @@ class Manager:
         with self.inbox.lock:
             queued = len(self.inbox.jobs)
             everyone = self.inbox.ready_waiters > 0
+        # An empty pool starts a worker for each job queued (up to its size, one at a time
+        # otherwise): nothing is known yet of how long its jobs or its starts take.
         due = queued if everyone or not self.workers else self._due(time.monotonic())
         starting = sum(not w.ready for w in self.workers.values())
         used = {w.slot for w in self.workers.values()}
@@ -226,13 +228,8 @@ class Manager:
 
     def _job_s(self, now: float) -> float:
         """How long a job takes here: the recent ones' average, or the longest running one's
-        time so far (0.0 where neither is known). A worker's first job pays its process's
-        one-time costs (a CUDA context, inductor's compile processes, lazy set-up: on the
-        H100, four processes' MLP jobs grew the service by a worker while the first one ran):
-        it counts in neither until it has run longer than a start takes."""
-        start_s = self._start_s()
-        running = [now - w.job_started_s - (start_s if w.jobs_done == 0 else 0.0)
-                   for w in self.workers.values() if w.job is not None]
+        time so far (0.0 where neither is known)."""
+        running = [now - w.job_started_s for w in self.workers.values() if w.job is not None]
         return max([self._mean_job_s or 0.0, *running])
 
     def _queue_wait_s(self, now: float) -> float:
@@ -264,13 +261,11 @@ class Manager:
             return None  # the start under way sets the measure: its readiness wakes us
         with self.inbox.lock:
             queued = len(self.inbox.jobs)
-        start_s = self._start_s()
-        running = [w.job_started_s + (start_s if w.jobs_done == 0 else 0.0)  # as _job_s
-                   for w in self.workers.values() if w.job is not None]
+        running = [w.job_started_s for w in self.workers.values() if w.job is not None]
         if not queued or not running:
             return None
         rounds = -(-queued // len(self.workers))  # the wait grows as the running job lasts
-        due = min(running) + start_s / rounds
+        due = min(running) + self._start_s() / rounds
         return due if due > time.monotonic() else None
 
     def _read(self, worker: WorkerProcess) -> None:
@@ -325,7 +320,7 @@ class Manager:
                 except Exception:
                     log.exception("StageEvent subscriber %r raised", callback)
             return
-        self._finish(worker)
+        self._finish(worker, answered=True)
         if kind == MessageKind.JOB_RESULT:
             try:
                 result = decode_result(payload)
@@ -337,15 +332,16 @@ class Manager:
         elif kind == MessageKind.JOB_FAILED:
             resolve(job.future, error=remote_error(job.name, decode_control(payload)))
 
-    def _finish(self, worker: WorkerProcess) -> None:
+    def _finish(self, worker: WorkerProcess, *, answered: bool = False) -> None:
+        """``answered``: the worker answered its job (a result or a failure), so its time is
+        a job's time; a job killed (timeout, cancel, starved) says nothing of that."""
         if worker.job is not None:
             with self.inbox.lock:
                 self._running.pop(worker.job.job_id, None)
-            took = time.monotonic() - worker.job_started_s
-            if worker.jobs_done:  # a first job's time is its process's start as much
+            if answered:
+                took = time.monotonic() - worker.job_started_s
                 self._mean_job_s = (took if self._mean_job_s is None
                                     else 0.7 * self._mean_job_s + 0.3 * took)
-            worker.jobs_done += 1
         self.watchdog.job_ended(worker.pid, had_job=worker.job is not None)
         worker.job = None
         worker.deadline_s = None

@@ -361,8 +361,8 @@ def test_a_pool_grows_past_its_first_worker_only_for_a_queue_longer_than_a_start
         quick = [pool.submit(F + "echo", i) for i in range(6)]
         assert [f.result(timeout=60) for f in quick] == list(range(6))
         assert len(pool.workers_info()) == 1  # none waited long: nothing started
-        slow = [pool.submit(F + "sleep", 3.0) for _ in range(2)]  # the second would wait 3 s
-        assert [f.result(timeout=60) for f in slow] == [3.0, 3.0]
+        slow = [pool.submit(F + "sleep", 5.0) for _ in range(2)]  # the second would wait 5 s
+        assert [f.result(timeout=60) for f in slow] == [5.0, 5.0]
         infos = pool.workers_info()
         assert len(infos) == 2 and len({f.worker_pid for f in slow}) == 2
     with WorkerPool(2, warm_modules=()) as pool:
