@@ -9,23 +9,31 @@ Inductor's own compile subprocesses take their parent's hash (``subproc_pool``, 
 ``torch_key.set``); the serving process takes the one its entry carries in the same way
 (``record()`` in the worker, ``adopt()`` before a load), where:
 
-- this torch lets a process set it (``prefetchable_cache``; where it does not, the load-path
-  warm-up computes it, as before: ``settable()``), and this process has not computed it yet;
+- this torch lets a process set it (``prefetchable_cache``), and this process has not
+  computed it yet;
 - the entry was compiled by this very install: the same machine, torch directory, version,
   build commit and files' times, and an installed torch (under ``site-packages``), not a
   source checkout whose files change from one process to the next.
 
-Where neither holds (an entry from another machine of a fleet), the first load hashes.
+Only a worker's result of this process is taken (``from_worker``), never a cache entry: an
+entry may be older than a change to torch's files, and the hash is what catches that at its
+load (taken from a stale entry, it would pass that entry and fail every fresh one after it).
+Where no hash can travel (a source checkout, a torch without the setter), the load-path
+warm-up hashes as before (``travels()``); an entry from another machine leaves the hash to
+its first load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["adopt", "install_id", "record", "settable"]
+__all__ = ["adopt", "from_worker", "install_id", "record", "travels"]
 
 
 @functools.cache
@@ -52,9 +60,24 @@ def _torch_key() -> Any:
     return getattr(codecache, "torch_key", None)
 
 
-def settable() -> bool:
-    """Whether this torch takes a hash from elsewhere (else each process computes its own)."""
-    return hasattr(_torch_key(), "set")
+def travels() -> bool:
+    """Whether a worker's hash can be taken here: this torch takes one from elsewhere and is
+    an installed package (else each process computes its own)."""
+    return hasattr(_torch_key(), "set") and bool(install_id())
+
+
+_fresh = threading.local()
+
+
+@contextlib.contextmanager
+def from_worker() -> Iterator[None]:
+    """Around the load of a result this process's worker just compiled: ``adopt`` may take
+    its hash (a cache entry's is never taken)."""
+    _fresh.on = True
+    try:
+        yield
+    finally:
+        _fresh.on = False
 
 
 def record() -> dict[str, Any]:
@@ -71,6 +94,8 @@ def adopt(found: dict[str, Any]) -> bool:
     """Take the hash of an entry's probes (``record()``) as this process's own, where the same
     install computed it and this process has none yet. False: nothing taken (none there,
     computed here already, another install, or a torch without the setter)."""
+    if not getattr(_fresh, "on", False):
+        return False  # a cache entry, or a load outside from_worker()
     pair, install = found.get("torch_key"), install_id()
     if not (install and isinstance(pair, list) and len(pair) == 2
             and all(isinstance(x, str) for x in pair) and pair[1] == install):

@@ -97,7 +97,7 @@ def _common() -> None:
     # Torch's source hash: where this torch takes one from elsewhere, a load takes its
     # worker's (source_key.py); else it is hashed here, once per process.
     torch_key = getattr(torch._inductor.codecache, "torch_key", None)
-    if torch_key is not None and not source_key.settable():
+    if torch_key is not None and not source_key.travels():
         with _stage("warmup:torch_key"):
             torch_key()
 

@@ -10,6 +10,7 @@ Every job's future is held until it is done, so that a reset can cancel it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,6 +19,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from hotswap.engine.journey import GraphJourney
+from hotswap.engine.loading import source_key
 from hotswap.engine.loading.cudagraphs import CudaGraphed
 from hotswap.engine.options import Tier
 from hotswap.engine.recording import Recorder
@@ -76,7 +78,8 @@ class WorkerJobs:
             if time.monotonic() - t > 1e-3:
                 self._recorder.span(journey, GRAPH_TIER, "warmup_wait", t, time.monotonic())
         t = time.monotonic()
-        fn = self._loads.load(entry, tier.load_config)
+        with source_key.from_worker() if stage == "load" else contextlib.nullcontext():
+            fn = self._loads.load(entry, tier.load_config)  # a worker's result: its hash too
         self._recorder.span(journey, tier.name, stage, t, time.monotonic())
         first_run = journey.first_run
         if first_run is not None and not isinstance(fn, CudaGraphed):
