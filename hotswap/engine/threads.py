@@ -187,7 +187,9 @@ class _Monitoring:
     TOOL_IDS = (3, 4)  # free by convention (0: debuggers, 1: coverage, 2: profilers, 5: optimizers)
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: the callback may run inside enter/exit on the same thread (a finalizer
+        # or a collector callback starting a Python function while the lock is held).
+        self._lock = threading.RLock()
         self._tool: int | None = None
         self._active: dict[int, _Yield] = {}  # thread -> its innermost block's state
         self._outer: dict[int, list[_Yield | None]] = {}  # thread -> the states around it
@@ -236,8 +238,9 @@ class _Monitoring:
                 self._active.pop(ident, None)
             else:
                 self._active[ident] = outer
-            if not self._active and self._tool is not None:
-                monitoring.set_events(self._tool, 0)
+            if self._tool is not None:  # on while any block is active, whoever turned it off
+                monitoring.set_events(self._tool,
+                                      monitoring.events.PY_START if self._active else 0)
 
     def threads(self) -> set[int]:
         """The threads whose starts it ticks now."""

@@ -208,10 +208,11 @@ def read_for_imports(modules: Sequence[str] = ()) -> Iterator[Path | None]:
         joined = Path(sys.pycache_prefix) if _readers and sys.pycache_prefix else None
         if joined is not None:  # the prefix another block set: read it too
             _readers += 1
+        else:  # decided here, where no block of ours has set a prefix
+            reading = _reading_folder()
     if joined is not None:
         folder = joined
     else:
-        reading = _reading_folder()
         if reading is None:
             yield None
             return

@@ -23,6 +23,7 @@ import gc
 import sys
 import threading
 import time
+import weakref
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,30 @@ class Lateness:
                 "source_compiles_largest": [list(c) for c in self.compiles_largest]}
 
 
+# Probes told of each source compiled (``compile`` audit events): one audit hook for the
+# process, since hooks cannot be removed, and a probe leaves the set as it stops.
+_listening: weakref.WeakSet[LatenessProbe] = weakref.WeakSet()
+_hooked = False
+_hook_lock = threading.Lock()
+
+
+def _listen(probe: LatenessProbe) -> None:
+    global _hooked
+    with _hook_lock:
+        if not _hooked:
+            sys.addaudithook(_audit)
+            _hooked = True
+    _listening.add(probe)
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "compile" and _listening and len(args) >= 2:
+        source = args[0]
+        if isinstance(source, (str, bytes)) and len(source) >= 1024:
+            for probe in list(_listening):
+                probe._compiled_source(len(source) / 1024, str(args[1]))
+
+
 class LatenessProbe:
     """A daemon thread that waits ``interval_s`` at a time until ``stop()``; ``summary()``
     is the :class:`Lateness` of its wakes. ``clock_origin``: the perf_counter reading that is
@@ -75,15 +100,13 @@ class LatenessProbe:
         self._gc = array("d")  # start (perf_counter), seconds, generation of each collection
         gc.callbacks.append(self._collected)
         self._compiles: list[tuple[float, float, str]] = []  # (perf_counter, KB, file)
-        sys.addaudithook(self._audit)  # for good: it stops recording at stop()
+        _listen(self)
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
 
-    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event == "compile" and not self._stop.is_set() and len(args) >= 2:
-            source = args[0]
-            if isinstance(source, (str, bytes)) and len(source) >= 1024:
-                self._compiles.append((time.perf_counter(), len(source) / 1024, str(args[1])))
+    def _compiled_source(self, kb: float, name: str) -> None:
+        if not self._stop.is_set():
+            self._compiles.append((time.perf_counter(), kb, name))
 
     def _collected(self, phase: str, info: dict[str, Any]) -> None:
         """``gc.callbacks``: runs on the thread whose allocation set the collection off."""
@@ -105,6 +128,7 @@ class LatenessProbe:
             late.append(max(0.0, now - before - interval))
 
     def stop(self) -> None:
+        _listening.discard(self)
         self._stop.set()
         self._thread.join(timeout=2)
         if self._collected in gc.callbacks:

@@ -73,6 +73,14 @@ import json, os, sys
 import torch
 import hotswap
 
+from hotswap.engine.loading import precompiled
+used = []  # generated modules run from the worker's bytecode (the positive control)
+real = precompiled._retarget
+def counted(code, filename):
+    used.append(filename)
+    return real(code, filename)
+precompiled._retarget = counted
+
 compiled = []
 def hook(event, args):
     if event == "compile" and isinstance(args[0], (str, bytes)) and str(args[1]).endswith(".py"):
@@ -88,7 +96,7 @@ with torch.no_grad():
     fast(x)
     [status] = hotswap.wait(fast, timeout_s=300)
     torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
-print(json.dumps({"tier": status.tier, "compiled": compiled}))
+print(json.dumps({"tier": status.tier, "compiled": compiled, "used": len(used)}))
 """
 
 
@@ -106,3 +114,4 @@ def test_the_serving_process_compiles_no_large_generated_module(tmp_path: Path,
         assert result["tier"] == "default"
         large = [c for c in result["compiled"] if c[0] >= precompiled.MIN_BYTES]
         assert large == [], large
+        assert result["used"] >= 1  # the wrapper ran from the entry's bytecode

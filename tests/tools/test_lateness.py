@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from hotswap.tools.lateness import LatenessProbe
 
 
@@ -61,3 +63,14 @@ def test_the_collectors_collections_are_timed_in_the_window() -> None:
     assert probe.summary(since_s=after + 0.01).gc_collections < seen.gc_collections
     assert probe._collected not in gc.callbacks  # stop() takes the callback back
     assert seen.as_dict()["gc_worst"][0] == list(seen.gc_worst[0])
+
+
+def test_the_probe_lists_the_sources_compiled_while_it_runs() -> None:
+    probe = LatenessProbe()
+    compile("x = 1\n" + "# padding\n" * 300, "big_module.py", "exec")  # about 3 KB
+    compile("y = 2\n", "small.py", "exec")  # under 1 KB: not listed
+    probe.stop()
+    compile("z = 3\n" + "# padding\n" * 300, "after.py", "exec")  # stopped: not listed
+    seen = probe.summary()
+    assert seen.compiles == 1 and seen.compiles_largest[0][2] == "big_module.py"
+    assert seen.compiled_kb == pytest.approx(len("x = 1\n" + "# padding\n" * 300) / 1024, abs=0.1)

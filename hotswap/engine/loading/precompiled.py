@@ -14,9 +14,9 @@ The seam is the name ``compile`` in inductor's ``compile_tasks`` module: hotswap
 ``_compile`` there (``install()``), which answers a source it holds bytecode for and passes
 everything else to the builtin. A torch that no longer compiles there simply compiles as
 before. Only sources of at least ``MIN_BYTES`` travel (a small module compiles in
-milliseconds), only between processes of one Python bytecode version
-(``importlib.util.MAGIC_NUMBER``), and only in entries, which are signed like the artifact
-whose pickles a load runs anyway.
+milliseconds), only between processes of one Python bytecode version and optimization
+level (``importlib.util.MAGIC_NUMBER``, ``-O``), and only in entries, which are signed like
+the artifact whose pickles a load runs anyway.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import importlib.util
 import marshal
+import sys
 import threading
 from collections.abc import Iterator
 from types import CodeType
@@ -34,7 +35,8 @@ from typing import Any
 __all__ = ["MIN_BYTES", "adopted", "install", "record", "recording"]
 
 MIN_BYTES = 32 * 1024
-_MAGIC = importlib.util.MAGIC_NUMBER.hex()
+# Bytecode is for one Python bytecode version and optimization level (-O drops asserts)
+_MAGIC = f"{importlib.util.MAGIC_NUMBER.hex()}-O{sys.flags.optimize}"
 
 _lock = threading.Lock()
 _codes: dict[str, bytes] = {}  # digest of a source -> its marshalled code (serving process)
