@@ -165,7 +165,7 @@ class _TritonEarly:
             # Triton's modules as bytecode too (the same folder as the imports beside it):
             # compiled from source here, each of its large modules held the GIL for tens of ms.
             with _stage("warmup:triton_driver"), load_guard.uncounted(), \
-                    bytecode.read_for_imports(_COMMON_MODULES + _CUDA_MODULES), \
+                    bytecode.read_for_imports(_COMMON_MODULES + _CUDA_MODULES + _LOAD_MODULES), \
                     threads.yielding_gil(
                         unless=_warmup.needed, full_speed=_warmup.blocking.is_set):
                 warm()
