@@ -162,9 +162,11 @@ def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
             worker_devices: Any = None, executor: Any = None) -> bool:
     """Start the compile workers and warm this process's load path now, so that the first
     swap neither waits for nor competes with one-time costs (a worker's start: its imports,
-    then the CUDA context or the CPU vector-ISA probe; here: about 1.5 s of imports and a hash
-    of torch's sources). Call it first thing, before building the model, so a worker's start
-    overlaps with the model's construction; ``hotswap.compile`` does the same on its own, later.
+    then the CUDA context or the CPU vector-ISA probe; here: about 1.5 s of imports). Call it
+    first thing, before building the model, so a worker's start overlaps with the model's
+    construction; ``hotswap.compile`` does the same on its own, later. Without ``wait`` the
+    pool's first worker starts (it grows on demand: docs/pool.md); ``wait=True`` starts and
+    waits for all of them.
 
     workers, worker_devices: the pool to start (as ``hotswap.compile(...)``); executor: a
     cluster to connect to instead (as ``hotswap.compile(executor=...)``). devices: those the
