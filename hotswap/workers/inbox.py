@@ -7,7 +7,6 @@ import collections
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -89,7 +88,6 @@ class Job:
     data: bytes
     timeout_s: float | None
     future: JobFuture
-    queued_s: float = field(default_factory=time.monotonic)  # when it was submitted
 
 
 def resolve(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:

@@ -178,9 +178,9 @@ class Manager:
         worker.send(MessageKind.INIT, 0, encode_control(init))
 
     def _top_up_workers(self) -> None:
-        """Start workers, up to the pool's size: the first at once; the others for jobs that
-        waited as long as a worker takes to start (``_due``), or for a caller in
-        ``wait_ready``, who asked for all of them."""
+        """Start workers, up to the pool's size: the first at once; the others where the queue
+        would keep its last job waiting longer than a worker takes to start (``_due``), or for
+        a caller in ``wait_ready``, who asked for all of them."""
         if len(self.workers) >= self.config.workers:
             return
         if self._start_failures >= _MAX_START_FAILURES:
@@ -204,8 +204,8 @@ class Manager:
                 if self.workers and not everyone:
                     log.info("hotswap: the queued jobs would wait about %.1f s for a worker "
                              "(a start takes %.1f s here): starting worker %d of %d",
-                             self._longest_wait(), self._start_s(), len(self.workers) + 1,
-                             self.config.workers)
+                             self._queue_wait_s(time.monotonic()), self._start_s(),
+                             len(self.workers) + 1, self.config.workers)
                 self._spawn(slot)
                 starting += 1
 
@@ -248,9 +248,6 @@ class Manager:
     def _due(self, now: float) -> int:
         """Workers to add now: one where the queue's last job would wait longer than a start."""
         return int(self._queue_wait_s(now) > self._start_s())
-
-    def _longest_wait(self) -> float:
-        return self._queue_wait_s(time.monotonic())
 
     def _grow_deadline(self) -> float | None:
         """When the queue's wait, growing with the longest running job's time so far, would

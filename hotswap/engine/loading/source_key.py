@@ -83,11 +83,10 @@ def from_worker() -> Iterator[None]:
 def record() -> dict[str, Any]:
     """Workers: this process's hash and install, for the probes an entry carries ({} where
     there is none to send)."""
-    install, torch_key = install_id(), _torch_key()
-    if not install or not hasattr(torch_key, "set"):
+    if not travels():
         return {}
-    value = torch_key()
-    return {"torch_key": [value.hex(), install]} if isinstance(value, bytes) else {}
+    value = _torch_key()()
+    return {"torch_key": [value.hex(), install_id()]} if isinstance(value, bytes) else {}
 
 
 def adopt(found: dict[str, Any]) -> bool:
