@@ -228,8 +228,13 @@ class Manager:
 
     def _job_s(self, now: float) -> float:
         """How long a job takes here: the recent ones' average, or the longest running one's
-        time so far (0.0 where neither is known)."""
-        running = [now - w.job_started_s for w in self.workers.values() if w.job is not None]
+        time so far (0.0 where neither is known). A worker's first job pays its process's
+        one-time costs (a CUDA context, inductor's compile processes, lazy set-up: on the
+        H100, four processes' MLP jobs grew the service by a worker while the first one ran):
+        it counts in neither until it has run longer than a start takes."""
+        start_s = self._start_s()
+        running = [now - w.job_started_s - (start_s if w.jobs_done == 0 else 0.0)
+                   for w in self.workers.values() if w.job is not None]
         return max([self._mean_job_s or 0.0, *running])
 
     def _queue_wait_s(self, now: float) -> float:
@@ -258,11 +263,13 @@ class Manager:
             return None  # the start under way sets the measure: its readiness wakes us
         with self.inbox.lock:
             queued = len(self.inbox.jobs)
-        running = [w.job_started_s for w in self.workers.values() if w.job is not None]
+        start_s = self._start_s()
+        running = [w.job_started_s + (start_s if w.jobs_done == 0 else 0.0)  # as _job_s
+                   for w in self.workers.values() if w.job is not None]
         if not queued or not running:
             return None
         rounds = -(-queued // len(self.workers))  # the wait grows as the running job lasts
-        due = min(running) + self._start_s() / rounds
+        due = min(running) + start_s / rounds
         return due if due > time.monotonic() else None
 
     def _read(self, worker: WorkerProcess) -> None:
@@ -335,10 +342,11 @@ class Manager:
         if worker.job is not None:
             with self.inbox.lock:
                 self._running.pop(worker.job.job_id, None)
-            if answered:
+            if answered and worker.jobs_done:  # a first job's time is its process's start too
                 took = time.monotonic() - worker.job_started_s
                 self._mean_job_s = (took if self._mean_job_s is None
                                     else 0.7 * self._mean_job_s + 0.3 * took)
+            worker.jobs_done += 1
         self.watchdog.job_ended(worker.pid, had_job=worker.job is not None)
         worker.job = None
         worker.deadline_s = None

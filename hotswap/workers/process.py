@@ -65,6 +65,7 @@ class WorkerProcess:
         self.ready_s: float | None = None
         self.job: Job | None = None
         self.job_started_s = 0.0  # when its job was sent (monotonic)
+        self.jobs_done = 0  # jobs it finished (its first pays the process's one-time costs)
         self.deadline_s: float | None = None
         self.kill_reason: tuple[str, Any] | None = None
         self.watching_write = False

@@ -201,6 +201,27 @@ def test_a_loaded_tier_runs_once_on_copies_before_it_serves() -> None:
         torch.testing.assert_close(compiled(x, w), torch.zeros_like(expected))
 
 
+def test_the_first_run_goes_on_the_users_stream() -> None:
+    # The caching allocator hands a freed block only to the stream that allocated it: a run on
+    # a side stream left the user's stream to grow its own blocks in the first user call.
+    from hotswap.engine.loading.first_run import FirstRun
+
+    x, w = matmul_relu_inputs()
+    gm = torch.fx.symbolic_trace(matmul_relu)
+    user = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(user):
+        run = FirstRun.capture(gm, [x, w])
+    assert run is not None
+    streams: list[torch.cuda.Stream] = []
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        streams.append(torch.cuda.current_stream())
+        return matmul_relu(a, b)
+
+    run.run(fn)  # from this thread, whose current stream is the default one
+    assert streams == [user] and torch.cuda.current_stream() != user
+
+
 def test_the_warm_up_starts_triton_beside_the_imports() -> None:
     # Triton's driver start and its source hash run from the warm-up's start, on a thread
     # beside inductor's imports; a failure there only costs time later, so it is said nowhere
