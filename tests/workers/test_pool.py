@@ -368,3 +368,14 @@ def test_a_pool_grows_past_its_first_worker_only_for_a_queue_longer_than_a_start
     with WorkerPool(2, warm_modules=()) as pool:
         assert pool.wait_ready(60)  # asked for: all of them
         assert [w.ready for w in pool.workers_info()] == [True, True]
+
+
+def test_a_workers_first_job_does_not_count_as_the_pools_job_time() -> None:
+    """A worker's first job pays its process's one-time costs (a CUDA context, inductor's
+    compile processes): a slow first job makes no later queue look long (on the GPU, four
+    processes' quick jobs grew a shared service by a worker while its first job ran)."""
+    with WorkerPool(2, warm_modules=()) as pool:
+        assert pool.submit(F + "sleep", 3.0).result(timeout=60) == 3.0  # the worker's first
+        quick = [pool.submit(F + "echo", i) for i in range(3)]  # 3 x 3 s, had it counted
+        assert [f.result(timeout=60) for f in quick] == list(range(3))
+        assert len(pool.workers_info()) == 1
