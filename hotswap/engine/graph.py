@@ -25,6 +25,7 @@ and the tier that served it.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from typing import Any, Protocol
 import torch
 
 from hotswap.counting import bump
+from hotswap.engine import served, threads
+from hotswap.engine.served import CallClock, Window
 from hotswap.errors import HotswapError
 from hotswap.profiles.timeline import Timeline
 from hotswap.profiles.trace import call_mark
@@ -40,6 +43,7 @@ from hotswap.profiles.trace import call_mark
 __all__ = ["GraphRunner", "Listener", "ProfiledGraphRunner", "TierFailed"]
 
 Fn = Callable[..., Any]
+log = logging.getLogger("hotswap")
 
 
 class TierFailed(HotswapError):
@@ -61,6 +65,8 @@ class Listener(Protocol):
     def first_call(self, tier: str, start_s: float, end_s: float) -> None: ...
 
     def dropped(self, tier: str, back_to: str, reason: str) -> None: ...
+
+    def served(self, window: Window) -> None: ...
 
 
 def _close(new: Any, ref: Any) -> bool:
@@ -104,6 +110,8 @@ class GraphRunner:
         self.tier = "eager"
         self._rank = -1
         self.eager_calls = 0
+        # Times a window of each tier's calls once it serves (served.py); None: not timed.
+        self.clock: CallClock | None = None
 
     @property
     def serving(self) -> Fn:
@@ -208,10 +216,49 @@ class GraphRunner:
                     return ref
             with self._lock:
                 if self._fn is first_call:  # a tier swapped in meanwhile stays in place
-                    self._fn = fn  # graduated: later calls go straight to the artifact
+                    # graduated: later calls go straight to the artifact, timed for a window
+                    self._fn = self._timing_locked(tier, fn, "first")
             return out
 
         return first_call
+
+    # ------------------------------------------------------------------ timing as it serves
+
+    def _timing_locked(self, tier: str, fn: Fn, window: str) -> Fn:
+        """``fn``, timed for ``served.WINDOW`` calls where the runner has a clock; the timed
+        callable counts as the tier's own (a call that raises in it drops the tier)."""
+        clock = self.clock
+        if clock is None or self.listener is None:
+            return fn
+
+        def done(wrapper: Fn, marks: list[Any]) -> None:
+            with self._lock:
+                if self._fn is wrapper:
+                    self._fn = fn  # the window is full: the artifact alone again
+            lane = threads.io if clock.lane == "io" else threads.scheduler
+            lane.submit(self._report, tier, window, clock, marks)
+            if window == "first":
+                threads.scheduler.later(served.STEADY_AFTER_S, self._time_again, tier, fn)
+
+        wrapper = served.timed(fn, clock, served.WINDOW, done)
+        self._tier_fns = (*self._tier_fns, wrapper)
+        return wrapper
+
+    def _time_again(self, tier: str, fn: Fn) -> None:
+        """The steady window: ``fn`` timed again if it still serves."""
+        with self._lock:
+            if self._fn is fn:
+                self._fn = self._timing_locked(tier, fn, "steady")
+
+    def _report(self, tier: str, window: str, clock: CallClock, marks: list[Any]) -> None:
+        try:
+            times = clock.read(marks)
+        except Exception as e:  # a device error is the user's next call's to see, not ours
+            log.debug("graph %s: tier %r's calls not timed: %s: %s", self.graph_id, tier,
+                      type(e).__name__, e)
+            return
+        if self.listener is not None:
+            self.listener.served(Window(tier, window, times))
 
     def _ask_eager(self, fn: Fn, reason: str, args: tuple[Any, ...]) -> Any:
         """``fn`` raised ``reason``: eager answers the call, or raises the user's error."""

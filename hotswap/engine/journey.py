@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hotswap.counting import bump
+from hotswap.engine import served
 from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.loading.first_run import FirstRun
 from hotswap.engine.options import Tier
+from hotswap.engine.served import Window
 from hotswap.engine.shipping.request import GraphRequest, Prepared
 from hotswap.engine.shipping.wire import CachedEntry, InputMeta
 from hotswap.profiles.records import Swap
@@ -136,6 +138,13 @@ class GraphStatus:
     # SCHED_IDLE" where no cpu cgroup is ours to make (system/priority.py); "" while no
     # worker of that pool runs.
     worker_priority: str = ""
+    # Each tier's calls as it served them (served.py), in ms per call: "first" (median of
+    # the first calls after its swap), "first_max" (the slowest of them), "steady" (median
+    # of a later window), "measured" (the gate's last measurement of it, in a worker).
+    served_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # "" unless a tier's steady calls ran served.GAP or more slower than the gate measured
+    # it: which tier, both figures, and by how much.
+    served_gap: str = ""
 
     def summary(self) -> str:
         """One line: what serves, since when, and what is pending, kept or failed."""
@@ -155,6 +164,8 @@ class GraphStatus:
             parts.append(self.gate)
         parts += [f"kept {tier}: {why}" for tier, why in self.kept]
         parts += [f"failed {tier}: {why}" for tier, why in self.failures]
+        if self.served_gap:
+            parts.append(self.served_gap)
         if self.cache:
             parts.append(f"cache: {self.cache}")
         return " | ".join(parts)
@@ -233,6 +244,11 @@ class GraphJourney:
         self._deciding = ""                      # the tier it is deciding on, serving or not
         self._local = False                      # a tier of it compiles here (local.py)
         self._forgotten = False                  # torch.compiler.reset() let go of it
+        self._served_ms: dict[str, dict[str, float]] = {}  # status().served_ms
+        self._measured_contended: dict[str, bool] = {}  # its last measurement was contended
+        self._served_gap = ""
+        device = next((m.device for m in self.inputs or () if m.is_tensor), None)
+        runner.clock = served.clock_for(device) if device is not None else None
         runner.listener = self
 
     @property
@@ -386,6 +402,34 @@ class GraphJourney:
     def first_call(self, tier: str, start_s: float, end_s: float) -> None:
         self.recorder.span(self, tier, "first_call", start_s, end_s)
 
+    def served(self, window: Window) -> None:
+        """A window of ``window.tier``'s calls was timed as it served (served.py): kept for
+        status, and a steady median GAP or more slower than the gate measured is reported."""
+        gap = ""
+        with self._lock:
+            figures = self._served_ms.setdefault(window.tier, {})
+            figures[window.name] = window.median_ms
+            if window.name == "first":
+                figures["first_max"] = window.max_ms
+            measured = figures.get("measured")
+            if window.name == "steady" and measured and \
+                    window.median_ms >= measured * (1.0 + served.GAP):
+                how = " (a contended measurement)" if self._measured_contended.get(
+                    window.tier) else ""
+                gap = self._served_gap = (
+                    f"{window.tier!r} serves at {window.median_ms:.4g} ms per call, "
+                    f"{window.median_ms / measured - 1.0:.0%} slower than the gate measured it "
+                    f"in a worker: {measured:.4g} ms{how}")
+        if gap:
+            bump("served_gaps")
+            log.info("graph %s: %s", self.graph_id, gap)
+
+    def measured(self, tier: str, ms: float, contended: bool) -> None:
+        """The gate's latest per-call figure for ``tier`` (eager included)."""
+        with self._lock:
+            self._served_ms.setdefault(tier, {})["measured"] = ms
+            self._measured_contended[tier] = contended
+
     def dropped(self, tier: str, back_to: str, reason: str) -> None:
         self.recorder.timeline.add(Swap(self.graph_id, tier, back_to, time.monotonic(),
                                         "dropped"))
@@ -494,4 +538,6 @@ class GraphJourney:
                 arrived_s=tuple(self._arrived),
                 final_after_s=self._final_after,
                 gate=self._gate,
+                served_ms={tier: dict(f) for tier, f in self._served_ms.items()},
+                served_gap=self._served_gap,
             )

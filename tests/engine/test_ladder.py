@@ -88,6 +88,8 @@ def test_progressive_climbs_and_the_gate_adopts_a_faster_top_tier() -> None:
     assert (d["worker_compiles"], d["swaps"], d["gate_benchmarks"], d["eager_checks"],
             d["gate_kept"], d["eager_calls"]) == (2, 2, 1, 1, 0, 1)
     assert fake.calls["max-autotune"] == 1  # the call after wait()
+    # What the gate measured of each tier, per call, beside its calls as they serve
+    assert {t: f["measured"] for t, f in status.served_ms.items()} == FAST_TOP
 
 
 def test_the_gate_keeps_a_slower_tier_out_and_a_warm_process_neither_compiles_nor_loads_it(

@@ -240,8 +240,12 @@ class Ladder:
         decision = decide(Measurement(journey.graph_id, serving, candidate.tier, reply),
                           threshold=self.gate.threshold, now_s=time.monotonic(),
                           **_so_far(candidate).decide_keywords())
-        if decision.record is not None:
-            self._recorder.timeline.add(decision.record)
+        decided = decision.record
+        if decided is not None:
+            self._recorder.timeline.add(decided)
+            # what each tier costs per call, to compare with its calls as it serves
+            journey.measured(decided.serving, decided.serving_ms, decided.contended > 0)
+            journey.measured(decided.candidate, decided.candidate_ms, decided.contended > 0)
         retry = decision.retry
         if retry is None:
             if decision.action is Action.ADOPT:

@@ -1,0 +1,150 @@
+"""A tier's calls timed as it serves them (hotswap/engine/served.py), against the gate's
+measurement: two windows, the hot path bare between and after them, and a steady window
+slower than measured reported and counted. Fake tiers: no inductor, no workers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.engine import served
+from hotswap.engine.graph import GraphRunner
+from hotswap.engine.journey import GraphJourney, GraphStatus
+from hotswap.engine.options import Tier
+from hotswap.engine.recording import Recorder
+from hotswap.engine.served import CallClock
+
+X = torch.arange(4.0)
+
+
+@pytest.fixture(autouse=True)
+def _short_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(served, "WINDOW", 5)
+    monkeypatch.setattr(served, "STEADY_AFTER_S", 0.2)
+
+
+def _journey() -> GraphJourney:
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
+    runner = GraphRunner("g", gm, ["fast"])
+    journey = GraphJourney(runner, gm, [Tier("fast")], Recorder(None))
+    runner.clock = CallClock()  # a graph on the CPU (the journey reads the device from inputs)
+    journey.arrived("fast", "worker")
+    return journey
+
+
+def _sleeping(seconds: Callable[[], float]) -> Callable[..., Any]:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor]:
+        time.sleep(seconds())
+        return (x * 2 + 1,)
+
+    return fn
+
+
+def _until(journey: GraphJourney, done: Callable[[GraphStatus], bool]) -> GraphStatus:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        status = journey.status()
+        if done(status):
+            return status
+        time.sleep(0.01)
+    raise AssertionError(f"not reached in 10 s: {journey.status()}")
+
+
+def _timed_again(journey: GraphJourney, tier: Callable[..., Any]) -> None:
+    """Wait for the steady window's timer (on the scheduler lane, which other work may hold)."""
+    deadline = time.monotonic() + 10
+    while journey.runner.serving is tier:
+        assert time.monotonic() < deadline, "the steady window never began"
+        time.sleep(0.01)
+
+
+def _call(journey: GraphJourney, n: int) -> None:
+    for _ in range(n):
+        torch.testing.assert_close(journey.runner(X)[0], X * 2 + 1)
+
+
+def test_two_windows_are_timed_and_the_hot_path_is_bare_between_and_after() -> None:
+    delay = [0.004]
+    tier = _sleeping(lambda: delay[0])
+    journey = _journey()
+    journey.measured("fast", 4.0, contended=False)
+    journey.swap_in("fast", tier)
+    _call(journey, 1 + served.WINDOW)  # the first call (probation), then the first window
+    assert journey.runner.serving is tier  # the window is full: the artifact alone
+    first = _until(journey, lambda s: "first" in s.served_ms.get("fast", {}))
+    assert 4.0 <= first.served_ms["fast"]["first"] < 40.0
+    assert first.served_ms["fast"]["first_max"] >= first.served_ms["fast"]["first"]
+    _timed_again(journey, tier)  # the steady window
+    with hotswap.counters_delta() as d:
+        _call(journey, served.WINDOW)
+        steady = _until(journey, lambda s: "steady" in s.served_ms["fast"])
+    assert journey.runner.serving is tier
+    assert steady.served_ms["fast"]["measured"] == 4.0
+    assert steady.served_gap == "" and d["served_gaps"] == 0  # as measured: no gap
+
+
+def test_a_steady_window_slower_than_measured_is_reported_and_counted() -> None:
+    journey = _journey()
+    journey.measured("fast", 1.0, contended=True)
+    tier = _sleeping(lambda: 0.005)
+    journey.swap_in("fast", tier)
+    with hotswap.counters_delta() as d:
+        _call(journey, 1 + served.WINDOW)
+        _timed_again(journey, tier)
+        _call(journey, served.WINDOW)
+        status = _until(journey, lambda s: bool(s.served_gap))
+    assert d["served_gaps"] == 1
+    assert status.served_gap.startswith("'fast' serves at ")
+    assert "slower than the gate measured it in a worker: 1 ms (a contended measurement)" \
+        in status.served_gap
+    assert status.served_ms["fast"]["steady"] >= 5.0
+    assert status.served_gap in status.summary()
+
+
+def test_a_tier_replaced_before_its_steady_window_is_not_timed_again() -> None:
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
+    runner = GraphRunner("g", gm, ["fast", "best"])
+    journey = GraphJourney(runner, gm, [Tier("fast"), Tier("best")], Recorder(None))
+    runner.clock = CallClock()
+    for name in ("fast", "best"):
+        journey.arrived(name, "worker")
+    fast, best = _sleeping(lambda: 0.0), _sleeping(lambda: 0.0)
+    journey.swap_in("fast", fast)
+    _call(journey, 1 + served.WINDOW)
+    journey.swap_in("best", best)
+    time.sleep(served.STEADY_AFTER_S + 0.2)
+    _call(journey, 1)  # best's probation call: its own first window begins
+    assert runner.tier == "best"
+    _call(journey, served.WINDOW)
+    assert runner.serving is best
+    status = _until(journey, lambda s: "first" in s.served_ms.get("best", {}))
+    assert "steady" not in status.served_ms["fast"]
+
+
+def test_a_call_that_raises_in_a_timed_window_drops_the_tier_to_eager() -> None:
+    journey = _journey()
+    calls = [0]
+
+    def flaky(x: torch.Tensor) -> tuple[torch.Tensor]:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("the tier broke")
+        return (x * 2 + 1,)
+
+    journey.swap_in("fast", flaky)
+    _call(journey, 3)  # probation, then the window's first call, then the one that raises
+    status = journey.status()
+    assert status.tier == "eager"
+    assert status.failures == (("fast", "raised in a call and was dropped: RuntimeError: "
+                                        "the tier broke"),)
+
+
+def test_the_cuda_clock_is_chosen_for_cuda_graphs_and_none_for_other_devices() -> None:
+    assert type(served.clock_for("cpu")) is CallClock
+    assert isinstance(served.clock_for("cuda:1"), served.CudaClock)
+    assert served.clock_for("meta") is None
