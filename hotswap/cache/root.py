@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from hotswap import settings
-from hotswap.cache.trust import check_root, check_way, read_private
+from hotswap.cache.trust import check_root, check_way, create_secret, read_private
 
 __all__ = ["MARKER", "NotACache", "claim_root", "default_cache_dir", "load_secret", "open_root",
            "read_secret"]
@@ -97,19 +97,7 @@ def claim_root(root: Path, format_version: int) -> Path:
 
 def load_secret(root: Path) -> bytes:
     """The cache's signing key, made on first use (32 random bytes, mode 0600)."""
-    path = root / "secret.key"
-    if not os.path.lexists(path):
-        # Write a complete key under a temporary name, then link it into place: a process
-        # racing us sees either no key or a whole one, never an empty file.
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".key-")
-        try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
+    create_secret(root / "secret.key")
     secret = read_secret(root)
     assert secret is not None
     return secret

@@ -23,10 +23,11 @@ import contextlib
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
-__all__ = ["UntrustedPath", "check_private_dir", "check_root", "check_way", "ensure_private_dir",
-           "open_private", "read_private"]
+__all__ = ["UntrustedPath", "check_private_dir", "check_root", "check_way", "create_secret",
+           "ensure_private_dir", "open_private", "read_private"]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -139,6 +140,24 @@ def open_private(path: Path, flags: int, *, secret: bool = False) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def create_secret(path: Path, size: int = 32) -> None:
+    """Make ``path`` hold ``size`` random bytes (mode 0600) unless it exists: written whole
+    under a temporary name, then linked into place, so that a process racing this one sees
+    no file or a whole one, never an empty one (sixteen processes starting a compile service
+    at once read a key file created and not yet written)."""
+    if os.path.lexists(path):
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".key-")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(size))
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
 
 
 def read_private(path: Path, *, secret: bool = False) -> bytes:

@@ -25,7 +25,6 @@ import functools
 import hashlib
 import json
 import os
-import secrets
 import stat
 import sys
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from hotswap import settings
-from hotswap.cache.trust import UntrustedPath, check_way, open_private, read_private
+from hotswap.cache.trust import UntrustedPath, check_way, create_secret, read_private
 
 __all__ = ["Place", "UntrustedPath", "authkey", "check_dir", "check_socket", "default_dir",
            "find_place", "stamp", "stamp_fields"]
@@ -176,13 +175,7 @@ def authkey(place: Place, *, create: bool) -> bytes:
     """The folder's key (made on first use: 32 random bytes, mode 0600), checked as the
     cache's key is: ours, a regular file, no link, readable by us alone."""
     if create:
-        try:
-            fd = open_private(place.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, secret=True)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
+        create_secret(place.key)
     try:
         key = read_private(place.key, secret=True)
     except OSError as e:
