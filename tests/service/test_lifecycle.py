@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,20 @@ def test_a_service_started_early_exits_if_no_job_comes_first(service_dir: Path) 
     assert not gone(used["pid"])                  # the usual idle exit holds from then on
 
 
+def test_service_start_by_name_keeps_a_service_started_early(
+        service_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A service started as hotswap was imported has a first-job window; ``hotswap service
+    start`` lifts it, so the service stays until its usual idle exit."""
+    place = find_place(create=True)
+    early = control.ensure(place, first_job_within_s=2.0)
+    assert early["first_job_within_s"] == 2.0
+    code, status = status_json(capsys, "start")
+    assert code == 0 and status["pid"] == early["pid"] and status["first_job_within_s"] is None
+    time.sleep(max(0.0, 3.0 - status["uptime_s"]))  # past the window, with no job
+    assert not gone(early["pid"])
+    assert control.ensure(place)["first_job_within_s"] is None
+
+
 def test_a_service_of_another_build_is_not_used(service_dir: Path) -> None:
     """A service whose stamp differs (here: it sees other GPUs) is never asked for a job, even
     when its socket sits where this build's would."""
@@ -224,6 +239,7 @@ def test_who_starts_the_service_early(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 EARLY = """
+import threading
 import time
 import hotswap
 from hotswap.service import control, early
@@ -298,3 +314,35 @@ def test_multiprocessing_children_start_no_service(method: str, tmp_path: Path,
         kill_services(tmp_path / "svc")  # the parent's own, started as it imported hotswap
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "False"]  # the parent would, its child does not
+
+
+def _take_key(place: Place, barrier: threading.Barrier, keys: list[bytes],
+              errors: list[BaseException]) -> None:
+    barrier.wait()
+    try:
+        keys.append(authkey(place, create=True))
+    except BaseException as e:
+        errors.append(e)
+
+
+def test_threads_racing_to_make_the_key_all_read_one_whole_key(tmp_path: Path) -> None:
+    """The key is written whole under a temporary name and linked into place: sixteen
+    processes starting a service at once read an empty key file that one had created and
+    not yet written ("shorter than 32 bytes")."""
+    for attempt in range(30):
+        folder = tmp_path / str(attempt)
+        folder.mkdir(mode=0o700)
+        place = Place(folder, "stamp")
+        barrier = threading.Barrier(16)
+        keys: list[bytes] = []
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=_take_key, args=(place, barrier, keys, errors))
+                   for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors[0]
+        assert len(set(keys)) == 1 and len(keys[0]) == 32
+        assert (folder / "authkey").stat().st_mode & 0o777 == 0o600
+        assert sorted(p.name for p in folder.iterdir()) == ["authkey"]  # no temporary left
