@@ -212,7 +212,7 @@ def _service(args: argparse.Namespace) -> int:
     try:
         place = find_place(create=args.action == "start")
         if args.action == "start":
-            status: dict[str, Any] | None = control.ensure(place)
+            status: dict[str, Any] | None = control.ensure(place, keep=True)
         elif args.action == "stop":
             status = control.stop(place)
         else:
@@ -237,7 +237,10 @@ def _service(args: argparse.Namespace) -> int:
         workers = status["workers"]
         print(f"compile service {status['stamp']} (pid {status['pid']}) in {status['dir']}\n"
               f"uptime: {status['uptime_s']:.0f} s; exits after {status['idle_exit_s']:g} s "
-              f"without a job\n"
+              f"without a job" + ("" if status.get("first_job_within_s") is None else
+                                  f", or {status['first_job_within_s']:g} s after its start "
+                                  "if no first job comes (started as hotswap was imported; "
+                                  "`hotswap service start` lifts that)") + "\n"
               f"workers: {len(workers)} ({sum(w['ready'] for w in workers)} ready, "
               f"{sum(w['busy'] for w in workers)} busy)\n"
               f"jobs: {status['jobs_served']} served, {status['jobs_failed']} failed, "

@@ -96,13 +96,18 @@ def probe(place: Place, key: bytes) -> dict[str, Any] | None:
     return status
 
 
-def ensure(place: Place, *, first_job_within_s: float | None = None) -> dict[str, Any]:
+def ensure(place: Place, *, first_job_within_s: float | None = None,
+           keep: bool = False) -> dict[str, Any]:
     """The status of this build's service, started if none answers. Safe to call from many
     processes at once: one starts it, the others find it. A service started here with
-    ``first_job_within_s`` exits after that long if no job comes first."""
+    ``first_job_within_s`` exits after that long if no job comes first; ``keep`` (asked for
+    by name, ``hotswap service start``) lifts that limit from one found running, as a
+    process importing hotswap starts it, so that it stays until its idle exit."""
     key = authkey(place, create=True)
     status = probe(place, key)
     if status is not None:
+        if keep and status.get("first_job_within_s") is not None:
+            return request(place, key, {"kind": "keep"})
         return status
     try:
         with FileLock(str(place.lock), timeout=LOCK_TIMEOUT_S, mode=0o600):

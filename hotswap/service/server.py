@@ -137,7 +137,9 @@ class Service:
         workers = pool.workers_info() if pool is not None else []
         with self._lock:
             counts = {"jobs_served": self.jobs_served, "jobs_failed": self.jobs_failed,
-                      "jobs_cancelled": self.jobs_cancelled, "jobs_running": self._jobs_running}
+                      "jobs_cancelled": self.jobs_cancelled, "jobs_running": self._jobs_running,
+                      # while no job came yet: it exits this long after its start without one
+                      "first_job_within_s": None if self._had_job else self.first_job_within_s}
         return {"kind": "status", "stamp": self.place.stamp, "pid": os.getpid(),
                 "uid": os.geteuid(), "dir": str(self.place.dir),
                 "uptime_s": round(time.monotonic() - self._started, 3),
@@ -227,7 +229,11 @@ class Service:
             kind = request["kind"]
             if kind == "job":
                 self._run(conn, request)
-            elif kind in ("status", "stop"):
+            elif kind in ("status", "stop", "keep"):
+                if kind == "keep":  # started by name: it stays until its idle exit
+                    with self._lock:
+                        self.first_job_within_s = None
+                    log.info("hotswap service: kept: no first-job limit")
                 with contextlib.suppress(OSError):
                     conn.send_bytes(encode(self.status()))
                 if kind == "stop":
