@@ -6,11 +6,11 @@
 Per model, batch and mode: hotswap's ladder for torch.compile's ``mode`` (``["default"]``, or
 ``["default", mode]``) served until final, and ``torch.compile(model, mode=mode)``; then
 rounds of triton's do_bench (median) interleaved between the two. The ratio is hotswap's
-median over torch's (target <= 1.03x). To say where a gap lies, each side is also profiled
-over --profile-calls calls: the GPU's busy time per call (kernels, copies and memsets,
-summed), the host's time to issue a call (no synchronization: what the CPU spends per call),
-and the kernels whose time per call differs most between the two sides. Prints a table, and
-JSON with --json.
+median over torch's, the median of the rounds' ratios (target <= 1.03x), with their range. To
+say where a gap lies, each side is also profiled over --profile-calls calls: the GPU's busy
+time per call (kernels, copies and memsets, summed), the host's time to issue a call (no
+synchronization: what the CPU spends per call), and the kernels whose time per call differs
+most between the two sides. Prints a table, and JSON with --json.
 """
 
 from __future__ import annotations
@@ -76,10 +76,12 @@ def _case(model: Any, inputs: tuple[Any, ...], mode: str, rounds: int, calls: in
         profiles = {name: _profile(fn, calls) for name, fn in sides.items()}
     [status] = hotswap.status(backend)
     ms = {name: statistics.median(v) for name, v in times.items()}
+    ratios = sorted(o / p for o, p in zip(times["hotswap"], times["torch"], strict=True))
     ours_k, plain_k = profiles["hotswap"][2], profiles["torch"][2]
     gaps = sorted(((ours_k.get(k, 0.0) - plain_k.get(k, 0.0), k) for k in {*ours_k, *plain_k}),
                   key=lambda t: -abs(t[0]))
-    return {"tier": status.tier, "kept": status.kept, "ms": ms, "ratio": ms["hotswap"] / ms["torch"],
+    return {"tier": status.tier, "kept": status.kept, "ms": ms, "ratio": statistics.median(ratios),
+            "round_ratios": [round(r, 4) for r in ratios], "round_ms": times,
             "gpu_ms": {n: p[0] for n, p in profiles.items()},
             "host_ms": {n: p[1] for n, p in profiles.items()},
             "launches": {n: len(p[2]) for n, p in profiles.items()},
@@ -129,7 +131,8 @@ def main() -> int:
                     continue
                 print(f"{name:<16}{batch:>6} {mode:<16}{row['tier']:<16}"
                       f"{row['ms']['hotswap']:>11.4f}{row['ms']['torch']:>10.4f}"
-                      f"{row['ratio']:>7.3f}"
+                      f"{row['ratio']:>7.3f} ({row['round_ratios'][0]:.3f}-"
+                      f"{row['round_ratios'][-1]:.3f})"
                       f"{row['gpu_ms']['hotswap']:>8.4f}/{row['gpu_ms']['torch']:<7.4f}"
                       f"{row['host_ms']['hotswap']:>8.4f}/{row['host_ms']['torch']:<7.4f}",
                       flush=True)
