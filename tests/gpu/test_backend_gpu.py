@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,7 +55,14 @@ def test_progressive_bf16_matmul_relu_climbs_and_keeps_the_faster_tier(tmp_path:
 
     torch._dynamo.reset()
     x, y = matmul_relu_inputs()
-    f = matmul_relu
+    salt = unseen_scale()
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        # A graph no inductor cache has seen, so that its max-autotune compile writes kernel
+        # sources for the entry (on a hit of an earlier run's, it wrote none: 2 runs in 3 of
+        # this test in one machine failed the sources' check below).
+        return matmul_relu(a, b) * salt
+
     top = TIERS[-1]
     compiled = hotswap.compile(f, mode="progressive", fullgraph=True, cache_dir=str(tmp_path),
                                tiers=TIERS)
@@ -76,14 +84,33 @@ def test_progressive_bf16_matmul_relu_climbs_and_keeps_the_faster_tier(tmp_path:
         assert all(why.startswith(("slower than eager: ", "gate: ")) for _, why in status.kept)
     assert any("'max_autotune': True" in src for src in _max_autotune_sources(str(tmp_path), top))
     torch.testing.assert_close(compiled(x, y), f(x, y), rtol=2e-2, atol=2e-2)
-    # The gate's point: what hotswap serves is no slower than plain torch.compile's default.
+    # The gate's point: what hotswap serves is no slower than plain torch.compile's default,
+    # per call as a caller calling back to back sees it (the gate's measure). This graph is
+    # launch-bound: do_bench's device time alone had max-autotune's one template kernel slower
+    # than default's two launches (0.0177 against 0.0143 ms on the H100) where a call's time,
+    # launches included, had it 1.8x faster.
     plain = torch.compile(f, fullgraph=True)
     plain(x, y)
-    ours_ms = do_bench(lambda: compiled(x, y), return_mode="median")
-    plain_ms = do_bench(lambda: plain(x, y), return_mode="median")
-    print(f"do_bench median: hotswap ({status.tier}) {ours_ms:.4f} ms, torch.compile default "
-          f"{plain_ms:.4f} ms")
+    ours_ms, plain_ms = _per_call_ms([lambda: compiled(x, y), lambda: plain(x, y)])
+    print(f"per call: hotswap ({status.tier}) {ours_ms:.4f} ms, torch.compile default "
+          f"{plain_ms:.4f} ms; do_bench: {do_bench(lambda: compiled(x, y)):.4f} ms against "
+          f"{do_bench(lambda: plain(x, y)):.4f} ms")
     assert ours_ms <= plain_ms * 1.05, status
+
+
+def _per_call_ms(fns: list[Any], calls: int = 200, rounds: int = 9) -> list[float]:
+    """Each callable's time per call in blocks of back-to-back calls and one synchronize,
+    interleaved over ``rounds`` (the median of each)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, mine in zip(fns, times, strict=True):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            mine.append((time.perf_counter() - start) * 1e3 / calls)
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def test_async_500_adds_forward_and_backward() -> None:
