@@ -44,6 +44,10 @@ __all__ = ["GraphRunner", "Listener", "ProfiledGraphRunner", "TierFailed"]
 
 Fn = Callable[..., Any]
 log = logging.getLogger("hotswap")
+# A timed window's CUDA events are read once all have completed: looked at this often, this
+# many times (a minute), then let go.
+_READ_EVERY_S = 0.05
+_READ_TRIES = 1200
 
 
 class TierFailed(HotswapError):
@@ -153,8 +157,8 @@ class GraphRunner:
         """The tier serves from the very first call (no eager, no swap): a first call that
         waited for it."""
         with self._lock:
-            self._fn = fn
             self._tier_fns = (fn,)
+            self._fn = self._timing_locked(tier, fn, "first")
             self._fallback = ((self._eager,), "eager", -1)
             self.tier = tier
             self._rank = self._ranks.get(tier, 0)
@@ -232,11 +236,13 @@ class GraphRunner:
             return fn
 
         def done(wrapper: Fn, marks: list[Any]) -> None:
-            with self._lock:
+            with self._lock:  # the window is full: the artifact alone again, wherever it is
                 if self._fn is wrapper:
-                    self._fn = fn  # the window is full: the artifact alone again
+                    self._fn = fn
+                fns, name, rank = self._fallback  # a swap during the window's last call
+                self._fallback = (tuple(fn if f is wrapper else f for f in fns), name, rank)
             lane = threads.io if clock.lane == "io" else threads.scheduler
-            lane.submit(self._report, tier, window, clock, marks)
+            lane.submit(self._report, tier, window, clock, marks, 0)
             if window == "first":
                 threads.scheduler.later(served.STEADY_AFTER_S, self._time_again, tier, fn)
 
@@ -250,12 +256,18 @@ class GraphRunner:
             if self._fn is fn:
                 self._fn = self._timing_locked(tier, fn, "steady")
 
-    def _report(self, tier: str, window: str, clock: CallClock, marks: list[Any]) -> None:
+    def _report(self, tier: str, window: str, clock: CallClock, marks: list[Any],
+                tries: int) -> None:
         try:
             times = clock.read(marks)
         except Exception as e:  # a device error is the user's next call's to see, not ours
             log.debug("graph %s: tier %r's calls not timed: %s: %s", self.graph_id, tier,
                       type(e).__name__, e)
+            return
+        if times is None:  # the device has not run them all yet: look again a little later
+            if tries < _READ_TRIES:
+                threads.io.later(_READ_EVERY_S, self._report, tier, window, clock, marks,
+                                 tries + 1)
             return
         if self.listener is not None:
             self.listener.served(Window(tier, window, times))

@@ -142,8 +142,8 @@ class GraphStatus:
     # the first calls after its swap), "first_max" (the slowest of them), "steady" (median
     # of a later window), "measured" (the gate's last measurement of it, in a worker).
     served_ms: dict[str, dict[str, float]] = field(default_factory=dict)
-    # "" unless a tier's steady calls ran served.GAP or more slower than the gate measured
-    # it: which tier, both figures, and by how much.
+    # "" unless the serving tier's steady calls ran served.GAP or more slower than the gate
+    # measured it: which tier, both figures, and by how much.
     served_gap: str = ""
 
     def summary(self) -> str:
@@ -246,9 +246,8 @@ class GraphJourney:
         self._forgotten = False                  # torch.compiler.reset() let go of it
         self._served_ms: dict[str, dict[str, float]] = {}  # status().served_ms
         self._measured_contended: dict[str, bool] = {}  # its last measurement was contended
-        self._served_gap = ""
-        device = next((m.device for m in self.inputs or () if m.is_tensor), None)
-        runner.clock = served.clock_for(device) if device is not None else None
+        self._served_gaps: dict[str, str] = {}  # per tier; status() says the serving one's
+        runner.clock = served.clock_for(m.device for m in self.inputs or () if m.is_tensor)
         runner.listener = self
 
     @property
@@ -416,7 +415,7 @@ class GraphJourney:
                     window.median_ms >= measured * (1.0 + served.GAP):
                 how = " (a contended measurement)" if self._measured_contended.get(
                     window.tier) else ""
-                gap = self._served_gap = (
+                gap = self._served_gaps[window.tier] = (
                     f"{window.tier!r} serves at {window.median_ms:.4g} ms per call, "
                     f"{window.median_ms / measured - 1.0:.0%} slower than the gate measured it "
                     f"in a worker: {measured:.4g} ms{how}")
@@ -425,8 +424,11 @@ class GraphJourney:
             log.info("graph %s: %s", self.graph_id, gap)
 
     def measured(self, tier: str, ms: float, contended: bool) -> None:
-        """The gate's latest per-call figure for ``tier`` (eager included)."""
+        """The gate's latest per-call figure for ``tier`` (eager included); a contended one
+        (slowed by whatever took the CPU) does not replace a clean one."""
         with self._lock:
+            if contended and self._measured_contended.get(tier) is False:
+                return
             self._served_ms.setdefault(tier, {})["measured"] = ms
             self._measured_contended[tier] = contended
 
@@ -539,5 +541,5 @@ class GraphJourney:
                 final_after_s=self._final_after,
                 gate=self._gate,
                 served_ms={tier: dict(f) for tier, f in self._served_ms.items()},
-                served_gap=self._served_gap,
+                served_gap=self._served_gaps.get(serving, ""),
             )

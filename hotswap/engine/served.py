@@ -10,7 +10,8 @@ calls (``WINDOW``: the first calls after the swap), and ``STEADY_AFTER_S`` later
 - On a CUDA device it is the device's time from a CUDA event recorded before the call to one
   recorded after, on the user's stream: what the call cost the device, launch gaps
   included, as the gate's blocks count it. Nothing synchronizes the user's thread: the
-  events are read on hotswap's I/O lane once the window's last one has completed.
+  events are read on hotswap's I/O lane once they have all completed (it polls). Calls from
+  several threads at once on one stream overlap there, and each one's span holds the others'.
 
 ``GraphStatus.served_ms`` holds each window's median (and the first window's slowest call)
 beside the gate's measurement; a steady median ``GAP`` (10 %) or more slower than the gate
@@ -20,13 +21,17 @@ measured is said in ``GraphStatus.served_gap`` and counted (``served_gaps``).
 from __future__ import annotations
 
 import itertools
+import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GAP", "STEADY_AFTER_S", "WINDOW", "CallClock", "Window", "clock_for"]
+__all__ = ["GAP", "STEADY_AFTER_S", "WINDOW", "CallClock", "CudaClock", "Window", "clock_for",
+           "timed"]
+
+log = logging.getLogger("hotswap")
 
 WINDOW = 100          # calls timed in each window
 STEADY_AFTER_S = 10.0  # from the first window's end to the second's start
@@ -51,7 +56,8 @@ class Window:
 
 
 class CallClock:
-    """Times calls on the CPU: ``start``/``stop`` around each, ``read`` at the window's end."""
+    """Times calls on the CPU: ``start``/``stop`` around each, ``read`` at the window's end
+    (None: not yet readable)."""
 
     lane = "scheduler"  # where ``read`` runs: it waits for nothing
 
@@ -61,41 +67,54 @@ class CallClock:
     def stop(self, started: Any) -> Any:
         return (started, time.perf_counter())
 
-    def read(self, marks: list[Any]) -> tuple[float, ...]:
+    def read(self, marks: list[Any]) -> tuple[float, ...] | None:
         return tuple((end - start) * 1e3 for start, end in marks)
 
 
 class CudaClock(CallClock):
-    """Times calls on a CUDA device with events on the current stream; ``read`` waits for the
-    window's last event (on the I/O lane: the wait releases the GIL)."""
+    """Times calls on CUDA device ``index`` with events on its current stream (the user's);
+    ``read`` on the I/O lane, once every event has completed (it polls: no wait that holds
+    the lane behind a deep queue of the user's work)."""
 
     lane = "io"
 
-    def start(self) -> Any:
+    def __init__(self, index: int) -> None:
         import torch
 
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        event.record()
+        self._torch = torch
+        self._index = index
+
+    def _record(self) -> Any:
+        torch = self._torch
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self._index))
         return event
 
+    def start(self) -> Any:
+        return self._record()
+
     def stop(self, started: Any) -> Any:
-        import torch
+        return (started, self._record())
 
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        event.record()
-        return (started, event)
-
-    def read(self, marks: list[Any]) -> tuple[float, ...]:
-        marks[-1][1].synchronize()
+    def read(self, marks: list[Any]) -> tuple[float, ...] | None:
+        if not all(end.query() for _, end in marks):
+            return None
         return tuple(float(start.elapsed_time(end)) for start, end in marks)
 
 
-def clock_for(device: str) -> CallClock | None:
-    """The clock for a graph on ``device`` ("cpu", "cuda", "cuda:1"); None for others."""
-    if device == "cpu":
+def clock_for(devices: Iterable[str]) -> CallClock | None:
+    """The clock for a graph whose tensor inputs are on ``devices`` ("cpu", "cuda", "cuda:1"):
+    the first CUDA device's (a CPU scalar beside CUDA tensors is not the graph's device), else
+    the CPU's; None for a graph with no tensor input or one on another kind of device."""
+    devices = list(devices)
+    cuda = next((d for d in devices if d.startswith("cuda")), None)
+    if cuda is not None:
+        import torch
+
+        index = int(cuda.partition(":")[2] or torch.cuda.current_device())
+        return CudaClock(index)
+    if devices and all(d == "cpu" for d in devices):
         return CallClock()
-    if device.startswith("cuda"):
-        return CudaClock()
     return None
 
 
@@ -105,15 +124,24 @@ def timed(fn: Callable[..., Any], clock: CallClock, window: int,
     call that raises is not timed)."""
     marks: list[Any] = []
     tickets = itertools.count()  # atomic under the GIL: calls from several threads
+    closed: list[bool] = []      # the window is full: a wrapper still held anywhere only calls
 
     def timed_call(*args: Any) -> Any:
+        if closed:
+            return fn(*args)
         started = clock.start()
         out = fn(*args)
+        mark = clock.stop(started)  # first: nothing of ours between the call and its end
         ticket = next(tickets)
         if ticket < window:
-            marks.append(clock.stop(started))
+            marks.append(mark)
             if ticket == window - 1:
-                done(timed_call, marks)
+                closed.append(True)
+                try:
+                    done(timed_call, marks)
+                except Exception as e:  # never the user's call's: it was answered
+                    log.debug("hotswap: a timed window not reported: %s: %s",
+                              type(e).__name__, e)
         return out
 
     return timed_call

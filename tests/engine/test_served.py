@@ -144,7 +144,58 @@ def test_a_call_that_raises_in_a_timed_window_drops_the_tier_to_eager() -> None:
                                         "the tier broke"),)
 
 
-def test_the_cuda_clock_is_chosen_for_cuda_graphs_and_none_for_other_devices() -> None:
-    assert type(served.clock_for("cpu")) is CallClock
-    assert isinstance(served.clock_for("cuda:1"), served.CudaClock)
-    assert served.clock_for("meta") is None
+def test_a_swap_during_the_windows_last_call_leaves_no_timing_behind() -> None:
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
+    runner = GraphRunner("g", gm, ["fast", "best"])
+    journey = GraphJourney(runner, gm, [Tier("fast"), Tier("best")], Recorder(None))
+    runner.clock = CallClock()
+    for name in ("fast", "best"):
+        journey.arrived(name, "worker")
+    calls = [0]
+
+    def fast(x: torch.Tensor) -> tuple[torch.Tensor]:
+        calls[0] += 1
+        if calls[0] == 1 + served.WINDOW:  # the window's last call: another tier swaps in
+            journey.swap_in("best", _sleeping(lambda: 0.0))
+        return (x * 2 + 1,)
+
+    journey.swap_in("fast", fast)
+    _call(journey, 1 + served.WINDOW)
+    assert runner.tier == "best"
+    assert runner.give_way("best") == "fast"
+    assert runner.serving is fast  # the bare artifact, not the spent window's wrapper
+    _timed_again(journey, fast)  # and its steady window still comes
+
+
+def test_the_gap_said_is_the_serving_tiers() -> None:
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
+    runner = GraphRunner("g", gm, ["fast", "best"])
+    journey = GraphJourney(runner, gm, [Tier("fast"), Tier("best")], Recorder(None))
+    journey.measured("fast", 1.0, contended=False)
+    journey.measured("fast", 50.0, contended=True)  # a contended figure keeps the clean one
+    journey.served(served.Window("fast", "steady", (2.0,) * 3))
+    journey.arrived("fast", "worker")
+    journey.swap_in("fast", _sleeping(lambda: 0.0))
+    status = journey.status()
+    assert status.served_ms["fast"]["measured"] == 1.0
+    assert status.served_gap.startswith("'fast' serves at 2 ms per call, 100% slower")
+    journey.arrived("best", "worker")
+    journey.swap_in("best", _sleeping(lambda: 0.0))
+    assert journey.status().served_gap == ""  # 'fast' no longer serves
+
+
+def test_a_tier_serving_from_the_first_call_is_timed_too() -> None:
+    journey = _journey()
+    tier = _sleeping(lambda: 0.0)
+    journey.serve_now("fast", tier)
+    _call(journey, served.WINDOW)
+    assert journey.runner.serving is tier
+    _until(journey, lambda s: "first" in s.served_ms.get("fast", {}))
+
+
+def test_the_clock_is_the_first_cuda_devices_else_the_cpus() -> None:
+    assert type(served.clock_for(["cpu", "cpu"])) is CallClock
+    cuda = served.clock_for(["cpu", "cuda:1"])  # a CPU scalar beside CUDA tensors
+    assert isinstance(cuda, served.CudaClock) and cuda._index == 1
+    assert served.clock_for(["meta"]) is None
+    assert served.clock_for([]) is None
