@@ -55,11 +55,11 @@ if "--torch-compile" not in sys.argv:
 cuda = torch.cuda.is_available()
 device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
 if not cuda:
-    # The loop's calls leave a core to the compile and the gate's measurements (both processes
-    # of the comparison alike). On 2 cores, with torch's two threads the loop took both: the
-    # workers ran on what it left, every measurement was contended, and the demo took 119 s
-    # cold against 55-58 s so.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+    # The loop's calls leave a core (of those this process may use) to the compile and the
+    # gate's measurements (both processes of the comparison alike). On 2 cores, with torch's
+    # two threads the loop took both: the workers ran on what it left, every measurement was
+    # contended, and the demo took 119 s cold against 55-58 s so.
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)) - 1)))
 width, depth, batch = (4096, 8, 512) if cuda else (256, 8, 256)
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[Block(width) for _ in range(depth)]).to(device, dtype).eval()

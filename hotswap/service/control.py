@@ -105,13 +105,15 @@ def ensure(place: Place, *, first_job_within_s: float | None = None,
     process importing hotswap starts it, so that it stays until its idle exit."""
     key = authkey(place, create=True)
     status = probe(place, key)
+    if status is not None and keep:
+        status = _keep(place, key, status)
     if status is not None:
-        if keep and status.get("first_job_within_s") is not None:
-            return request(place, key, {"kind": "keep"})
         return status
     try:
         with FileLock(str(place.lock), timeout=LOCK_TIMEOUT_S, mode=0o600):
             status = probe(place, key)
+            if status is not None and keep:  # another process started it meanwhile
+                status = _keep(place, key, status)
             if status is not None:
                 return status
             if check_socket(place.socket):  # nobody listens: stale
@@ -120,6 +122,16 @@ def ensure(place: Place, *, first_job_within_s: float | None = None,
     except Timeout:
         raise StartFailed(f"another process held {place.lock} for {LOCK_TIMEOUT_S:g} s while "
                           "starting the compile service") from None
+
+
+def _keep(place: Place, key: bytes, status: dict[str, Any]) -> dict[str, Any] | None:
+    """``status``'s service without its first-job window (None: it has just exited)."""
+    if status.get("first_job_within_s") is None:
+        return status
+    try:
+        return request(place, key, {"kind": "keep"})
+    except (NotAnswering, ConnectionRefusedError, FileNotFoundError):
+        return None
 
 
 def _start(place: Place, key: bytes, first_job_within_s: float | None = None

@@ -148,6 +148,10 @@ class FirstRun:
                     raise RuntimeError("the user's stream is capturing a CUDA graph")
             fn(*self._inputs)
             if self._stream is not None:
+                if torch.cuda.is_current_stream_capturing():  # began during the run
+                    log.warning("hotswap: a tier's first run went on a stream the user began "
+                                "to capture meanwhile: capture on a stream of your own "
+                                "(torch.cuda.graph's default) where tiers may load")
                 done = self._stream.record_event()
         if done is not None:
             done.synchronize()
