@@ -37,6 +37,16 @@ def _journey() -> GraphJourney:
     return journey
 
 
+def _two_tiers() -> GraphJourney:
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
+    runner = GraphRunner("g", gm, ["fast", "best"])
+    journey = GraphJourney(runner, gm, [Tier("fast"), Tier("best")], Recorder(None))
+    runner.clock = CallClock()
+    for name in ("fast", "best"):
+        journey.arrived(name, "worker")
+    return journey
+
+
 def _sleeping(seconds: Callable[[], float]) -> Callable[..., Any]:
     def fn(x: torch.Tensor) -> tuple[torch.Tensor]:
         time.sleep(seconds())
@@ -107,12 +117,8 @@ def test_a_steady_window_slower_than_measured_is_reported_and_counted() -> None:
 
 
 def test_a_tier_replaced_before_its_steady_window_is_not_timed_again() -> None:
-    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
-    runner = GraphRunner("g", gm, ["fast", "best"])
-    journey = GraphJourney(runner, gm, [Tier("fast"), Tier("best")], Recorder(None))
-    runner.clock = CallClock()
-    for name in ("fast", "best"):
-        journey.arrived(name, "worker")
+    journey = _two_tiers()
+    runner = journey.runner
     fast, best = _sleeping(lambda: 0.0), _sleeping(lambda: 0.0)
     journey.swap_in("fast", fast)
     _call(journey, 1 + served.WINDOW)
@@ -145,12 +151,8 @@ def test_a_call_that_raises_in_a_timed_window_drops_the_tier_to_eager() -> None:
 
 
 def test_a_swap_during_the_windows_last_call_leaves_no_timing_behind() -> None:
-    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
-    runner = GraphRunner("g", gm, ["fast", "best"])
-    journey = GraphJourney(runner, gm, [Tier("fast"), Tier("best")], Recorder(None))
-    runner.clock = CallClock()
-    for name in ("fast", "best"):
-        journey.arrived(name, "worker")
+    journey = _two_tiers()
+    runner = journey.runner
     calls = [0]
 
     def fast(x: torch.Tensor) -> tuple[torch.Tensor]:
