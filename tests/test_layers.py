@@ -11,7 +11,7 @@ function reaches the public API when it is called.
     layer 11 hotswap.engine (api, coordinator, runtime: the backend's top)
     layer 10 hotswap.engine.policy (ladder, gate, fleet vote)
     layer 9  hotswap.engine.sources (cache, background worker, in-process, local)
-    layer 8  hotswap.engine.graph, journey, recording (one graph's runner and state)
+    layer 8  hotswap.engine.graph, journey, recording, served (one graph's runner and state)
     layer 7  hotswap.jobs (what runs inside a worker)
     layer 6  hotswap.engine.loading
     layer 5  hotswap.engine.shipping
@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "hotswap.engine.loading": 6,
     "hotswap.jobs": 7,
     "hotswap.engine.graph": 8, "hotswap.engine.journey": 8, "hotswap.engine.recording": 8,
+    "hotswap.engine.served": 8,
     "hotswap.engine.sources": 9,
     "hotswap.engine.policy": 10,
     "hotswap.engine": 11,
