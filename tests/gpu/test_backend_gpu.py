@@ -228,6 +228,25 @@ def test_a_loaded_tier_runs_once_on_copies_before_it_serves() -> None:
         torch.testing.assert_close(compiled(x, w), torch.zeros_like(expected))
 
 
+def test_a_serving_tiers_calls_are_timed_with_events_on_its_device() -> None:
+    from hotswap.engine import served
+
+    torch._dynamo.reset()
+    x, w = matmul_relu_inputs()
+    compiled = hotswap.compile(matmul_relu, mode="async", fullgraph=True)
+    with torch.no_grad():
+        _serve_until_final(compiled, lambda: compiled(x, w))
+        for _ in range(served.WINDOW + 1):
+            compiled(x, w)
+    deadline = time.monotonic() + 60
+    while "first" not in hotswap.status(compiled)[0].served_ms.get("default", {}):
+        assert time.monotonic() < deadline, hotswap.status(compiled)
+        time.sleep(0.05)
+    figures = hotswap.status(compiled)[0].served_ms["default"]
+    # device time of a 1152x1024x1024 bf16 matmul and its relu: microseconds, not zero
+    assert 0.002 < figures["first"] <= figures["first_max"] < 1000, figures
+
+
 def test_the_first_run_goes_on_the_users_stream() -> None:
     # The caching allocator hands a freed block only to the stream that allocated it: a run on
     # a side stream left the user's stream to grow its own blocks in the first user call.
