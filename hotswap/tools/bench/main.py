@@ -10,7 +10,9 @@ builds a zoo or corpus model and serves it until the final tier serves, with a b
   first out         process start -> the first call's output
   1st call          the first call's latency (dynamo trace + eager run, or + compile)
   compiled          process start -> the final tier serves (torch rows: the first call's end)
-  largest call      the slowest call after the first one (did a compile or a swap stall a call?)
+  largest call      the slowest call after the first one, up to and with the final code's first
+                    100 calls (an idle caller: its first one): did a compile, a swap or the
+                    final code's first call stall a call?
   probe lateness    (in the targets) how late a thread in the serving process that wakes every
                     millisecond woke after the first call, and during it: how long anything
                     held the GIL or the CPU (tools/lateness.py). --json keeps each row's worst
