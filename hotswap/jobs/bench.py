@@ -82,7 +82,8 @@ def _pair(request: BenchRequest, calls: dict[str, Any], device: str, errors: dic
         return [], []
     benches = [TierBench(request.graph_id, tier, BenchResult(ms, ms, ms, pair.clean,
                                                              pair.benchmarker),
-                         device=device, purpose=request.purpose)
+                         device=device, purpose=request.purpose, contended=pair.contended,
+                         rounds=pair.rounds)
                for tier, ms in ((serving, pair.serving_ms), (candidate, pair.candidate_ms))]
     return benches, [pair]
 

@@ -78,6 +78,7 @@ def compare_tiers(graph_id: str, tiers: Mapping[str, Callable[[], Any]], *, devi
     is left out of the result; its reason goes to ``errors`` when given.
     """
     samples: dict[str, list[BenchResult]] = {name: [] for name in tiers}
+    contended: dict[str, int] = dict.fromkeys(tiers, 0)
     failed: dict[str, str] = {}
     order = list(tiers)
     for round_index in range(max(1, rounds)):
@@ -85,8 +86,12 @@ def compare_tiers(graph_id: str, tiers: Mapping[str, Callable[[], Any]], *, devi
             if name in failed:
                 continue
             try:
+                waited, start = _waited_ns(), time.perf_counter()
                 samples[name].append(benchmark(tiers[name], device=device,
                                                budget_ms=budget_ms / max(1, rounds)))
+                elapsed = time.perf_counter() - start
+                if (_waited_ns() - waited) * 1e-9 > WAIT_TOLERANCE * elapsed:
+                    contended[name] += 1  # someone else's work had a CPU this took
             except Exception as e:
                 log.debug("benchmark of %s/%s raised", graph_id, name, exc_info=True)
                 failed[name] = f"{type(e).__name__}: {e}"
@@ -97,7 +102,8 @@ def compare_tiers(graph_id: str, tiers: Mapping[str, Callable[[], Any]], *, devi
     return [TierBench(graph_id, name, result,
                       speedup_vs_eager=(eager.median_ms / result.median_ms
                                         if eager and result.median_ms > 0 else None),
-                      device=device, purpose=purpose)
+                      device=device, purpose=purpose, contended=contended[name],
+                      rounds=len(samples[name]))
             for name, result in results.items()]
 
 

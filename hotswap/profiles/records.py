@@ -146,6 +146,10 @@ class TierBench(_Record):
     speedup_vs_eager: float | None = None
     device: str = ""
     purpose: str = "compare"   # "gate" (decided a swap) or "compare" (the profile's table)
+    # Of the measurement's ``rounds``, how many a thread of the measuring process spent waiting
+    # for a CPU another task held (bench.WAIT_TOLERANCE): its figures are upper bounds then.
+    contended: int = 0
+    rounds: int = 0
 
 
 @dataclass(frozen=True)

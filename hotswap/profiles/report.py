@@ -170,7 +170,8 @@ def _bench_rows(benches: list[TierBench]) -> list[list[str]]:
     return [[b.tier, f"{b.result.median_ms:.4f}", f"{b.result.p20_ms:.4f}",
              f"{b.result.p80_ms:.4f}", str(b.result.n),
              _speedup(b.speedup_vs_eager),
-             b.result.benchmarker]
+             b.result.benchmarker + (f" (contended: {b.contended} of {b.rounds} rounds)"
+                                     if b.contended else "")]
             for b in latest.values()]
 
 
@@ -207,10 +208,16 @@ def text_report(records: Iterable[Any]) -> str:
             slower = [r[0] for r in rows if r[5].endswith("SLOWER")]
             if slower:
                 out.append(f"  warning: {', '.join(slower)} measured slower than eager here")
+            if any("(contended" in r[6] for r in rows):
+                out.append("  contended: another task held a CPU this measurement's threads "
+                           "waited for; its figures are upper bounds, not the tier's speed")
         for gate in summary.gates:
             verdict = ("undecided, measured again" if gate.outcome == "undecided"
                        else "adopted" if gate.adopt else "kept out")
-            out.append(f"  gate: {gate.candidate} vs {gate.serving} {verdict} ({gate.reason})")
+            contended = (f" [contended: {gate.contended} of {gate.rounds} rounds]"
+                         if gate.contended else "")
+            out.append(f"  gate: {gate.candidate} vs {gate.serving} {verdict}{contended} "
+                       f"({gate.reason})")
         for kb in summary.kernels:
             total = sum(kb.category_ms.values()) or 1.0
             parts = ", ".join(f"{c} {100 * ms / total:.0f}%"
@@ -342,20 +349,43 @@ def plot_latency(records: Iterable[Any], path: str | os.PathLike[str]) -> bool:
                         (lanes.index(f"{window.graph_id} {window.tier}") - 0.35, 0.7),
                         color=colours[window.tier], alpha=0.6)
     marks = {"swap": ("v", "swapped in"), "kept": ("x", "kept out"), "failed": ("X", "failed")}
+    ranks: dict[str, int] = {}  # each graph's tiers in the order they first served
     for swap in swaps:
-        if swap.reason not in marks or swap.new_tier == "eager":
+        if swap.reason not in marks and swap.reason != "dropped":
             continue
+        at = swap.time_s - base
+        back = f"{swap.graph_id} {swap.new_tier}"
+        demoted = swap.reason == "dropped" or (  # back to eager, or to a tier that served first
+            swap.reason in ("swap", "kept") and swap.old_tier != "eager"
+            and (swap.new_tier == "eager" or ranks.get(back, len(ranks)) < ranks.get(
+                f"{swap.graph_id} {swap.old_tier}", -1)))
+        if demoted:  # gave way (the gate), or dropped (it raised): marked on the tier that left
+            lane = f"{swap.graph_id} {swap.old_tier}"
+            if lane in lanes:
+                top.scatter([at], [lanes.index(lane)], marker="^", color="red", s=30, zorder=3)
+            ax.axvline(at, color="red", linestyle=":", linewidth=0.8)
+            top.axvline(at, color="red", linestyle=":", linewidth=0.8)
+            continue
+        if swap.new_tier == "eager":
+            continue
+        lane = f"{swap.graph_id} {swap.new_tier}"
+        ranks.setdefault(lane, len(ranks))
         shape, _ = marks[swap.reason]
-        y = lanes.index(f"{swap.graph_id} {swap.new_tier}")
-        top.scatter([swap.time_s - base], [y], marker=shape, color="black", s=30, zorder=3)
+        top.scatter([at], [lanes.index(lane)], marker=shape, color="black", s=30, zorder=3)
         if swap.reason == "swap":
-            ax.axvline(swap.time_s - base, color="black", linestyle=":", linewidth=0.8)
-            top.axvline(swap.time_s - base, color="black", linestyle=":", linewidth=0.8)
+            ax.axvline(at, color="black", linestyle=":", linewidth=0.8)
+            top.axvline(at, color="black", linestyle=":", linewidth=0.8)
+    for gate in (r for r in records if isinstance(r, GateDecision) and r.contended):
+        lane = f"{gate.graph_id} {gate.candidate}"
+        if lane in lanes and gate.time_s:  # a measurement another task's work slowed
+            top.scatter([gate.time_s - base], [lanes.index(lane)], marker="o",
+                        facecolors="none", edgecolors="orange", s=40, zorder=3)
     top.set_yticks(range(len(lanes)), lanes, fontsize=7)
     top.set_ylim(-0.7, max(0.7, len(lanes) - 0.3))
     top.invert_yaxis()
     top.set_title("hotswap: compile windows (bars), tiers swapped in (v), kept out (x), "
-                  "failed (X); per-call latency below", fontsize=9)
+                  "failed (X), given way or dropped (red ^), contended gate measurements "
+                  "(orange o); per-call latency below", fontsize=8)
     for tier, group in tiers.items():
         ax.scatter([c.start_s - base for c in group], [(c.end_s - c.start_s) * 1e3 for c in group],
                    s=6, color=colours[tier], label=f"{tier} ({len(group)} calls)")

@@ -366,3 +366,34 @@ def test_process_stages_reach_the_profile_and_the_trace_not_the_graphs(tmp_path:
     _, graphs = summarize(records)
     assert graphs == {}  # a stage of the process is no graph's
     assert any(e.get("name") == "warmup:imports" for e in chrome_trace(records)["traceEvents"])
+
+
+def test_contended_figures_are_marked_in_the_profile_and_its_plot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotswap.profiles import bench
+
+    # compare_tiers counts the rounds a measurement's threads waited for a CPU
+    waited = iter(range(0, 10**12, 10**9))  # a second of waiting between any two looks
+    monkeypatch.setattr(bench, "_waited_ns", lambda: next(waited))
+    busy = bench.compare_tiers("g1", {"eager": lambda: None}, budget_ms=4, rounds=2)
+    assert [(b.contended, b.rounds) for b in busy] == [(2, 2)]
+    monkeypatch.setattr(bench, "_waited_ns", lambda: 0)
+    quiet = bench.compare_tiers("g1", {"eager": lambda: None}, budget_ms=4, rounds=2)
+    assert [(b.contended, b.rounds) for b in quiet] == [(0, 2)]
+    # ... and the profile says so, beside the gate's contended decisions
+    records = [*read_records(_run(tmp_path / "run").path or ""),
+               TierBench("g1", "max-autotune", BenchResult(3.0, 2.9, 3.1, 50), 0.7,
+                         contended=3, rounds=4),
+               GateDecision("g1", "max-autotune", "default", False, "not faster", 3.0, 1.0,
+                            0.02, time_s=time.monotonic(), outcome="undecided", rounds=24,
+                            contended=24)]
+    report = text_report(records)
+    assert "(contended: 3 of 4 rounds)" in report and "figures are upper bounds" in report
+    assert "undecided, measured again [contended: 24 of 24 rounds]" in report
+    # A tier that gave way and one dropped are marked on the plot as demotions
+    t = records[-1].time_s
+    demotions = [Swap("g1", "default", "eager", t + 0.1, "kept"),
+                 Swap("g1", "eager", "default", t + 0.2, "swap"),
+                 Swap("g1", "default", "eager", t + 0.3, "dropped")]
+    assert plot_latency([*records, *demotions], tmp_path / "latency.png")
+    assert (tmp_path / "latency.png").read_bytes()[:8] == PNG_MAGIC
