@@ -89,8 +89,7 @@ def compare_tiers(graph_id: str, tiers: Mapping[str, Callable[[], Any]], *, devi
                 waited, start = _waited_ns(), time.perf_counter()
                 samples[name].append(benchmark(tiers[name], device=device,
                                                budget_ms=budget_ms / max(1, rounds)))
-                elapsed = time.perf_counter() - start
-                if (_waited_ns() - waited) * 1e-9 > WAIT_TOLERANCE * elapsed:
+                if not _clean(waited, time.perf_counter() - start):
                     contended[name] += 1  # someone else's work had a CPU this took
             except Exception as e:
                 log.debug("benchmark of %s/%s raised", graph_id, name, exc_info=True)
@@ -164,7 +163,13 @@ def _block(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> tuple
         fn()
     sync()
     elapsed = time.perf_counter() - start
-    return elapsed / calls, (_waited_ns() - before) * 1e-9 <= WAIT_TOLERANCE * elapsed
+    return elapsed / calls, _clean(before, elapsed)
+
+
+def _clean(waited_before_ns: int, elapsed_s: float) -> bool:
+    """Whether this process's threads waited for a CPU less than WAIT_TOLERANCE of the
+    ``elapsed_s`` since ``_waited_ns()`` read ``waited_before_ns``."""
+    return (_waited_ns() - waited_before_ns) * 1e-9 <= WAIT_TOLERANCE * elapsed_s
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:

@@ -63,6 +63,12 @@ _MAX_START_FAILURES = 3
 DEFAULT_START_S = 5.0
 
 
+def _counted_from(worker: WorkerProcess, start_s: float) -> float:
+    """When a worker's running job begins to count as the pool's job time: when it was sent,
+    or a start later for the worker's first job (which pays its process's one-time costs)."""
+    return worker.job_started_s + (start_s if worker.jobs_done == 0 else 0.0)
+
+
 class Manager:
     """Runs on the pool's manager thread (``run``); owns ``workers`` and every fd."""
 
@@ -233,8 +239,8 @@ class Manager:
         H100, four processes' MLP jobs grew the service by a worker while the first one ran):
         it counts in neither until it has run longer than a start takes."""
         start_s = self._start_s()
-        running = [now - w.job_started_s - (start_s if w.jobs_done == 0 else 0.0)
-                   for w in self.workers.values() if w.job is not None]
+        running = [now - _counted_from(w, start_s) for w in self.workers.values()
+                   if w.job is not None]
         return max([self._mean_job_s or 0.0, *running])
 
     def _queue_wait_s(self, now: float) -> float:
@@ -264,8 +270,7 @@ class Manager:
         with self.inbox.lock:
             queued = len(self.inbox.jobs)
         start_s = self._start_s()
-        running = [w.job_started_s + (start_s if w.jobs_done == 0 else 0.0)  # as _job_s
-                   for w in self.workers.values() if w.job is not None]
+        running = [_counted_from(w, start_s) for w in self.workers.values() if w.job is not None]
         if not queued or not running:
             return None
         rounds = -(-queued // len(self.workers))  # the wait grows as the running job lasts

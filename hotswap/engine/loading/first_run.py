@@ -30,12 +30,13 @@ copies were made on it, so they are ready in stream order), and waits for an eve
 after the run, not for the device. Not a stream of its own: the caching allocator hands a
 freed block only to allocations on the stream that allocated it, so a run on a side stream
 left the user's stream to grow its own blocks in the user's first compiled call (53-94 ms for
-GPT-2's default tier on the H100, its cudaMalloc calls among them). The copies go when the graph is final
-(``GraphJourney``); all graphs' copies together stay under ``MAX_COPY_BYTES`` (a graph past it
-gets none). A run that fails is logged and the tier swaps in as it would have; its first user
-call then pays what the run would have. A CUDA graph the user captures in another thread with
-the global capture mode (``torch.cuda.graph``'s default) while a tier loads may see the load's
-CUDA calls refused; capture with ``capture_error_mode="thread_local"`` where tiers may load.
+GPT-2's default tier on the H100, its cudaMalloc calls among them). The copies go when the
+graph is final (``GraphJourney``); all graphs' copies together stay under ``MAX_COPY_BYTES``
+(a graph past it gets none). A run that fails is logged and the tier swaps in as it would
+have; its first user call then pays what the run would have. A CUDA graph the user captures in
+another thread with the global capture mode (``torch.cuda.graph``'s default) while a tier
+loads may see the load's CUDA calls refused; capture with
+``capture_error_mode="thread_local"`` where tiers may load.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 A first load in a process pays once for what every later load reuses: inductor's runtime
 imports (lowering, the kernel templates: about 1.4 s of interpreter time on CPU). (It used to
 pay inductor's CPU vector-ISA probe and a hash of torch's sources too; loads now take the
-worker's: load_guard.py, source_key.py.) Paid during the swap, that is seconds of delay;
-paid while the user's calls run, it competes with them for the GIL and the CPU. So it is paid here, once per
-process, on the scheduler's thread (threads.py), in steps per device kind:
+worker's: load_guard.py, source_key.py.) Paid during the swap, that is seconds of delay; paid
+while the user's calls run, it competes with them for the GIL and the CPU. So it is paid here,
+once per process, on the scheduler's thread (threads.py), in steps per device kind:
 
     common   imports (where there is a GPU, triton's own source hash and its driver's
              start from the step's start, on a thread beside the imports: they import
