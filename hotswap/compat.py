@@ -25,8 +25,11 @@ import torch
 __all__ = [
     "TORCH_VERSION", "Buffer", "RecompileLimitHit", "UnsaveableArtifact", "artifact_from_bytes",
     "artifact_to_bytes", "dynamo_trace_start", "inductor_events", "intra_op_threads",
-    "reset_with_dynamo", "standalone_compile", "watch_dynamo_traces", "watch_recompile_limits",
+    "mark_static_inputs", "reset_with_dynamo", "standalone_compile", "static_input_indices",
+    "watch_dynamo_traces", "watch_recompile_limits",
 ]
+
+log = logging.getLogger("hotswap")
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
@@ -57,6 +60,53 @@ def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
         return compile_(gm, inputs,
                         dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
                         options={"config_patches": dict(config_patches)}, **donated)
+
+
+def static_input_indices(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
+    """The inputs AOTAutograd treats as static (addresses fixed: inductor neither checks nor
+    copies them per call), read off ``gm`` as it reads them off a dynamo graph: ``gm``'s own
+    parameters and buffers, then placeholders dynamo marked. Empty for a graph not from
+    dynamo."""
+    from torch._functorch._aot_autograd import frontend_utils
+
+    keys = {**dict(gm.named_parameters(remove_duplicate=False)),
+            **dict(gm.named_buffers(remove_duplicate=False))}.keys()
+    read = frontend_utils._try_get_metadata_from_dynamo
+    try:  # 2.13 takes the arguments' descriptors too (read for exported graphs only)
+        _, static = read(gm, keys, len(keys) + n_inputs, [])
+    except TypeError:
+        _, static = read(gm, keys, len(keys) + n_inputs)  # type: ignore[call-arg]
+    return list(static)
+
+
+def mark_static_inputs(gm: torch.fx.GraphModule, static: list[bool]) -> bool:
+    """Mark ``gm`` (a dynamo graph rebuilt elsewhere, its meta gone) as dynamo does, so that
+    AOTAutograd finds the placeholders flagged in ``static`` static, and the tensors ``gm``
+    holds too (as dynamo's own). False, and ``gm`` left unmarked, where this torch reads
+    them otherwise."""
+    from torch._dynamo.source import ConstantSource
+
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    names = [*dict(gm.named_parameters(remove_duplicate=False)),
+             *dict(gm.named_buffers(remove_duplicate=False))]
+    gm.meta["dynamo_compile_id"] = gm.meta.get("dynamo_compile_id")
+    gm._param_name_to_source = {  # type: ignore[assignment]
+        name: ConstantSource(f"hotswap.{name}") for name in names}
+    for node, flag in zip(placeholders, static, strict=True):
+        node._dynamo_source = None
+        if flag:
+            node.meta.setdefault("tensor_dict", {})["_dynamo_static_input_type"] = "unguarded"
+    want = [*range(len(names)), *(len(names) + i for i, flag in enumerate(static) if flag)]
+    try:
+        ok = static_input_indices(gm, len(placeholders)) == want
+    except Exception as e:  # an internal API
+        log.debug("hotswap: static inputs not marked: %s: %s", type(e).__name__, e)
+        ok = False
+    if not ok:
+        del gm.meta["dynamo_compile_id"], gm._param_name_to_source
+        for node in placeholders:
+            node.meta.get("tensor_dict", {}).pop("_dynamo_static_input_type", None)
+    return ok
 
 
 def compile_saveable(gm: torch.fx.GraphModule, inputs: list[Any],

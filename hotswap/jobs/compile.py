@@ -158,6 +158,7 @@ def _evaluate(expr: str, symbols: dict[str, Any]) -> Any:
 def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[Any], bool]:
     """The shipped graph rebuilt, with inputs to compile it for (fake ones with the
     coordinator's symbols where it is dynamic), and whether it is."""
+    from hotswap import compat
     from hotswap.engine.shipping.transport import land_graph
 
     dynamic = any(m.symbols for m in metas)
@@ -165,7 +166,13 @@ def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[
         inputs, mode = _make_symbolic_inputs(metas)
     else:
         inputs, mode = real_inputs(metas), None
-    return land_graph(graph_bytes, inputs, mode), inputs, dynamic
+    gm = land_graph(graph_bytes, inputs, mode)
+    # The static inputs dynamo marked (parameters, buffers), marked again: inductor assumes
+    # their addresses fixed and aligned, as under torch.compile. Unmarked, every GPU input
+    # is checked for alignment at every call, a Python loop in the serving process.
+    compat.mark_static_inputs(gm, [m.static for m in metas])
+    return gm, inputs, dynamic
+
 
 
 def _cpu_graph(metas: tuple[InputMeta, ...]) -> bool:

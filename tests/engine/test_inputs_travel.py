@@ -75,6 +75,55 @@ def test_plain_python_inputs_travel_by_value() -> None:
     assert status.tier == "default" and status.path == "worker", status
 
 
+class _Offset(torch.nn.Module):
+    """A linear layer and batch norm, and a parameter 4 bytes past an aligned address."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.shift = torch.nn.Parameter(torch.zeros(9)[1:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.lin(x)) + self.shift
+
+
+def test_the_worker_compiles_with_the_static_inputs_torch_compile_marks() -> None:
+    """Parameters and buffers are static under torch.compile (no alignment check per call on
+    the GPU); the graph landed in a worker marks the same ones, except one that is not
+    aligned, which torch checks at each call and so must the worker's code."""
+    from torch._inductor import utils as inductor_utils
+
+    from hotswap import compat
+    from hotswap.engine.shipping.inputs import ALIGNMENT, describe_inputs
+    from hotswap.engine.shipping.transport import ship_graph
+    from hotswap.jobs.compile import landed
+
+    seen: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append((gm, example_inputs))
+        return gm.forward
+
+    model = _Offset().eval()
+    assert model.shift.data_ptr() % ALIGNMENT != 0
+    torch.compile(model, backend=record)(torch.randn(4, 8))
+    [(gm, example_inputs)] = seen
+    metas = describe_inputs(gm, example_inputs)
+    assert not isinstance(metas, str), metas
+    aligned = [i for i, x in enumerate(example_inputs) if x.data_ptr() % ALIGNMENT == 0]
+    torch_marks = compat.static_input_indices(gm, len(example_inputs))
+    shift = next(i for i, x in enumerate(example_inputs) if x is model.shift)
+    assert len(torch_marks) == 7 and shift in torch_marks  # two weights and biases, two running
+    # statistics, shift
+    assert [i for i, m in enumerate(metas) if m.static] == [
+        i for i in torch_marks if i in aligned] == [i for i in torch_marks if i != shift]
+    worker_gm, _, _ = landed(ship_graph(gm), metas)
+    assert compat.static_input_indices(worker_gm, len(metas)) == [
+        i for i in torch_marks if i != shift]
+    assert ALIGNMENT == inductor_utils.ALIGNMENT
+
+
 class _Stateful(torch.nn.Module):
     """Updates a buffer in place: an artifact made apart from it would update a copy."""
 

@@ -8,7 +8,11 @@ import torch
 
 from hotswap.engine.shipping.wire import InputMeta
 
-__all__ = ["describe_inputs"]
+__all__ = ["ALIGNMENT", "describe_inputs"]
+
+# torch._inductor.utils.ALIGNMENT, the bytes inductor's GPU code assumes an input aligned to;
+# not imported from there: this runs in the serving process, which does not import inductor.
+ALIGNMENT = 16
 
 
 def describe_inputs(gm: torch.fx.GraphModule,
@@ -54,8 +58,15 @@ def describe_inputs(gm: torch.fx.GraphModule,
         metas.append(InputMeta(tuple(real.shape), tuple(real.stride()),
                                str(real.dtype).removeprefix("torch."), str(real.device),
                                bool(real.requires_grad), tuple(sizes) if any(sizes) else (),
-                               strides=strides))
+                               strides=strides, static=_static(node, real)))
     return tuple(metas)
+
+
+def _static(node: torch.fx.Node, real: torch.Tensor) -> bool:
+    """Whether dynamo marked the input static (its parameters and buffers) and it is aligned
+    as inductor's code for a static input assumes without checking (``tensor_is_aligned``)."""
+    marked = node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
+    return bool(marked) and real.data_ptr() % ALIGNMENT == 0
 
 
 def _strides(value: torch.Tensor, sizes: list[str | None]) -> tuple[str | None, ...] | str:

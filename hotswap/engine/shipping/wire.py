@@ -48,6 +48,10 @@ class InputMeta:
     strides: tuple[str | None, ...] = ()
     # A plain Python input (None, bool, int, float), sent by value (dtype "constant").
     value: bool | int | float | None = None
+    # Dynamo marked it static (a parameter or buffer, or ``mark_static_address``) and it is
+    # aligned: inductor assumes its address fixed, as under torch.compile, and skips the
+    # per-call alignment check it makes of every other GPU input.
+    static: bool = False
 
     @property
     def is_tensor(self) -> bool:
