@@ -26,6 +26,8 @@ COUNTER_NAMES = (
     "eager_checks",     # a gate measurement of a ready tier against eager, before it serves
     "gate_remeasured",  # a low-confidence verdict of an earlier run, measured again
     "served_gaps",      # a tier's steady calls ran 10 % or more slower than the gate measured it
+    "probation_reverts",  # an ungated tier (async) served 10 % or more slower than eager's
+                          # calls had run, and eager serves again
     # What went wrong with compile jobs and cache reads (retried or not):
     "worker_crashes",          # WorkerCrashed: the worker died mid-job (segfault, SIGKILL, exit)
     "job_timeouts",            # JobTimeout: over timeout_s; the worker was killed

@@ -3,7 +3,8 @@ of the mode's plan (``Options.plan``), as torch's ``_AsyncFxCompile(scheme)`` wr
 
     mode          a shipped graph's route                 a graph that cannot travel
     ----          -------------------------               ---------------------------
-    async         Route(Cached(executor), waits=False)    Route(InProcess, waits, first rung)
+    async         Route(Cached(executor), waits=False),   Route(InProcess, waits, first rung)
+                  its tier on probation against eager
     progressive   the same, every tier, gated             the same
     subprocess    Route(Cached(executor), waits=True)     the same
     inprocess     Route(InProcess, waits=True)            the same
@@ -57,6 +58,7 @@ class Composition:
     here: Route                # a graph that cannot travel: inductor in the backend call
     remote: bool               # jobs go to workers: warm them as the backend is made
     stores: PendingStores | None = None  # entries stored once their tier serves
+    probation: bool = False    # ungated, a tier that swaps in is weighed against eager's calls
 
     def route(self, prepared: Prepared) -> Route:
         """The route of a prepared graph: ``here`` if it was to travel and could not."""
@@ -77,4 +79,5 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     shipped = here if lifecycle is None else Route(lifecycle, waits=plan.waits)
     return Composition(tiers=list(tiers), gate=gate if plan.gated else None,
                        shipped=shipped, here=here, remote=not plan.here,
-                       stores=lifecycle.stores if lifecycle is not None else None)
+                       stores=lifecycle.stores if lifecycle is not None else None,
+                       probation=plan.probation)

@@ -116,6 +116,11 @@ class GraphRunner:
         self.eager_calls = 0
         # Times a window of each tier's calls once it serves (served.py); None: not timed.
         self.clock: CallClock | None = None
+        # Eager's own calls, timed for one window from the call after ``time_eager`` asks
+        # (a tier on probation is weighed against them, journey.py); None: not timed.
+        self._eager_clock: CallClock | None = None
+        self._eager_from = 0
+        self._eager_marks: list[Any] = []
 
     @property
     def serving(self) -> Fn:
@@ -145,11 +150,35 @@ class GraphRunner:
         bump("eager_calls")
         # ``forward``, as dynamo's own eager backend calls it: GraphModule.__call__ would
         # print the graph's code to stderr on every error the user's inputs cause.
-        out = self._gm.forward(*args)
+        clock = self._eager_clock
+        if clock is None or self.eager_calls < self._eager_from:
+            out = self._gm.forward(*args)
+        else:
+            started = clock.start()
+            out = self._gm.forward(*args)
+            self._eager_marks.append(clock.stop(started))
+            if len(self._eager_marks) >= served.WINDOW:
+                self._end_eager_window()
         if self.after_first_call is not None:
             hook, self.after_first_call = self.after_first_call, None
             hook()
         return out
+
+    def time_eager(self) -> None:
+        """Time a window of eager's calls (served.WINDOW), from the second one on (the first
+        pays one-time costs), to the first swap at the latest; reported to the listener as
+        tier "eager"'s "first" window where it holds served.MIN_CALLS calls or more."""
+        if self.clock is not None:
+            self._eager_from = max(self.eager_calls + 1, 2)
+            self._eager_clock = self.clock
+
+    def _end_eager_window(self) -> None:
+        with self._lock:
+            clock, self._eager_clock = self._eager_clock, None
+            marks, self._eager_marks = self._eager_marks, []
+        if clock is not None and len(marks) >= served.MIN_CALLS:
+            lane = threads.io if clock.lane == "io" else threads.scheduler
+            lane.submit(self._report, "eager", "first", clock, marks[:served.WINDOW], 0)
 
     # ------------------------------------------------------------------ swaps
 
@@ -175,6 +204,8 @@ class GraphRunner:
             self._fn = self._probation(tier, fn, previous)
             self._tier_fns = (self._fn, fn)
             self.tier, self._rank = tier, rank
+        if previous_tier == "eager":
+            self._end_eager_window()
         bump("swaps")
         if self.listener is not None:
             self.listener.swapped(tier, previous_tier)

@@ -44,6 +44,7 @@ from hotswap.engine.options import Tier
 from hotswap.engine.served import Window
 from hotswap.engine.shipping.request import GraphRequest, Prepared
 from hotswap.engine.shipping.wire import CachedEntry, InputMeta
+from hotswap.profiles.bench import faster_by
 from hotswap.profiles.records import Swap
 
 if TYPE_CHECKING:
@@ -91,10 +92,12 @@ class GraphStatus:
 
     ``final`` is True once nothing is pending: every tier of the ladder served, was kept out by
     the gate, or failed. ``wait`` returns when every graph is final (or at its timeout), and a
-    final graph's ``tier`` is the one that serves from then on. ``tier`` is "eager" until a tier
-    swaps in, and again where eager was measured faster. ``pending`` names the tiers still
-    compiling, loading or being measured; ``failures`` and ``kept`` hold (tier, reason) for the
-    tiers that failed or were kept out, the gate's numbers among the reasons. ``gate`` says
+    final graph's ``tier`` is the one that serves from then on (in ``async`` mode, unless its
+    tier then serves slower than eager did: it gives way to eager, once; served.py). ``tier``
+    is "eager" until a tier swaps in, and again where eager was measured faster. ``pending``
+    names the tiers still compiling, loading or being measured; ``failures`` and ``kept`` hold
+    (tier, reason) for the tiers that failed or were kept out, the gate's numbers among the
+    reasons. ``gate`` says
     what the gate is doing: "measuring ..." while a measurement runs, "deciding ...: why"
     while a busy machine leaves it undecided (then the graph is not final; it is measured
     again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s``, ``arrived_s``,
@@ -247,6 +250,10 @@ class GraphJourney:
         self._served_ms: dict[str, dict[str, float]] = {}  # status().served_ms
         self._measured_contended: dict[str, bool] = {}  # its last measurement was contended
         self._served_gaps: dict[str, str] = {}  # per tier; status() says the serving one's
+        # No gate weighs a tier before it serves: a tier whose calls run served.GAP or more
+        # slower than eager's gives way to eager (on_probation); eager's timed calls
+        self._probation = False
+        self._eager_window: Window | None = None
         runner.clock = served.clock_for(m.device for m in self.inputs or () if m.is_tensor)
         runner.listener = self
 
@@ -401,11 +408,30 @@ class GraphJourney:
     def first_call(self, tier: str, start_s: float, end_s: float) -> None:
         self.recorder.span(self, tier, "first_call", start_s, end_s)
 
+    def on_probation(self) -> None:
+        """No gate weighs this graph's tier before it serves: eager's calls are timed, and a
+        tier served GAP or more slower than eager gives way to it (``served``)."""
+        with self._lock:
+            self._probation = True
+        self.runner.time_eager()
+
     def served(self, window: Window) -> None:
         """A window of ``window.tier``'s calls was timed as it served (served.py): kept for
-        status, and a steady median GAP or more slower than the gate measured is reported."""
-        gap = ""
+        status, and a steady median GAP or more slower than the gate measured is reported.
+        On probation, a tier's window GAP or more slower than eager's sends it back to
+        eager."""
+        gap = revert = ""
         with self._lock:
+            if window.tier == "eager":
+                self._eager_window = window
+            eager = self._eager_window
+            if self._probation and eager is not None and window.tier != "eager" and \
+                    window.median_ms >= eager.median_ms * (1.0 + served.GAP):
+                revert = (f"eager is {faster_by(eager.median_ms / window.median_ms)} faster as "
+                          f"served; kept eager (per call {eager.median_ms:.4g} ms against "
+                          f"{window.median_ms:.4g} ms, medians of {len(eager.times_ms)} eager "
+                          f"and {len(window.times_ms)} {window.tier!r} calls; it gives way at "
+                          f"{served.GAP:.0%} slower)")
             figures = self._served_ms.setdefault(window.tier, {})
             figures[window.name] = window.median_ms
             if window.name == "first":
@@ -422,6 +448,8 @@ class GraphJourney:
         if gap:
             bump("served_gaps")
             log.info("graph %s: %s", self.graph_id, gap)
+        if revert and self.give_way(window.tier, revert):
+            bump("probation_reverts")
 
     def measured(self, tier: str, ms: float, contended: bool) -> None:
         """The gate's latest per-call figure for ``tier`` (eager included); a contended one

@@ -345,22 +345,26 @@ class Options:
     @property
     def plan(self) -> Plan:
         """What the mode composes (the coordinator reads this, never the mode string)."""
-        return _PLANS[self.mode]._replace(gated=_PLANS[self.mode].gated and self.gate)
+        plan = _PLANS[self.mode]
+        return plan._replace(gated=plan.gated and self.gate,
+                             probation=plan.probation and self.gate)
 
 
 class Plan(NamedTuple):
     """A mode as a composition: where tiers compile, whether the first call waits for one,
-    whether the ladder climbs every tier (else the top one alone) and is gated by benchmarks."""
+    whether the ladder climbs every tier (else the top one alone) and is gated by benchmarks,
+    or its tier serves at once on probation against eager's calls (served.py)."""
 
     here: bool      # inductor in this process, in the call (else workers, through the cache)
     waits: bool     # the first call waits for its tier (else eager, and swapped in later)
     climbs: bool
     gated: bool
+    probation: bool = False
 
 
 _PLANS = {
     "inprocess": Plan(here=True, waits=True, climbs=False, gated=False),
     "subprocess": Plan(here=False, waits=True, climbs=False, gated=False),
-    "async": Plan(here=False, waits=False, climbs=False, gated=False),
+    "async": Plan(here=False, waits=False, climbs=False, gated=False, probation=True),
     "progressive": Plan(here=False, waits=False, climbs=True, gated=True),
 }

@@ -16,6 +16,11 @@ calls (``WINDOW``: the first calls after the swap), and ``STEADY_AFTER_S`` later
 ``GraphStatus.served_ms`` holds each window's median (and the first window's slowest call)
 beside the gate's measurement; a steady median ``GAP`` (10 %) or more slower than the gate
 measured is said in ``GraphStatus.served_gap`` and counted (``served_gaps``).
+
+Where no gate weighs a tier before it serves (``async``), the tier serves on probation: eager's
+calls are timed too, one window from its second call to the swap at the latest, and a tier
+whose window's median runs ``GAP`` or more slower than eager's gives way to eager
+(journey.py).
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GAP", "STEADY_AFTER_S", "WINDOW", "CallClock", "CudaClock", "Window", "clock_for",
-           "timed"]
+__all__ = ["GAP", "MIN_CALLS", "STEADY_AFTER_S", "WINDOW", "CallClock", "CudaClock", "Window",
+           "clock_for", "timed"]
 
 log = logging.getLogger("hotswap")
 
 WINDOW = 100          # calls timed in each window
+MIN_CALLS = 20        # eager's window, cut short by a swap, is reported from this many calls
 STEADY_AFTER_S = 10.0  # from the first window's end to the second's start
 GAP = 0.10            # a steady median this much slower than measured is reported
 

@@ -20,7 +20,8 @@ from typing import Any
 from hotswap.profiles.records import BenchResult, GateDecision, Paired, TierBench
 
 __all__ = ["DEFAULT_BUDGET_MS", "GATE_ROUNDS", "MIN_CLEAN", "benchmark", "compare_tiers",
-           "gate_decision", "measure_pair", "median_interval", "paired_from_medians"]
+           "faster_by", "gate_decision", "measure_pair", "median_interval",
+           "paired_from_medians"]
 
 log = logging.getLogger("hotswap")
 
@@ -388,8 +389,9 @@ def _name(tier: str) -> str:
     return tier if tier == "eager" else repr(tier)
 
 
-def _by(fast_over_slow: float) -> str:
-    """How much faster, from the faster tier's time over the slower one's."""
+def faster_by(fast_over_slow: float) -> str:
+    """How much faster, from the faster tier's time over the slower one's: "5.8%" (the time
+    it saves, of the slower one's), or "2.3x" from twice as fast on."""
     if fast_over_slow <= 0.5:
         return f"{1.0 / fast_over_slow:.1f}x"
     return f"{100.0 * (1.0 - fast_over_slow):.1f}%"
@@ -406,7 +408,8 @@ def _words(pair: Paired, outcome: str, confidence: str, why: str, threshold: flo
         r, over = decided_by
         # kept within the close band: a candidate ahead by less than that band is "within",
         # never "faster ... kept" the other one
-        head = (f"{s} is {_by(1.0 / r)} faster than {c} {over}" if r > 1.0 and outcome != "adopt"
+        head = (f"{s} is {faster_by(1.0 / r)} faster than {c} {over}"
+                if r > 1.0 and outcome != "adopt"
                 else f"{c} and {s} are within {abs(100.0 * (1.0 - r)):.1f}% of each other "
                      f"{over}")
         head += {"adopt": f"; adopted {c}", "keep": f"; kept {s}"}.get(outcome, "")
@@ -414,9 +417,9 @@ def _words(pair: Paired, outcome: str, confidence: str, why: str, threshold: flo
                 f"{pair.serving_ms:.4f} ms per call, {pair.clean} of {pair.rounds} rounds "
                 f"clean; adopts at >= {100 * threshold:.1f}% faster; {confidence}: {why})")
     if r < 1.0:
-        head, advantage = f"{c} is {_by(r)} faster than {s}", r
+        head, advantage = f"{c} is {faster_by(r)} faster than {s}", r
     elif r > 1.0:
-        head, advantage = f"{s} is {_by(1.0 / r)} faster than {c}", 1.0 / r
+        head, advantage = f"{s} is {faster_by(1.0 / r)} faster than {c}", 1.0 / r
     else:
         head, advantage = f"{c} and {s} measured the same", 1.0
     head += {"adopt": f"; adopted {c}", "keep": f"; kept {s}"}.get(outcome, " so far; deciding")

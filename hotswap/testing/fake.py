@@ -45,8 +45,10 @@ class FakeCompiler:
                  crashes: Mapping[str, int] | None = None,
                  fail: Mapping[str, str] | None = None,
                  medians: Mapping[str, float] | None = None, hold: bool = False,
-                 pairs: Iterable[Paired] = ()) -> None:
+                 pairs: Iterable[Paired] = (), call_s: Mapping[str, float] | None = None
+                 ) -> None:
         self._delay_s = dict(delay_s or {})
+        self._call_s = dict(call_s or {})  # tier -> how long each call of it sleeps
         self._crashes = collections.Counter(crashes or {})
         self._fail = dict(fail or {})
         self._medians = dict(medians or {})
@@ -100,6 +102,7 @@ class FakeCompiler:
         def compiled(*args: Any) -> Any:
             with self._lock:
                 self.calls[tier] += 1
+            time.sleep(self._call_s.get(tier, 0.0))
             return gm(*args)
 
         return compiled

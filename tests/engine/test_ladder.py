@@ -16,6 +16,7 @@ import torch
 
 import hotswap
 from hotswap.cache import VERDICT_TIER, ArtifactCache
+from hotswap.engine import served
 from hotswap.engine.coordinator import Coordinator
 from hotswap.engine.options import Options, Plan
 from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CachedEntry
@@ -66,12 +67,47 @@ def _run(fake: FakeCompiler, mode: str = "progressive", *, calls_before_wait: in
 @pytest.mark.parametrize(("mode", "plan"), [
     ("inprocess", Plan(here=True, waits=True, climbs=False, gated=False)),
     ("subprocess", Plan(here=False, waits=True, climbs=False, gated=False)),
-    ("async", Plan(here=False, waits=False, climbs=False, gated=False)),
+    ("async", Plan(here=False, waits=False, climbs=False, gated=False, probation=True)),
     ("progressive", Plan(here=False, waits=False, climbs=True, gated=True)),
 ])
 def test_each_mode_is_a_composition(mode: str, plan: Plan) -> None:
     assert Options.create(mode=mode).plan == plan
-    assert not Options.create(mode=mode, gate=False).plan.gated
+    ungated = Options.create(mode=mode, gate=False).plan
+    assert not ungated.gated and not ungated.probation
+
+
+def test_async_serves_its_tier_on_probation_against_eagers_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No gate weighs async's tier: it serves when it arrives, and gives way to eager once its
+    calls ran slower than eager's had (here 10 ms against microseconds). One that does not
+    stays: tests/engine/test_served.py."""
+    monkeypatch.setattr(served, "WINDOW", 5)
+    monkeypatch.setattr(served, "MIN_CALLS", 3)
+    fake = _fake(call_s={"default": 0.010})
+    model, inputs = _model()
+    expected = model(*inputs)
+    coordinator = Coordinator(Options.create(mode="async", tiers=["default"]), compiler=fake,
+                              measure=fake.measure)
+    compiled = torch.compile(model, backend=coordinator)
+    with hotswap.counters_delta() as d:
+        for _ in range(1 + served.WINDOW):  # eager: its first call, then its window
+            torch.testing.assert_close(compiled(*inputs), expected)
+        fake.release()
+        [status] = coordinator.wait(timeout_s=30)
+        assert status.tier == "default" and status.final
+        for _ in range(1 + served.WINDOW):  # the tier: its first call, then its window
+            torch.testing.assert_close(compiled(*inputs), expected)
+        deadline = time.monotonic() + 10
+        while status.tier != "eager":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.01)
+            [status] = coordinator.status()
+        torch.testing.assert_close(compiled(*inputs), expected)
+    assert d["probation_reverts"] == 1 and status.final
+    assert status.served_ms["eager"]["first"] < status.served_ms["default"]["first"]
+    assert status.kept[0][0] == "default" and "faster as served" in status.kept[0][1]
+    assert fake.calls["default"] == 1 + served.WINDOW  # none after it gave way
+    assert not fake.benches  # no gate measurement: its calls decided
 
 
 def test_progressive_climbs_and_the_gate_adopts_a_faster_top_tier() -> None:

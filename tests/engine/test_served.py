@@ -1,6 +1,7 @@
 """A tier's calls timed as it serves them (hotswap/engine/served.py), against the gate's
 measurement: two windows, the hot path bare between and after them, and a steady window
-slower than measured reported and counted. Fake tiers: no inductor, no workers."""
+slower than measured reported and counted; an ungated tier on probation against eager's calls.
+Fake tiers: no inductor, no workers."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ X = torch.arange(4.0)
 @pytest.fixture(autouse=True)
 def _short_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(served, "WINDOW", 5)
+    monkeypatch.setattr(served, "MIN_CALLS", 3)
     monkeypatch.setattr(served, "STEADY_AFTER_S", 0.2)
 
 
@@ -33,6 +35,22 @@ def _journey() -> GraphJourney:
     runner = GraphRunner("g", gm, ["fast"])
     journey = GraphJourney(runner, gm, [Tier("fast")], Recorder(None))
     runner.clock = CallClock()  # a graph on the CPU (the journey reads the device from inputs)
+    journey.arrived("fast", "worker")
+    return journey
+
+
+@torch.fx.wrap
+def _nap(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    time.sleep(seconds)
+    return x
+
+
+def _napping(eager_s: float) -> GraphJourney:
+    """A journey whose eager graph sleeps ``eager_s`` a call, its tier ready to swap in."""
+    gm = torch.fx.symbolic_trace(lambda x: (_nap(x, eager_s) * 2 + 1,))
+    runner = GraphRunner("g", gm, ["fast"])
+    journey = GraphJourney(runner, gm, [Tier("fast")], Recorder(None))
+    runner.clock = CallClock()
     journey.arrived("fast", "worker")
     return journey
 
@@ -201,3 +219,76 @@ def test_the_clock_is_the_first_cuda_devices_else_the_cpus() -> None:
     assert isinstance(cuda, served.CudaClock) and cuda._index == 1
     assert served.clock_for(["meta"]) is None
     assert served.clock_for([]) is None
+
+
+def test_a_tier_on_probation_that_serves_slower_than_eager_gives_way_to_eager() -> None:
+    journey = _napping(0.002)
+    journey.on_probation()
+    _call(journey, 1 + served.WINDOW)  # eager's first call (untimed), then its window
+    eager = _until(journey, lambda s: "first" in s.served_ms.get("eager", {}))
+    assert eager.served_ms["eager"]["first"] >= 2.0
+    slow = _sleeping(lambda: 0.010)
+    with hotswap.counters_delta() as d:
+        journey.swap_in("fast", slow)
+        _call(journey, 1 + served.WINDOW)  # its first call, then its first window
+        status = _until(journey, lambda s: s.tier == "eager")
+    assert d["probation_reverts"] == 1 and d["swaps"] == 1
+    [(tier, reason)] = status.kept
+    assert tier == "fast" and reason.startswith("eager is ") and \
+        " faster as served; kept eager (per call " in reason, reason
+    assert f"medians of {served.WINDOW} eager and {served.WINDOW} 'fast' calls" in reason
+    assert status.final and dict(status.states)["fast"] == "kept"
+    assert journey.runner.serving is not slow
+    with hotswap.counters_delta() as d:
+        _call(journey, 3)  # eager answers, as it did
+    assert d["eager_calls"] == 3
+
+
+def test_a_tier_on_probation_as_fast_as_eager_or_faster_stays() -> None:
+    journey = _napping(0.004)
+    journey.on_probation()
+    _call(journey, 1 + served.WINDOW)
+    _until(journey, lambda s: "first" in s.served_ms.get("eager", {}))
+    fast = _sleeping(lambda: 0.0)
+    with hotswap.counters_delta() as d:
+        journey.swap_in("fast", fast)
+        _call(journey, 1 + served.WINDOW)
+        status = _until(journey, lambda s: "first" in s.served_ms.get("fast", {}))
+    assert d["probation_reverts"] == 0
+    assert status.tier == "fast" and status.kept == ()
+
+
+def test_eagers_window_ends_at_the_swap_and_too_few_calls_weigh_nothing() -> None:
+    journey = _napping(0.0)
+    journey.on_probation()
+    _call(journey, 1 + served.MIN_CALLS - 1)  # one call too few in eager's window
+    slow = _sleeping(lambda: 0.005)
+    with hotswap.counters_delta() as d:
+        journey.swap_in("fast", slow)
+        _call(journey, 1 + served.WINDOW)
+        status = _until(journey, lambda s: "first" in s.served_ms.get("fast", {}))
+    assert "eager" not in status.served_ms and d["probation_reverts"] == 0
+    assert status.tier == "fast"
+
+
+def test_eagers_window_cut_short_by_the_swap_still_weighs_the_tier() -> None:
+    journey = _napping(0.001)
+    journey.on_probation()
+    _call(journey, 1 + served.MIN_CALLS)  # the swap ends eager's window at MIN_CALLS calls
+    journey.swap_in("fast", _sleeping(lambda: 0.010))
+    _call(journey, 1 + served.WINDOW)
+    status = _until(journey, lambda s: s.tier == "eager")
+    assert f"medians of {served.MIN_CALLS} eager and " in status.kept[0][1]
+
+
+def test_without_probation_a_slower_tier_keeps_serving() -> None:
+    """A gated ladder weighed it before it served (or gate=False): eager is not timed."""
+    journey = _napping(0.002)
+    _call(journey, 1 + served.WINDOW)
+    slow = _sleeping(lambda: 0.010)
+    journey.swap_in("fast", slow)
+    with hotswap.counters_delta() as d:
+        _call(journey, 1 + served.WINDOW)
+        status = _until(journey, lambda s: "first" in s.served_ms.get("fast", {}))
+    assert d["probation_reverts"] == 0 and "eager" not in status.served_ms
+    assert status.tier == "fast"

@@ -62,6 +62,12 @@ class Prepared:
     def devices(self) -> set[str]:
         return devices_of(self.request) if self.request is not None else set()
 
+    @property
+    def dynamic(self) -> bool:
+        """Its inputs have symbolic sizes: calls of one window may be of other sizes than
+        another's (or not described: nothing is known)."""
+        return self.inputs is None or any(m.symbols for m in self.inputs)
+
 
 def prepare(gm: torch.fx.GraphModule, example_inputs: list[object], *, keys: Keys,
             ship: bool, start_s: float | None = None) -> Prepared:
