@@ -111,7 +111,10 @@ def mark_static_inputs(gm: torch.fx.GraphModule, static: list[bool]) -> bool:
 
 def compile_saveable(gm: torch.fx.GraphModule, inputs: list[Any],
                      config_patches: dict[str, Any], *, dynamic: bool = False) -> bytes:
-    return artifact_to_bytes(standalone_compile(gm, inputs, config_patches, dynamic=dynamic))
+    """``gm`` is donated (the worker's landed graph, used once): inductor's deep copy would
+    drop the attributes that mark dynamo's static inputs (``mark_static_inputs``)."""
+    return artifact_to_bytes(standalone_compile(gm, inputs, config_patches, dynamic=dynamic,
+                                                donate=True))
 
 
 class UnsaveableArtifact(RuntimeError):

@@ -131,7 +131,7 @@ class Coordinator:
         if prepared.shipped_s is not None:
             self.recorder.span(journey, GRAPH_TIER, "serialize", *prepared.shipped_s)
         route = self.composition.route(prepared)
-        if self.composition.probation and not route.waits and not prepared.dynamic:
+        if self.composition.probation and not route.waits and prepared.weighable:
             journey.on_probation()  # eager's calls timed: what its tier is weighed against
         starts = self.ladder.start_points(journey)
         if route.first_only:

@@ -300,7 +300,7 @@ class GraphRunner:
                 threads.io.later(_READ_EVERY_S, self._report, tier, window, clock, marks,
                                  tries + 1)
             return
-        if self.listener is not None:
+        if self.listener is not None and times:  # empty: every call was captured, not run
             self.listener.served(Window(tier, window, times))
 
     def _ask_eager(self, fn: Fn, reason: str, args: tuple[Any, ...]) -> Any:

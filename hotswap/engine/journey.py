@@ -410,7 +410,8 @@ class GraphJourney:
 
     def on_probation(self) -> None:
         """No gate weighs this graph's tier before it serves: eager's calls are timed, and a
-        tier served GAP or more slower than eager gives way to it (``served``)."""
+        tier whose steady calls run GAP or more slower than eager's gives way to it
+        (``served``)."""
         with self._lock:
             self._probation = True
         self.runner.time_eager()
@@ -418,14 +419,16 @@ class GraphJourney:
     def served(self, window: Window) -> None:
         """A window of ``window.tier``'s calls was timed as it served (served.py): kept for
         status, and a steady median GAP or more slower than the gate measured is reported.
-        On probation, a tier's window GAP or more slower than eager's sends it back to
-        eager."""
+        On probation, a tier's steady window GAP or more slower than eager's sends it back
+        to eager. Not its first: the swap's own work (the entry's store, other graphs'
+        loads) runs beside the calls right after it, and eager's window had none."""
         gap = revert = ""
         with self._lock:
             if window.tier == "eager":
                 self._eager_window = window
             eager = self._eager_window
-            if self._probation and eager is not None and window.tier != "eager" and \
+            if self._probation and not self._forgotten and eager is not None and \
+                    window.name == "steady" and window.tier != "eager" and \
                     window.median_ms >= eager.median_ms * (1.0 + served.GAP):
                 revert = (f"eager is {faster_by(eager.median_ms / window.median_ms)} faster as "
                           f"served; kept eager (per call {eager.median_ms:.4g} ms against "

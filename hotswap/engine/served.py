@@ -19,8 +19,9 @@ measured is said in ``GraphStatus.served_gap`` and counted (``served_gaps``).
 
 Where no gate weighs a tier before it serves (``async``), the tier serves on probation: eager's
 calls are timed too, one window from its second call to the swap at the latest, and a tier
-whose window's median runs ``GAP`` or more slower than eager's gives way to eager
-(journey.py).
+whose steady window's median runs ``GAP`` or more slower than eager's gives way to eager
+(journey.py). Calls made while the current stream captures a CUDA graph are not timed (an
+event recorded there would join the capture).
 """
 
 from __future__ import annotations
@@ -97,12 +98,15 @@ class CudaClock(CallClock):
         return event
 
     def start(self) -> Any:
+        if self._torch.cuda.is_current_stream_capturing():
+            return None  # the call is being captured, not run: not timed
         return self._record()
 
     def stop(self, started: Any) -> Any:
-        return (started, self._record())
+        return None if started is None else (started, self._record())
 
     def read(self, marks: list[Any]) -> tuple[float, ...] | None:
+        marks = [m for m in marks if m is not None]
         if not all(end.query() for _, end in marks):
             return None
         return tuple(float(start.elapsed_time(end)) for start, end in marks)

@@ -88,10 +88,12 @@ class _Offset(torch.nn.Module):
         return self.norm(self.lin(x)) + self.shift
 
 
-def test_the_worker_compiles_with_the_static_inputs_torch_compile_marks() -> None:
+def test_the_worker_compiles_with_the_static_inputs_torch_compile_marks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Parameters and buffers are static under torch.compile (no alignment check per call on
     the GPU); the graph landed in a worker marks the same ones, except one that is not
     aligned, which torch checks at each call and so must the worker's code."""
+    from torch._functorch import aot_autograd
     from torch._inductor import utils as inductor_utils
 
     from hotswap import compat
@@ -118,10 +120,24 @@ def test_the_worker_compiles_with_the_static_inputs_torch_compile_marks() -> Non
     # statistics, shift
     assert [i for i, m in enumerate(metas) if m.static] == [
         i for i in torch_marks if i in aligned] == [i for i in torch_marks if i != shift]
-    worker_gm, _, _ = landed(ship_graph(gm), metas)
+    worker_gm, inputs, dynamic = landed(ship_graph(gm), metas)
     assert compat.static_input_indices(worker_gm, len(metas)) == [
         i for i in torch_marks if i != shift]
     assert ALIGNMENT == inductor_utils.ALIGNMENT
+    # and as the worker's compile reads them (inductor's own copy of the graph would lose
+    # the marks: the worker donates it)
+    read = aot_autograd._try_get_metadata_from_dynamo
+    seen_static: list[list[int]] = []
+
+    def spy(*args: Any) -> Any:
+        found = read(*args)
+        seen_static.append(list(found[1]))
+        return found
+
+    monkeypatch.setattr(aot_autograd, "_try_get_metadata_from_dynamo", spy)
+    with torch.no_grad():
+        compat.compile_saveable(worker_gm, inputs, {}, dynamic=dynamic)
+    assert seen_static == [[i for i in torch_marks if i != shift]]
 
 
 class _Stateful(torch.nn.Module):

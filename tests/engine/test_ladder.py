@@ -79,34 +79,34 @@ def test_each_mode_is_a_composition(mode: str, plan: Plan) -> None:
 def test_async_serves_its_tier_on_probation_against_eagers_calls(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """No gate weighs async's tier: it serves when it arrives, and gives way to eager once its
-    calls ran slower than eager's had (here 10 ms against microseconds). One that does not
-    stays: tests/engine/test_served.py."""
+    steady calls ran slower than eager's had (here 10 ms against microseconds). One that does
+    not stays: tests/engine/test_served.py. (A training graph is not on probation: its calls
+    time the forward alone.)"""
     monkeypatch.setattr(served, "WINDOW", 5)
     monkeypatch.setattr(served, "MIN_CALLS", 3)
+    monkeypatch.setattr(served, "STEADY_AFTER_S", 0.2)
     fake = _fake(call_s={"default": 0.010})
     model, inputs = _model()
     expected = model(*inputs)
     coordinator = Coordinator(Options.create(mode="async", tiers=["default"]), compiler=fake,
                               measure=fake.measure)
     compiled = torch.compile(model, backend=coordinator)
-    with hotswap.counters_delta() as d:
+    with torch.no_grad(), hotswap.counters_delta() as d:
         for _ in range(1 + served.WINDOW):  # eager: its first call, then its window
             torch.testing.assert_close(compiled(*inputs), expected)
         fake.release()
         [status] = coordinator.wait(timeout_s=30)
         assert status.tier == "default" and status.final
-        for _ in range(1 + served.WINDOW):  # the tier: its first call, then its window
-            torch.testing.assert_close(compiled(*inputs), expected)
         deadline = time.monotonic() + 10
-        while status.tier != "eager":
+        while status.tier != "eager":  # its first call, its first window, its steady window
             assert time.monotonic() < deadline, status
-            time.sleep(0.01)
+            torch.testing.assert_close(compiled(*inputs), expected)
             [status] = coordinator.status()
         torch.testing.assert_close(compiled(*inputs), expected)
     assert d["probation_reverts"] == 1 and status.final
     assert status.served_ms["eager"]["first"] < status.served_ms["default"]["first"]
     assert status.kept[0][0] == "default" and "faster as served" in status.kept[0][1]
-    assert fake.calls["default"] == 1 + served.WINDOW  # none after it gave way
+    assert fake.calls["default"] >= 1 + 2 * served.WINDOW
     assert not fake.benches  # no gate measurement: its calls decided
 
 

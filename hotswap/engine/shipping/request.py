@@ -63,10 +63,14 @@ class Prepared:
         return devices_of(self.request) if self.request is not None else set()
 
     @property
-    def dynamic(self) -> bool:
-        """Its inputs have symbolic sizes: calls of one window may be of other sizes than
-        another's (or not described: nothing is known)."""
-        return self.inputs is None or any(m.symbols for m in self.inputs)
+    def weighable(self) -> bool:
+        """Its calls can be weighed one window against another: static sizes (a dynamic
+        graph's windows may hold calls of other sizes), and inference (a training graph's
+        call times its forward alone, not the backward its tier compiled with it)."""
+        if self.inputs is None or self.request is None:
+            return False
+        trains = self.request.grad_enabled and any(m.requires_grad for m in self.inputs)
+        return not trains and not any(m.symbols for m in self.inputs)
 
 
 def prepare(gm: torch.fx.GraphModule, example_inputs: list[object], *, keys: Keys,
