@@ -95,7 +95,7 @@ class Coordinator:
                              force=options.force_tier,
                              recorder=self.recorder, measure=measure or self.jobs.measure,
                              on_loader=self._on_loader, cache=self.cache,
-                             notify=self.graphs.moved)
+                             notify=self.graphs.moved, probation=self.composition.probation)
         # torch._dynamo.reset() dropped every graph this backend returned (hotswap.compile
         # then gives later models a new backend).
         self.reset_by_dynamo = False
@@ -132,7 +132,8 @@ class Coordinator:
             self.recorder.span(journey, GRAPH_TIER, "serialize", *prepared.shipped_s)
         route = self.composition.route(prepared)
         if self.composition.probation and not route.waits and prepared.weighable:
-            journey.on_probation()  # eager's calls timed: what its tier is weighed against
+            # eager's calls timed: what its tier is weighed against as it serves
+            journey.on_probation(functools.partial(self.ladder.gave_way, journey))
         starts = self.ladder.start_points(journey)
         if route.first_only:
             # A graph that cannot go to a worker: its first tier compiles right here, in the

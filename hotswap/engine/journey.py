@@ -30,7 +30,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 __all__ = ["Candidate", "Entry", "GraphJourney", "GraphStatus", "Statuses", "TierState"]
 
 log = logging.getLogger("hotswap")
+
+# Told that a tier on probation gave way: (tier, eager's window, the tier's, the reason).
+GaveWay = Callable[[str, Window, Window, str], None]
 
 # A packed artifact (a worker's result arrives as a view), or where the cache holds it.
 Entry = bytes | bytearray | memoryview | CachedEntry
@@ -254,6 +257,7 @@ class GraphJourney:
         # slower than eager's gives way to eager (on_probation); eager's timed calls
         self._probation = False
         self._eager_window: Window | None = None
+        self._gave_way: GaveWay | None = None  # told of a tier probation sent back
         runner.clock = served.clock_for(m.device for m in self.inputs or () if m.is_tensor)
         runner.listener = self
 
@@ -408,12 +412,13 @@ class GraphJourney:
     def first_call(self, tier: str, start_s: float, end_s: float) -> None:
         self.recorder.span(self, tier, "first_call", start_s, end_s)
 
-    def on_probation(self) -> None:
+    def on_probation(self, gave_way: GaveWay | None = None) -> None:
         """No gate weighs this graph's tier before it serves: eager's calls are timed, and a
         tier whose steady calls run GAP or more slower than eager's gives way to it
-        (``served``)."""
+        (``served``); then ``gave_way(tier, eager's window, the tier's, the reason)``."""
         with self._lock:
             self._probation = True
+            self._gave_way = gave_way
         self.runner.time_eager()
 
     def served(self, window: Window) -> None:
@@ -453,6 +458,8 @@ class GraphJourney:
             log.info("graph %s: %s", self.graph_id, gap)
         if revert and self.give_way(window.tier, revert):
             bump("probation_reverts")
+            if self._gave_way is not None and eager is not None:
+                self._gave_way(window.tier, eager, window, revert)
 
     def measured(self, tier: str, ms: float, contended: bool) -> None:
         """The gate's latest per-call figure for ``tier`` (eager included); a contended one

@@ -108,6 +108,16 @@ def test_async_serves_its_tier_on_probation_against_eagers_calls(
     assert status.kept[0][0] == "default" and "faster as served" in status.kept[0][1]
     assert fake.calls["default"] >= 1 + 2 * served.WINDOW
     assert not fake.benches  # no gate measurement: its calls decided
+    # A later process keeps the tier out as the gate's verdicts are kept: its tier would
+    # come from the cache before eager served enough calls to weigh it.
+    later = Coordinator(Options.create(mode="async", tiers=["default"]), compiler=fake,
+                        measure=fake.measure)
+    with torch.no_grad(), hotswap.counters_delta() as d:
+        torch.testing.assert_close(torch.compile(model, backend=later)(*inputs), expected)
+        [status] = later.wait(timeout_s=30)
+    assert status.tier == "eager" and status.final and d["cache_hits"] == 0
+    assert status.kept[0][1].startswith("gate (earlier run, confident): probation: eager is ")
+    assert len(fake.compiles) == 1
 
 
 def test_progressive_climbs_and_the_gate_adopts_a_faster_top_tier() -> None:

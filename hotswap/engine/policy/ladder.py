@@ -32,7 +32,7 @@ from typing import Any
 
 from hotswap.compat import Buffer
 from hotswap.counting import bump
-from hotswap.engine import threads
+from hotswap.engine import served, threads
 from hotswap.engine.journey import Candidate, GraphJourney, TierState
 from hotswap.engine.options import Tier
 from hotswap.engine.policy.fleet_vote import FleetVote, Taken, Turn
@@ -52,6 +52,7 @@ from hotswap.engine.policy.gate import (
     verdict_label,
 )
 from hotswap.engine.recording import Recorder
+from hotswap.engine.served import Window
 from hotswap.engine.shipping.wire import BenchReply, BenchRequest
 from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.errors import PoolClosed
@@ -87,10 +88,12 @@ class Ladder:
 
     def __init__(self, tiers: list[Tier], *, gate: Gate | None, recorder: Recorder,
                  measure: Measure, on_loader: OnLoader, cache: CacheAccess,
-                 notify: Callable[[], None], force: str | None = None) -> None:
+                 notify: Callable[[], None], force: str | None = None,
+                 probation: bool = False) -> None:
         self.tiers = tiers
         self.gate = gate
         self.force = force
+        self.probation = probation  # ungated: tiers weighed against eager's calls as they serve
         self._recorder, self._measure, self._on_loader = recorder, measure, on_loader
         self._cache, self._notify = cache, notify
         self._lock = threading.Lock()
@@ -109,7 +112,8 @@ class Ladder:
         """The tiers to bring in, lowest first (so the fast tier is ready first), each with the
         entry the cache already gave (or None). The best tier the cache holds is loaded; tiers
         below it are not needed at all; a tier the gate confidently kept out in an earlier run
-        is neither loaded nor compiled again (one kept with low confidence is measured again)."""
+        is neither loaded nor compiled again (one kept with low confidence is measured again),
+        nor one an earlier run's probation sent back to eager."""
         best, cached = -1, None
         verdicts: dict[str, str] = {}
         again: dict[str, Buffer | None] = {}  # low-confidence verdicts: measured again
@@ -118,7 +122,7 @@ class Ladder:
             for rank in range(len(self.tiers) - 1, -1, -1):
                 name = self.tiers[rank].name
                 key = journey.keys.get(name)
-                if key and self.gate is not None and name != self.force:
+                if key and (self.gate is not None or self.probation) and name != self.force:
                     data = self._cache.verdict(key)
                     stored = StoredVerdict.unpack(data) if data is not None else None
                     if stored is not None and not stored.holds_in(names):
@@ -359,6 +363,18 @@ class Ladder:
         self._cache.store_verdict(key, pack_verdict(decision, device, time.time(),
                                                     measured=measured),
                                   verdict_label(decision))
+
+    def gave_way(self, journey: GraphJourney, tier: str, eager: Window, window: Window,
+                 reason: str) -> None:
+        """On probation, ``tier``'s steady calls ran slower than eager's and it gave way: the
+        decision is stored as the gate's are, so that a later process keeps it out too (its
+        tier would come from the cache before eager served enough calls to weigh it)."""
+        decision = GateDecision(
+            journey.graph_id, tier, EAGER, False, f"probation: {reason}", window.median_ms,
+            eager.median_ms, served.GAP, time.monotonic(), "keep", "confident",
+            gain=1.0 - window.median_ms / eager.median_ms,
+            rounds=len(window.times_ms) + len(eager.times_ms))
+        self._store_verdict(journey, journey.keys.get(tier), decision)
 
     # ------------------------------------------------------------------ profiling comparison
 
