@@ -436,10 +436,10 @@ class GraphJourney:
                     window.name == "steady" and window.tier != "eager" and \
                     window.median_ms >= eager.median_ms * (1.0 + served.GAP):
                 revert = (f"eager is {faster_by(eager.median_ms / window.median_ms)} faster as "
-                          f"served; kept eager (per call {eager.median_ms:.4g} ms against "
-                          f"{window.median_ms:.4g} ms, medians of {len(eager.times_ms)} eager "
-                          f"and {len(window.times_ms)} {window.tier!r} calls; it gives way at "
-                          f"{served.GAP:.0%} slower)")
+                          f"served; kept eager (per call eager {eager.median_ms:.4g} ms, "
+                          f"{window.tier!r} {window.median_ms:.4g} ms: medians of "
+                          f"{len(eager.times_ms)} eager and {len(window.times_ms)} "
+                          f"{window.tier!r} calls; it gives way at {served.GAP:.0%} slower)")
             figures = self._served_ms.setdefault(window.tier, {})
             figures[window.name] = window.median_ms
             if window.name == "first":
