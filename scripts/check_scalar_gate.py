@@ -123,8 +123,8 @@ def one_order(name: str, timeout_s: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout-s", type=float, default=600.0)
-    parser.add_argument("--orders", default=",".join(ORDERS),
-                        help=f"which to run, of {list(ORDERS)} (default: all, comma-separated)")
+    parser.add_argument("--orders", default=";".join(ORDERS),
+                        help=f"which to run, of {list(ORDERS)} (default: all, ';'-separated)")
     parser.add_argument("--order", choices=list(ORDERS), help=argparse.SUPPRESS)  # the child
     args = parser.parse_args()
     if args.order:
@@ -132,7 +132,7 @@ def main() -> None:
         hotswap.shutdown()
         return
     results = []
-    names = [n.strip() for n in args.orders.split(",") if n.strip()]
+    names = [n.strip() for n in args.orders.split(";") if n.strip()]
     if unknown := [n for n in names if n not in ORDERS]:
         parser.error(f"--orders: unknown {unknown}; choose from {list(ORDERS)}")
     for name in names:

@@ -210,6 +210,14 @@ class Candidate:
     so_far: Retry | None = None
 
 
+def _slower_than(window: Window, eager: Window) -> bool:
+    """A tier on probation gives way: its steady median GAP or more slower than eager's, or
+    even the fastest call of a window FAR_SLOWER times eager's median."""
+    if window.name == "steady" and window.median_ms >= eager.median_ms * (1.0 + served.GAP):
+        return True
+    return min(window.times_ms) >= eager.median_ms * served.FAR_SLOWER
+
+
 class GraphJourney:
     """One graph: its runner, its shipped request, and its tiers' states. Thread-safe."""
 
@@ -425,21 +433,23 @@ class GraphJourney:
         """A window of ``window.tier``'s calls was timed as it served (served.py): kept for
         status, and a steady median GAP or more slower than the gate measured is reported.
         On probation, a tier's steady window GAP or more slower than eager's sends it back
-        to eager. Not its first: the swap's own work (the entry's store, other graphs'
-        loads) runs beside the calls right after it, and eager's window had none."""
+        to eager; its first window only where even its fastest call took FAR_SLOWER times
+        eager's median (the swap's own work, the entry's store and other graphs' loads, runs
+        beside the calls right after it, and can slow them; never all of them that much)."""
         gap = revert = ""
         with self._lock:
             if window.tier == "eager":
                 self._eager_window = window
             eager = self._eager_window
             if self._probation and not self._forgotten and eager is not None and \
-                    window.name == "steady" and window.tier != "eager" and \
-                    window.median_ms >= eager.median_ms * (1.0 + served.GAP):
+                    window.tier != "eager" and _slower_than(window, eager):
                 revert = (f"eager is {faster_by(eager.median_ms / window.median_ms)} faster as "
                           f"served; kept eager (per call eager {eager.median_ms:.4g} ms, "
                           f"{window.tier!r} {window.median_ms:.4g} ms: medians of "
                           f"{len(eager.times_ms)} eager and {len(window.times_ms)} "
-                          f"{window.tier!r} calls; it gives way at {served.GAP:.0%} slower)")
+                          f"{window.tier!r} calls; it gives way at {served.GAP:.0%} slower, "
+                          f"or at once where its fastest call took {served.FAR_SLOWER:g}x "
+                          f"eager's median)")
             figures = self._served_ms.setdefault(window.tier, {})
             figures[window.name] = window.median_ms
             if window.name == "first":

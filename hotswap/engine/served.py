@@ -20,7 +20,9 @@ measured is said in ``GraphStatus.served_gap`` and counted (``served_gaps``).
 Where no gate weighs a tier before it serves (``async``), the tier serves on probation: eager's
 calls are timed too, one window from its second call to the swap at the latest, and a tier
 whose steady window's median runs ``GAP`` or more slower than eager's gives way to eager
-(journey.py). Calls made while the current stream captures a CUDA graph are not timed (an
+(journey.py); at once, after its first window, where even the window's fastest call took
+``FAR_SLOWER`` times eager's median. Calls made while the current stream captures a CUDA
+graph are not timed (an
 event recorded there would join the capture).
 """
 
@@ -34,13 +36,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GAP", "MIN_CALLS", "STEADY_AFTER_S", "WINDOW", "CallClock", "CudaClock", "Window",
-           "clock_for", "timed"]
+__all__ = ["FAR_SLOWER", "GAP", "MIN_CALLS", "STEADY_AFTER_S", "WINDOW", "CallClock",
+           "CudaClock", "Window", "clock_for", "timed"]
 
 log = logging.getLogger("hotswap")
 
 WINDOW = 100          # calls timed in each window
 MIN_CALLS = 20        # eager's window, cut short by a swap, is reported from this many calls
+FAR_SLOWER = 2.0      # on probation, a first window whose every call took this many times
+                      # eager's median sends its tier back at once
 STEADY_AFTER_S = 10.0  # from the first window's end to the second's start
 GAP = 0.10            # a steady median this much slower than measured is reported
 

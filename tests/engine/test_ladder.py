@@ -98,7 +98,7 @@ def test_async_serves_its_tier_on_probation_against_eagers_calls(
         [status] = coordinator.wait(timeout_s=30)
         assert status.tier == "default" and status.final
         deadline = time.monotonic() + 10
-        while status.tier != "eager":  # its first call, its first window, its steady window
+        while status.tier != "eager":  # its first call, then its first window
             assert time.monotonic() < deadline, status
             torch.testing.assert_close(compiled(*inputs), expected)
             [status] = coordinator.status()
@@ -106,7 +106,7 @@ def test_async_serves_its_tier_on_probation_against_eagers_calls(
     assert d["probation_reverts"] == 1 and status.final
     assert status.served_ms["eager"]["first"] < status.served_ms["default"]["first"]
     assert status.kept[0][0] == "default" and "faster as served" in status.kept[0][1]
-    assert fake.calls["default"] >= 1 + 2 * served.WINDOW
+    assert fake.calls["default"] >= 1 + served.WINDOW  # far slower: back after a window
     assert not fake.benches  # no gate measurement: its calls decided
     # A later process keeps the tier out as the gate's verdicts are kept: its tier would
     # come from the cache before eager served enough calls to weigh it.

@@ -227,7 +227,7 @@ def test_a_tier_on_probation_that_serves_slower_than_eager_gives_way_to_eager() 
     _call(journey, 1 + served.WINDOW)  # eager's first call (untimed), then its window
     eager = _until(journey, lambda s: "first" in s.served_ms.get("eager", {}))
     assert eager.served_ms["eager"]["first"] >= 2.0
-    slow = _sleeping(lambda: 0.010)
+    slow = _sleeping(lambda: 0.003)  # 1.5x: slower, not far slower
     with hotswap.counters_delta() as d:
         journey.swap_in("fast", slow)
         _call(journey, 1 + served.WINDOW)  # its first call, then its first window
@@ -292,9 +292,25 @@ def test_eagers_window_cut_short_by_the_swap_still_weighs_the_tier() -> None:
     assert f"medians of {served.MIN_CALLS} eager and " in status.kept[0][1]
 
 
+def test_a_far_slower_tier_gives_way_after_its_first_window() -> None:
+    """Every call of its first window took over FAR_SLOWER times eager's median: no
+    contention does that to every call, so it need not wait for its steady window."""
+    journey = _napping(0.002)
+    journey.on_probation()
+    _call(journey, 1 + served.WINDOW)
+    _until(journey, lambda s: "first" in s.served_ms.get("eager", {}))
+    journey.swap_in("fast", _sleeping(lambda: 0.010))
+    with hotswap.counters_delta() as d:
+        _call(journey, 1 + served.WINDOW)
+        status = _until(journey, lambda s: s.tier == "eager")
+    assert d["probation_reverts"] == 1 and "steady" not in status.served_ms["fast"]
+    assert "or at once where its fastest call took 2x eager's median" in status.kept[0][1]
+
+
 def test_a_slow_first_window_alone_does_not_send_a_tier_back() -> None:
-    """The calls right after a swap run beside its store and other loads: only the steady
-    window decides, and this tier's steady calls are as fast as eager's."""
+    """The calls right after a swap run beside its store and other loads: a first window
+    slower (1.5x, not FAR_SLOWER) decides nothing, and this tier's steady calls are as fast
+    as eager's."""
     journey = _napping(0.002)
     journey.on_probation()
     _call(journey, 1 + served.WINDOW)
@@ -302,7 +318,7 @@ def test_a_slow_first_window_alone_does_not_send_a_tier_back() -> None:
 
     def settling(x: torch.Tensor) -> tuple[torch.Tensor]:
         calls[0] += 1
-        time.sleep(0.010 if calls[0] <= 1 + served.WINDOW else 0.0)
+        time.sleep(0.003 if calls[0] <= 1 + served.WINDOW else 0.0)
         return (x * 2 + 1,)
 
     with hotswap.counters_delta() as d:
@@ -311,7 +327,7 @@ def test_a_slow_first_window_alone_does_not_send_a_tier_back() -> None:
         _timed_again(journey, settling)
         _call(journey, served.WINDOW)
         status = _until(journey, lambda s: "steady" in s.served_ms.get("fast", {}))
-    assert status.served_ms["fast"]["first"] >= 10.0 > status.served_ms["fast"]["steady"]
+    assert status.served_ms["fast"]["first"] >= 3.0 > status.served_ms["fast"]["steady"]
     assert status.tier == "fast" and d["probation_reverts"] == 0
 
 
