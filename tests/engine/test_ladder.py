@@ -120,6 +120,27 @@ def test_async_serves_its_tier_on_probation_against_eagers_calls(
     assert len(fake.compiles) == 1
 
 
+def test_a_training_graph_is_not_on_probation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grad on and parameters that need it: a call times the forward alone, not the backward
+    its tier compiled with it, so eager's calls are not timed and nothing is weighed."""
+    monkeypatch.setattr(served, "WINDOW", 5)
+    monkeypatch.setattr(served, "MIN_CALLS", 3)
+    fake = _fake(call_s={"default": 0.010})
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode="async", tiers=["default"]), compiler=fake,
+                              measure=fake.measure)
+    compiled = torch.compile(model, backend=coordinator)
+    with hotswap.counters_delta() as d:
+        for _ in range(1 + served.WINDOW):
+            compiled(*inputs).sum().backward()
+        fake.release()
+        [status] = coordinator.wait(timeout_s=30)
+        for _ in range(1 + served.WINDOW):
+            compiled(*inputs).sum().backward()
+    assert status.tier == "default" and "eager" not in status.served_ms
+    assert d["probation_reverts"] == 0
+
+
 def test_progressive_climbs_and_the_gate_adopts_a_faster_top_tier() -> None:
     fake = _fake(delay_s={"max-autotune": 0.2}, medians=FAST_TOP)
     _, status, d = _run(fake)
