@@ -62,6 +62,13 @@ def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
                         options={"config_patches": dict(config_patches)}, **donated)
 
 
+def _param_keys(gm: torch.fx.GraphModule) -> list[str]:
+    """The names AOTAutograd lifts from ``gm`` as its first inputs: its parameters, then its
+    buffers (``aot_module_simplified``'s ``params_buffers``)."""
+    return list({**dict(gm.named_parameters(remove_duplicate=False)),
+                 **dict(gm.named_buffers(remove_duplicate=False))})
+
+
 def static_input_indices(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
     """The inputs AOTAutograd treats as static (addresses fixed: inductor neither checks nor
     copies them per call), read off ``gm`` as it reads them off a dynamo graph: ``gm``'s own
@@ -69,8 +76,7 @@ def static_input_indices(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
     dynamo."""
     from torch._functorch._aot_autograd import frontend_utils
 
-    keys = {**dict(gm.named_parameters(remove_duplicate=False)),
-            **dict(gm.named_buffers(remove_duplicate=False))}.keys()
+    keys = dict.fromkeys(_param_keys(gm)).keys()
     read = frontend_utils._try_get_metadata_from_dynamo
     try:  # 2.13 takes the arguments' descriptors too (read for exported graphs only)
         _, static = read(gm, keys, len(keys) + n_inputs, [])
@@ -87,8 +93,7 @@ def mark_static_inputs(gm: torch.fx.GraphModule, static: list[bool]) -> bool:
     from torch._dynamo.source import ConstantSource
 
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    names = [*dict(gm.named_parameters(remove_duplicate=False)),
-             *dict(gm.named_buffers(remove_duplicate=False))]
+    names = _param_keys(gm)
     gm.meta["dynamo_compile_id"] = gm.meta.get("dynamo_compile_id")
     gm._param_name_to_source = {  # type: ignore[assignment]
         name: ConstantSource(f"hotswap.{name}") for name in names}

@@ -73,6 +73,11 @@ class Listener(Protocol):
     def served(self, window: Window) -> None: ...
 
 
+def _lane(clock: CallClock) -> Any:
+    """The hotswap thread a clock's window is read on (served.py: ``CallClock.lane``)."""
+    return threads.io if clock.lane == "io" else threads.scheduler
+
+
 def _close(new: Any, ref: Any) -> bool:
     """Outputs agree within a dtype-aware tolerance (pytrees of tensors and plain values)."""
     if isinstance(new, torch.Tensor) and isinstance(ref, torch.Tensor):
@@ -177,8 +182,8 @@ class GraphRunner:
             clock, self._eager_clock = self._eager_clock, None
             marks, self._eager_marks = self._eager_marks, []
         if clock is not None and len(marks) >= served.MIN_CALLS:
-            lane = threads.io if clock.lane == "io" else threads.scheduler
-            lane.submit(self._report, "eager", "first", clock, marks[:served.WINDOW], 0)
+            window = marks[:served.WINDOW]  # a call in flight at the window's end adds one
+            _lane(clock).submit(self._report, "eager", "first", clock, window, 0)
 
     # ------------------------------------------------------------------ swaps
 
@@ -272,8 +277,7 @@ class GraphRunner:
                     self._fn = fn
                 fns, name, rank = self._fallback  # a swap during the window's last call
                 self._fallback = (tuple(fn if f is wrapper else f for f in fns), name, rank)
-            lane = threads.io if clock.lane == "io" else threads.scheduler
-            lane.submit(self._report, tier, window, clock, marks, 0)
+            _lane(clock).submit(self._report, tier, window, clock, marks, 0)
             if window == "first":
                 threads.scheduler.later(served.STEADY_AFTER_S, self._time_again, tier, fn)
 

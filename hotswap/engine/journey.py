@@ -100,10 +100,9 @@ class GraphStatus:
     is "eager" until a tier swaps in, and again where eager was measured faster. ``pending``
     names the tiers still compiling, loading or being measured; ``failures`` and ``kept`` hold
     (tier, reason) for the tiers that failed or were kept out, the gate's numbers among the
-    reasons. ``gate`` says
-    what the gate is doing: "measuring ..." while a measurement runs, "deciding ...: why"
-    while a busy machine leaves it undecided (then the graph is not final; it is measured
-    again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s``, ``arrived_s``,
+    reasons. ``gate`` says what the gate is doing: "measuring ..." while a measurement runs,
+    "deciding ...: why" while a busy machine leaves it undecided (then the graph is not final;
+    it is measured again). ``path``, ``waiting``, ``cache``, ``states``, ``served_after_s``, ``arrived_s``,
     ``final_after_s``, ``worker_priority`` and ``timings_s`` are described where they are
     declared; docs/compile.md has them in a table.
     """
@@ -422,8 +421,8 @@ class GraphJourney:
 
     def on_probation(self, gave_way: GaveWay | None = None) -> None:
         """No gate weighs this graph's tier before it serves: eager's calls are timed, and a
-        tier whose steady calls run GAP or more slower than eager's gives way to it
-        (``served``); then ``gave_way(tier, eager's window, the tier's, the reason)``."""
+        tier whose calls as served run slower than eager's gives way to it (``served`` says
+        by how much); then ``gave_way(tier, eager's window, the tier's, the reason)``."""
         with self._lock:
             self._probation = True
             self._gave_way = gave_way

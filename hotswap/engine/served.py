@@ -22,8 +22,7 @@ calls are timed too, one window from its second call to the swap at the latest, 
 whose steady window's median runs ``GAP`` or more slower than eager's gives way to eager
 (journey.py); at once, after its first window, where even the window's fastest call took
 ``FAR_SLOWER`` times eager's median. Calls made while the current stream captures a CUDA
-graph are not timed (an
-event recorded there would join the capture).
+graph are not timed (an event recorded there would join the capture).
 """
 
 from __future__ import annotations

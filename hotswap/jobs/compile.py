@@ -174,7 +174,6 @@ def landed(graph_bytes: bytes, metas: tuple[InputMeta, ...]) -> tuple[Any, list[
     return gm, inputs, dynamic
 
 
-
 def _cpu_graph(metas: tuple[InputMeta, ...]) -> bool:
     devices = {m.device.split(":")[0] for m in metas if m.is_tensor}
     return "cpu" in devices and len(devices) == 1

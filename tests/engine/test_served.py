@@ -96,6 +96,15 @@ def _call(journey: GraphJourney, n: int) -> None:
         torch.testing.assert_close(journey.runner(X)[0], X * 2 + 1)
 
 
+def _serve_both_windows(journey: GraphJourney, tier: Callable[..., Any]) -> None:
+    """Swap ``tier`` in as "fast", then call it: its first call, its first window and, once
+    its timer has begun it, its steady window (at once where it no longer serves)."""
+    journey.swap_in("fast", tier)
+    _call(journey, 1 + served.WINDOW)
+    _timed_again(journey, tier)
+    _call(journey, served.WINDOW)
+
+
 def test_two_windows_are_timed_and_the_hot_path_is_bare_between_and_after() -> None:
     delay = [0.004]
     tier = _sleeping(lambda: delay[0])
@@ -255,10 +264,7 @@ def test_a_tier_on_probation_as_fast_as_eager_or_faster_stays() -> None:
     _until(journey, lambda s: "first" in s.served_ms.get("eager", {}))
     fast = _sleeping(lambda: 0.0)
     with hotswap.counters_delta() as d:
-        journey.swap_in("fast", fast)
-        _call(journey, 1 + served.WINDOW)
-        _timed_again(journey, fast)
-        _call(journey, served.WINDOW)
+        _serve_both_windows(journey, fast)
         status = _until(journey, lambda s: "steady" in s.served_ms.get("fast", {}))
     assert d["probation_reverts"] == 0
     assert status.tier == "fast" and status.kept == ()
@@ -270,10 +276,7 @@ def test_eagers_window_ends_at_the_swap_and_too_few_calls_weigh_nothing() -> Non
     _call(journey, 1 + served.MIN_CALLS - 1)  # one call too few in eager's window
     slow = _sleeping(lambda: 0.005)
     with hotswap.counters_delta() as d:
-        journey.swap_in("fast", slow)
-        _call(journey, 1 + served.WINDOW)
-        _timed_again(journey, slow)
-        _call(journey, served.WINDOW)
+        _serve_both_windows(journey, slow)
         status = _until(journey, lambda s: "steady" in s.served_ms.get("fast", {}))
     assert "eager" not in status.served_ms and d["probation_reverts"] == 0
     assert status.tier == "fast"
@@ -284,10 +287,7 @@ def test_eagers_window_cut_short_by_the_swap_still_weighs_the_tier() -> None:
     journey.on_probation()
     _call(journey, 1 + served.MIN_CALLS)  # the swap ends eager's window at MIN_CALLS calls
     slow = _sleeping(lambda: 0.010)
-    journey.swap_in("fast", slow)
-    _call(journey, 1 + served.WINDOW)
-    _timed_again(journey, slow)
-    _call(journey, served.WINDOW)
+    _serve_both_windows(journey, slow)
     status = _until(journey, lambda s: s.tier == "eager")
     assert f"medians of {served.MIN_CALLS} eager and " in status.kept[0][1]
 
@@ -322,10 +322,7 @@ def test_a_slow_first_window_alone_does_not_send_a_tier_back() -> None:
         return (x * 2 + 1,)
 
     with hotswap.counters_delta() as d:
-        journey.swap_in("fast", settling)
-        _call(journey, 1 + served.WINDOW)
-        _timed_again(journey, settling)
-        _call(journey, served.WINDOW)
+        _serve_both_windows(journey, settling)
         status = _until(journey, lambda s: "steady" in s.served_ms.get("fast", {}))
     assert status.served_ms["fast"]["first"] >= 3.0 > status.served_ms["fast"]["steady"]
     assert status.tier == "fast" and d["probation_reverts"] == 0
@@ -348,11 +345,8 @@ def test_without_probation_a_slower_tier_keeps_serving() -> None:
     journey = _napping(0.002)
     _call(journey, 1 + served.WINDOW)
     slow = _sleeping(lambda: 0.010)
-    journey.swap_in("fast", slow)
     with hotswap.counters_delta() as d:
-        _call(journey, 1 + served.WINDOW)
-        _timed_again(journey, slow)
-        _call(journey, served.WINDOW)
+        _serve_both_windows(journey, slow)
         status = _until(journey, lambda s: "steady" in s.served_ms.get("fast", {}))
     assert d["probation_reverts"] == 0 and "eager" not in status.served_ms
     assert status.tier == "fast"

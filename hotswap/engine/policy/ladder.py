@@ -366,7 +366,7 @@ class Ladder:
 
     def gave_way(self, journey: GraphJourney, tier: str, eager: Window, window: Window,
                  reason: str) -> None:
-        """On probation, ``tier``'s steady calls ran slower than eager's and it gave way: the
+        """On probation, ``tier``'s calls ran slower than eager's and it gave way: the
         decision is stored as the gate's are, so that a later process keeps it out too (its
         tier would come from the cache before eager served enough calls to weigh it)."""
         decision = GateDecision(
