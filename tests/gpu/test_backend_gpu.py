@@ -242,9 +242,48 @@ def test_a_serving_tiers_calls_are_timed_with_events_on_its_device() -> None:
     while "first" not in hotswap.status(compiled)[0].served_ms.get("default", {}):
         assert time.monotonic() < deadline, hotswap.status(compiled)
         time.sleep(0.05)
-    figures = hotswap.status(compiled)[0].served_ms["default"]
+    served_ms = hotswap.status(compiled)[0].served_ms
+    figures = served_ms["default"]
     # device time of a 1152x1024x1024 bf16 matmul and its relu: microseconds, not zero
     assert 0.002 < figures["first"] <= figures["first_max"] < 1000, figures
+    if "eager" in served_ms:  # eager served MIN_CALLS calls or more before the swap
+        assert 0.002 < served_ms["eager"]["first"] < 1000, served_ms
+
+
+def test_async_sends_back_a_tier_whose_device_time_shows_it_slower(
+        monkeypatch: Any) -> None:
+    """Probation on the GPU: eager's calls and the tier's are timed with CUDA events on the
+    user's stream. The fake tier's calls leave the device idle 10 ms before their kernels,
+    which the events see; eager's take microseconds: the tier gives way after one window."""
+    from hotswap.engine import served
+    from hotswap.engine.coordinator import Coordinator
+    from hotswap.engine.options import Options
+    from hotswap.testing.fake import FakeCompiler
+
+    monkeypatch.setattr(served, "WINDOW", 10)
+    monkeypatch.setattr(served, "MIN_CALLS", 5)
+    torch._dynamo.reset()
+    x, w = matmul_relu_inputs()
+    expected = matmul_relu(x, w)
+    fake = FakeCompiler(hold=True, call_s={"default": 0.010})
+    coordinator = Coordinator(Options.create(mode="async", tiers=["default"]), compiler=fake,
+                              measure=fake.measure)
+    compiled = torch.compile(matmul_relu, backend=coordinator, fullgraph=True)
+    with torch.no_grad(), hotswap.counters_delta() as d:
+        for _ in range(1 + served.WINDOW):  # eager: its first call, then its window
+            torch.testing.assert_close(compiled(x, w), expected)
+        fake.release()
+        [status] = coordinator.wait(timeout_s=60)
+        assert status.tier == "default"
+        deadline = time.monotonic() + 60
+        while status.tier != "eager":
+            assert time.monotonic() < deadline, status
+            torch.testing.assert_close(compiled(x, w), expected)
+            [status] = coordinator.status()
+    assert d["probation_reverts"] == 1 and status.final
+    eager, tier = status.served_ms["eager"]["first"], status.served_ms["default"]["first"]
+    assert 0.002 < eager < 5 and tier > 9, status.served_ms  # device times, idle gap seen
+    assert "faster as served" in status.kept[0][1]
 
 
 def test_the_first_run_goes_on_the_users_stream() -> None:

@@ -42,6 +42,30 @@ def test_capture_on_the_second_call_then_replay_with_new_inputs() -> None:
     torch.testing.assert_close(first, model(x))
 
 
+def test_replays_lend_their_outputs_and_never_overwrite_one_held() -> None:
+    model, x = _model()
+    graphed = CudaGraphed(model, "g1")
+    with torch.no_grad():
+        out = graphed(x)
+        for _ in range(10):  # `out = model(x)` in a loop: the last output held during a call
+            previous, want = out, out.clone()
+            y = torch.randn_like(x)
+            out = graphed(y)
+            torch.testing.assert_close(out, model(y))
+            torch.testing.assert_close(previous, want)  # not overwritten by the replay
+            del previous
+        assert graphed.lending and len(graphed._graphs) == 2
+        addresses = set()
+        for _ in range(4):  # each output dropped at once: one graph's own memory, no copy
+            addresses.add(graphed(x).data_ptr())
+        assert len(addresses) == 1
+        assert addresses <= {o._leaves[0].data_ptr() for _, o in graphed._graphs}
+        kept = [graphed(torch.full_like(x, float(i))) for i in range(6)]  # kept for good
+        for i, got in enumerate(kept):
+            torch.testing.assert_close(got, model(torch.full_like(x, float(i))))
+        assert not graphed.lending
+
+
 def test_a_graph_that_writes_to_its_input_is_not_captured() -> None:
     def bump(x: torch.Tensor) -> torch.Tensor:
         x.add_(1)

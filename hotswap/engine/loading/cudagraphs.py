@@ -13,7 +13,26 @@ artifacts with CUDA graphs off (``CompiledArtifact.load``). So a tier marked ``c
                          thread (``thread_local`` capture: other threads may use the device
                          meanwhile). 1.3 ms (MLP) to 3.4 ms (GPT-2) on the H200.
     later calls          copy the arguments that moved into their buffers, replay, and return
-                         copies of the outputs (a later replay overwrites the graph's own)
+                         the outputs (below)
+
+A replay overwrites the outputs of the one before. torch's CUDA graph trees hand out the
+graph's own memory and make an output that a later replay overwrote raise when read; hotswap
+never overwrites what the caller still holds, and copies nothing where it can:
+
+    copying              the first replays return copies of the outputs (one device-to-device
+                         copy each, 0.021 ms for GPT-2's 33.5 MB of logits on the H100)
+    lending              once the copies a call returned are gone by the call after next (the
+                         caller keeps at most the last output, as ``out = model(x)`` in a loop
+                         does), replays return the graph's own outputs, and a second graph, in
+                         a memory pool of its own, is captured the first time the caller still
+                         holds the first's: the two take turns, each replayed only when no
+                         tensor on its outputs' memory is held outside hotswap (the storages'
+                         use counts, read before each replay)
+    back to copying      a call that finds both graphs' outputs held (the caller keeps more)
+                         runs the artifact as it is, and later replays return copies again
+
+An output on an argument's memory (the graph returns an input or a view of one) is copied on
+every replay: the next call's arguments are copied into that memory.
 
 A call whose arguments differ from the captured ones in shape, stride, dtype, device or a
 non-tensor value, or whose in-place arguments moved, runs the artifact as it is. Graphs that
@@ -24,12 +43,14 @@ caller's tensor), or a capture that raises.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from hotswap.engine.options import CUDAGRAPHS_KEY
@@ -49,6 +70,42 @@ def _layout(x: torch.Tensor) -> Any:
     return (x.shape, x.stride(), x.dtype, x.device)
 
 
+def _uses(ref: StorageWeakRef) -> int:
+    return int(torch._C._storage_Use_Count(ref.cdata))
+
+
+class Outputs:
+    """The outputs a captured graph writes on each replay, and what holds them: returned as
+    copies, or lent (the graph's own memory) while nothing outside holds an earlier loan."""
+
+    def __init__(self, out: Any, arguments: Sequence[Any]) -> None:
+        self._leaves, self._spec = pytree.tree_flatten(out)
+        on_arguments = {a.untyped_storage().data_ptr() for a in arguments
+                        if isinstance(a, torch.Tensor)}
+        # an output on an argument's memory is copied whatever the mode (next paragraph)
+        self._copied = [isinstance(x, torch.Tensor)
+                        and x.untyped_storage().data_ptr() in on_arguments for x in self._leaves]
+        refs: dict[int, StorageWeakRef] = {}
+        for x, copied in zip(self._leaves, self._copied, strict=True):
+            if isinstance(x, torch.Tensor) and not copied:
+                refs.setdefault(x.untyped_storage().data_ptr(),
+                               StorageWeakRef(x.untyped_storage()))  # type: ignore[no-untyped-call]
+        self._refs = list(refs.values())
+        self._own = [_uses(r) for r in self._refs]  # the use counts of hotswap's own tensors
+
+    def free(self) -> bool:
+        """Nothing outside holds a tensor on these outputs' memory: a replay may overwrite it."""
+        return all(_uses(r) <= own for r, own in zip(self._refs, self._own, strict=True))
+
+    def hand_out(self, lend: bool) -> Any:
+        """The outputs after a replay: aliases of the graph's own (``lend``) or copies."""
+        self._own = [_uses(r) for r in self._refs]  # free, so only ours count now
+        return pytree.tree_unflatten(
+            [(x.detach() if lend and not copied else x.clone())
+             if isinstance(x, torch.Tensor) else x
+             for x, copied in zip(self._leaves, self._copied, strict=True)], self._spec)
+
+
 class CudaGraphed:
     """A loaded tier's callable, served through a CUDA graph from its second call."""
 
@@ -58,22 +115,25 @@ class CudaGraphed:
         self._lock = threading.Lock()
         self._calls = 0
         self._first: list[int | None] = []        # each argument's address at call 1
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graphs: list[tuple[torch.cuda.CUDAGraph, Outputs]] = []  # one, or two lending
         self._static: list[Any] = []
         self._moved: list[int] = []               # arguments copied into a buffer each call
         self._pinned: list[tuple[int, int]] = []  # arguments read in place: their addresses
         self._values: list[tuple[int, Any]] = []  # non-tensor arguments, as captured
-        self._out: Any = None
+        self.lending = False                      # replays return the graph's own outputs
+        self._may_lend = True                     # False once a second graph failed
+        # the copies the last two calls returned (while copying): gone by the call after
+        # next, the caller keeps at most one output and the graphs may lend theirs
+        self._copies: collections.deque[list[StorageWeakRef]] = collections.deque(maxlen=2)
         self.why_not = ""                         # why it runs without a graph, once known
 
     @property
     def captured(self) -> bool:
-        return self._graph is not None
+        return bool(self._graphs)
 
     def __call__(self, *args: Any) -> Any:
-        graph = self._graph
-        if graph is not None:
-            return self._replay(graph, args)
+        if self._graphs:
+            return self._replay(args)
         if self.why_not:
             return self._fn(*args)
         with self._lock:
@@ -84,13 +144,12 @@ class CudaGraphed:
             self._first = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
             return self._fn(*args)
         with self._lock:  # one capture, whichever thread gets here first
-            if self._graph is None and not self.why_not:
+            if not self._graphs and not self.why_not:
                 try:
                     self._capture(args)
                 except Exception as e:
                     self._refuse(f"capture failed: {type(e).__name__}: {e}")
-        graph = self._graph
-        return self._replay(graph, args) if graph is not None else self._fn(*args)
+        return self._replay(args) if self._graphs else self._fn(*args)
 
     def _ineligible(self, args: Sequence[Any]) -> str:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -119,27 +178,71 @@ class CudaGraphed:
         if any(not torch.equal(static[i], b) for i, b in zip(moved, before, strict=True)):
             self._refuse("the graph writes to an argument")
             return
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = self._fn(*static)
-        self._static, self._moved, self._out = static, moved, out
+        self._static, self._moved = static, moved
         self._pinned = [(i, a.data_ptr()) for i, a in enumerate(args)
                         if isinstance(a, torch.Tensor) and i not in moved]
         self._values = [(i, a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
-        self._graph = graph
+        self._graphs.append(self._record())
         log.debug("graph %s: captured in a CUDA graph (%d argument(s) copied per call)",
                   self._graph_id, len(moved))
 
-    def _replay(self, graph: torch.cuda.CUDAGraph, args: Sequence[Any]) -> Any:
+    def _record(self) -> tuple[torch.cuda.CUDAGraph, Outputs]:
+        """A capture of the tier on the static arguments, in a memory pool of its own."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = self._fn(*self._static)
+        return graph, Outputs(out, self._static)
+
+    def _replay(self, args: Sequence[Any]) -> Any:
         if len(args) != len(self._static) or any(
                 args[i].data_ptr() != ptr for i, ptr in self._pinned) or any(
-                args[i] != value for i, value in self._values):
+                args[i] != value for i, value in self._values) or any(
+                _layout(args[i]) != _layout(self._static[i]) for i in self._moved):
             return self._fn(*args)  # not what was captured: as it is, this call
-        for i in self._moved:
-            arg, buffer = args[i], self._static[i]
-            if _layout(arg) != _layout(buffer):
+        with self._lock:
+            chosen = self._free_graph()
+            if chosen is None:  # the caller holds every graph's outputs
+                self.lending = False
+                log.debug("graph %s: every graph's outputs are held; copying outputs",
+                          self._graph_id)
                 return self._fn(*args)
-            if arg.data_ptr() != buffer.data_ptr():
-                buffer.copy_(arg)
-        graph.replay()
-        return pytree.tree_map_only(torch.Tensor, torch.clone, self._out)
+            graph, outputs = chosen
+            for i in self._moved:
+                arg, buffer = args[i], self._static[i]
+                if arg.data_ptr() != buffer.data_ptr():
+                    buffer.copy_(arg)
+            graph.replay()
+            if not self.lending:
+                self.lending = self._may_lend and self._copies_gone()
+            out = outputs.hand_out(self.lending)
+            if not self.lending:
+                self._copies.append([StorageWeakRef(x.untyped_storage())  # type: ignore[no-untyped-call]
+                                     for x in pytree.tree_leaves(out)
+                                     if isinstance(x, torch.Tensor)])
+            return out
+
+    def _free_graph(self) -> tuple[torch.cuda.CUDAGraph, Outputs] | None:
+        """A graph no held output keeps from replaying; lending, the second one is captured
+        when the first's outputs are held (a failed capture: none, and copying resumes)."""
+        for chosen in self._graphs:
+            if chosen[1].free():
+                return chosen
+        if not self.lending or len(self._graphs) > 1:
+            return None
+        try:
+            self._graphs.append(self._record())
+        except Exception as e:
+            self._may_lend = False
+            log.info("graph %s: a second CUDA graph failed (%s: %s); copying outputs",
+                     self._graph_id, type(e).__name__, e)
+            return None
+        return self._graphs[-1]
+
+    def _copies_gone(self) -> bool:
+        """Copying: the copies returned two calls ago are gone (the caller keeps one output at
+        most), so the graphs may lend theirs from this call on."""
+        if len(self._copies) < 2 or not all(
+                ref.expired() for ref in self._copies[0]):  # type: ignore[no-untyped-call]
+            return False
+        self._copies.clear()
+        return True
