@@ -9,6 +9,8 @@ options=...)`` and ``CompiledArtifact.save/load(path=..., format="binary")``.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import os
 import sys
@@ -55,11 +57,48 @@ def standalone_compile(gm: torch.fx.GraphModule, inputs: list[Any],
     patches = {}
     if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
         patches["force_non_lazy_backward_lowering"] = True
-    donated: dict[str, Any] = {"donate_graph_module": True} if donate else {}
-    with functorch_config.patch(patches):
+    donated: dict[str, Any] = {}
+    if donate and _takes_donation():
+        donated["donate_graph_module"] = True
+    copied = contextlib.nullcontext() if donated else _marks_survive_copies(gm)
+    with functorch_config.patch(patches), copied:
         return compile_(gm, inputs,
                         dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
                         options={"config_patches": dict(config_patches)}, **donated)
+
+
+@functools.cache
+def _takes_donation() -> bool:
+    """standalone_compile takes ``donate_graph_module`` (torch 2.13; 2.11 deep-copies)."""
+    from torch._inductor import standalone_compile as compile_
+
+    return "donate_graph_module" in inspect.signature(compile_).parameters
+
+
+@contextlib.contextmanager
+def _marks_survive_copies(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Meanwhile, a deep copy of ``gm`` (inductor's, where it takes no donation) gets
+    ``mark_static_inputs``'s marks too: a GraphModule's deep copy keeps its graph's node meta
+    but drops the module's other attributes and the nodes' (AOTAutograd would then read every
+    input as dynamic)."""
+    sources = getattr(gm, "_param_name_to_source", None)
+    if sources is None or not hasattr(gm, "_register_deepcopy_hook"):
+        yield
+        return
+
+    def mark(copied: torch.fx.GraphModule) -> None:
+        hooks = getattr(copied, "_deepcopy_hooks", [])
+        if mark in hooks:  # the copy is pickled for inductor's caches
+            hooks.remove(mark)
+        copied._param_name_to_source = sources
+        for node in copied.graph.find_nodes(op="placeholder"):
+            node._dynamo_source = None
+
+    gm._register_deepcopy_hook(mark)
+    try:
+        yield
+    finally:
+        gm._unregister_deepcopy_hook(mark)
 
 
 def _param_keys(gm: torch.fx.GraphModule) -> list[str]:

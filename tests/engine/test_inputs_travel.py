@@ -88,11 +88,13 @@ class _Offset(torch.nn.Module):
         return self.norm(self.lin(x)) + self.shift
 
 
+@pytest.mark.parametrize("donation", [True, False], ids=["donated", "deep-copied"])
 def test_the_worker_compiles_with_the_static_inputs_torch_compile_marks(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, donation: bool) -> None:
     """Parameters and buffers are static under torch.compile (no alignment check per call on
     the GPU); the graph landed in a worker marks the same ones, except one that is not
-    aligned, which torch checks at each call and so must the worker's code."""
+    aligned, which torch checks at each call and so must the worker's code. Where inductor
+    takes no donated graph (torch 2.11: it deep-copies), its copy carries the marks too."""
     from torch._functorch import aot_autograd
     from torch._inductor import utils as inductor_utils
 
@@ -135,6 +137,7 @@ def test_the_worker_compiles_with_the_static_inputs_torch_compile_marks(
         return found
 
     monkeypatch.setattr(aot_autograd, "_try_get_metadata_from_dynamo", spy)
+    monkeypatch.setattr(compat, "_takes_donation", lambda: donation)
     with torch.no_grad():
         compat.compile_saveable(worker_gm, inputs, {}, dynamic=dynamic)
     assert seen_static == [[i for i in torch_marks if i != shift]]
