@@ -120,6 +120,45 @@ def test_graphs_that_draw_random_numbers_or_assign_items_get_no_run(
     assert (run is not None) is runs
 
 
+def _updates_its_own() -> torch.fx.GraphModule:
+    """``y = x @ w; y += x; return relu(y).add_(1)``, as dynamo records ResNet's blocks adding
+    their shortcut (symbolic tracing records ``+=`` as ``+``)."""
+    import operator
+
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    y = graph.call_function(operator.iadd, (graph.call_function(operator.matmul, (x, w)), x))
+    graph.output(graph.call_method("add_", (graph.call_function(torch.relu, (y,)), 1)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _updates_a_view(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    w.t()[0].add_(1)
+    return x @ w
+
+
+def _updates_through_the_identity(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.nn.functional.dropout(w, 0.0, False)  # returns w itself
+    return x @ y.add_(1)
+
+
+def _writes_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    torch.add(x @ w, 1, out=w)
+    return w
+
+
+@pytest.mark.parametrize(("fn", "runs"), [
+    (_updates_its_own, True), (_updates_a_view, False), (_updates_through_the_identity, False),
+    (_writes_out, False)], ids=["its own tensor", "a view of an input", "an input itself",
+                               "out= an input"])
+def test_an_update_in_place_of_a_tensor_the_graph_made_still_gets_a_run(
+        fn: object, runs: bool, cpu_runs: None) -> None:
+    with torch.no_grad():
+        gm = _updates_its_own() if fn is _updates_its_own else _graph(fn)
+        run = FirstRun.capture(gm, [torch.randn(4, 4), torch.randn(4, 4)])
+    assert (run is not None) is runs
+
+
 def test_every_graphs_copies_together_stay_under_the_limit(
         cpu_runs: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(first_run, "_held_bytes", 0)

@@ -103,6 +103,8 @@ def test_the_worker_compiles_with_the_static_inputs_torch_compile_marks(
     from hotswap.engine.shipping.transport import ship_graph
     from hotswap.jobs.compile import landed
 
+    if donation and not compat._takes_donation():
+        pytest.skip("this torch's standalone_compile takes no donated graph (torch 2.11)")
     seen: list[tuple[torch.fx.GraphModule, list[Any]]] = []
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:

@@ -14,8 +14,12 @@ model's memory); every other tensor input is cloned (its strides kept) when the 
 first seen, so the run reads what the user's first call passed without holding the user's
 tensors. Nothing runs where that is not safe:
 
-- a graph that updates a tensor in place (a method or function whose name ends in ``_``, an
-  item assignment, an augmented operator): its run would write to a parameter;
+- a graph that may update one of its inputs in place (a method or function whose name ends
+  in ``_``, an item assignment, an augmented operator, ``out=`` or ``inplace=True``, on an
+  input or on anything that may be a view of one): its run would write to a parameter. An
+  update of a tensor the graph made itself is fine (``hidden += residual`` after a
+  convolution, as ResNet's blocks do): a tensor is the graph's own where an op that always
+  returns new memory (``_FRESH``) made it, or an in-place update of one;
 - a graph that draws random numbers (``rand*``, ``bernoulli``, ``multinomial``, dropout in
   training, ...): its run would draw from the device's generator, which the user's thread
   shares, and shift the user's random stream;
@@ -69,6 +73,20 @@ _IN_PLACE = frozenset({operator.setitem, operator.iadd, operator.isub, operator.
                        operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow,
                        operator.iand, operator.ior, operator.ixor, operator.ilshift,
                        operator.irshift, operator.imatmul})
+# Ops that return new memory, never a view of an argument (an in-place update of what they
+# return touches no input). Ops that may return an argument itself (dropout with p=0 or not
+# training, ``contiguous``, ``to``, ``reshape``) or a view of one are not here.
+_FRESH = frozenset({
+    "add", "sub", "mul", "truediv", "floordiv", "div", "matmul", "mm", "bmm", "baddbmm",
+    "addmm", "linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
+    "relu", "relu6", "leaky_relu", "gelu", "silu", "mish", "elu", "selu", "celu", "hardswish",
+    "hardsigmoid", "hardtanh", "softplus", "tanh", "sigmoid", "softmax", "log_softmax", "exp",
+    "log", "sqrt", "rsqrt", "pow", "neg", "abs", "erf", "sin", "cos", "clamp", "where",
+    "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "cat", "stack", "sum",
+    "mean", "amax", "amin", "cumsum", "scaled_dot_product_attention", "embedding", "clone",
+})
 # Device kinds whose first run pays work later runs do not (a graph on none of them is not run).
 LAZY_DEVICES = ("cuda",)
 
@@ -169,14 +187,22 @@ def _calls(gm: torch.fx.GraphModule) -> Iterator[tuple[Any, str]]:
 
 
 def _updates_in_place(gm: torch.fx.GraphModule) -> bool:
-    """Whether the graph updates a tensor in place: an in-place method or function (``add_``,
-    ``copy_``), an item assignment or augmented operator, ``out=`` or ``inplace=True``."""
+    """Whether the graph may update an input in place: an in-place method or function
+    (``add_``, ``copy_``), an item assignment or augmented operator, ``out=`` or
+    ``inplace=True``, on a tensor that is not certainly the graph's own (``_FRESH``)."""
+    own: set[torch.fx.Node] = set()  # tensors the graph made: no input's memory
     for node, name in _calls(gm):
-        if (name.endswith("_") and not name.endswith("__")) or node.target in _IN_PLACE \
-                or name in ("__setitem__", "setitem") or name.startswith("__i"):
+        in_place = (name.endswith("_") and not name.endswith("__")) or \
+            node.target in _IN_PLACE or name in ("__setitem__", "setitem") or \
+            name.startswith("__i") or node.kwargs.get("inplace") is True
+        out = node.kwargs.get("out")
+        targets = [t for t in [*(node.args[:1] if in_place else ()),
+                               *(out if isinstance(out, list | tuple) else [out])]
+                   if isinstance(t, torch.fx.Node)]
+        if any(t not in own for t in targets):
             return True
-        if node.kwargs.get("out") is not None or node.kwargs.get("inplace") is True:
-            return True
+        if targets or (name in _FRESH and not in_place and out is None):
+            own.add(node)  # an update of the graph's own tensor returns it
     return False
 
 
