@@ -134,15 +134,15 @@ CASES: dict[str, tuple[Measurement, int, int, float, Decision]] = {
         _of(BenchReply([], pairs=[CONTENDED])), 1, 0, 0.02, _measured(
             Action.RETRY, CONTENDED, _CONTENDED, retry=Retry(1.0, 1, 1, LOG_HALF, 1, clean=4, rounds=12),
             meanwhile=CANDIDATE)),
-    "contended at the last attempt: pauses double, attempts do not count": (
+    "contended at the last attempt: attempts do not count": (
         _of(BenchReply([], pairs=[CONTENDED])), MAX_ATTEMPTS, 2, 0.02, _measured(
             Action.RETRY, CONTENDED, _CONTENDED,
-            retry=Retry(4.0, MAX_ATTEMPTS, 3, LOG_HALF, 1, clean=4, rounds=12),
+            retry=Retry(1.0, MAX_ATTEMPTS, 3, LOG_HALF, 1, clean=4, rounds=12),
             attempt=MAX_ATTEMPTS, meanwhile=CANDIDATE)),
-    "contended: the pause stops growing at its cap": (
+    "contended, however many before, with clean rounds to pool: again after 1 s": (
         _of(BenchReply([], pairs=[CONTENDED])), 1, 5, 0.02, _measured(
             Action.RETRY, CONTENDED, _CONTENDED,
-            retry=Retry(RETRY_CAP_S, 1, 6, LOG_HALF, 1, clean=4, rounds=12),
+            retry=Retry(1.0, 1, 6, LOG_HALF, 1, clean=4, rounds=12),
             meanwhile=CANDIDATE)),
     "every round contended, every round 10x slower: keep": (
         _of(BenchReply([], pairs=[SWEPT_SLOWER])), 1, 0, 0.02, _measured(
@@ -280,9 +280,9 @@ def test_one_lucky_contended_measurement_does_not_serve_a_tier_the_others_had_sl
                   serving="eager", candidate="scalar")
     earlier = 3 * math.log(5.0)
     decision = decide(_of(BenchReply([], pairs=[lucky]), "eager", "scalar"), attempt=1,
-                      contended=3, threshold=0.02, now_s=NOW_S, evidence=earlier)
+                      contended=3, threshold=0.02, now_s=NOW_S, evidence=earlier, blind=3)
     assert decision.action is Action.RETRY and decision.meanwhile == "eager"
-    assert decision.retry == Retry(8.0, 1, 4, earlier + math.log(0.86), 1, blind=1, rounds=24)
+    assert decision.retry == Retry(8.0, 1, 4, earlier + math.log(0.86), 1, blind=4, rounds=24)
     # After nine such (the fifth contended measurement on), slower on average: kept out.
     kept = decide(_of(BenchReply([], pairs=[lucky]), "eager", "scalar"), attempt=1,
                   contended=9, threshold=0.02, now_s=NOW_S, evidence=9 * math.log(5.0))
@@ -336,6 +336,19 @@ def test_a_measurement_the_other_way_or_too_close_starts_the_row_again() -> None
     assert reset.action is Action.RETRY and reset.retry is not None and reset.retry.streak == 0
 
 
+@pytest.mark.parametrize(("blind", "pause_s"), [(0, 1.0), (1, 2.0), (2, 4.0), (5, RETRY_CAP_S),
+                                               (50, RETRY_CAP_S)])
+def test_pauses_double_after_measurements_that_kept_no_clean_round(blind: int,
+                                                                   pause_s: float) -> None:
+    """A busy caller leaves each measurement a few clean rounds, which pool: the next one
+    follows after a second. Only a measurement with none waits for the machine, each such
+    pause twice the last, up to the cap."""
+    decision = decide(_of(BenchReply([], pairs=[SPLIT])), attempt=1, contended=blind,
+                      threshold=0.02, now_s=NOW_S, blind=blind, evidence=blind * math.log(0.5))
+    assert decision.action is Action.RETRY and decision.retry is not None
+    assert decision.retry.after_s == pause_s and decision.retry.blind == blind + 1
+
+
 def test_far_apart_but_never_three_in_a_row_is_measured_again_however_long_it_takes() -> None:
     # A hundred contended measurements before, averaging 0.7 (not close), the last one the other
     # way: no tier three times in a row ahead, so the pair is measured again, after the cap.
@@ -343,7 +356,8 @@ def test_far_apart_but_never_three_in_a_row_is_measured_again_however_long_it_ta
     decision = decide(_of(BenchReply([], pairs=[CONTENDED])), attempt=1, contended=100,
                       threshold=0.02, now_s=NOW_S, evidence=earlier, streak=-1)
     assert decision.action is Action.RETRY and decision.meanwhile == CANDIDATE
-    assert decision.retry == Retry(RETRY_CAP_S, 1, 101, earlier + LOG_HALF, 1, clean=4, rounds=12)
+    assert decision.retry == Retry(RETRY_AFTER_S, 1, 101, earlier + LOG_HALF, 1, clean=4,
+                                   rounds=12)
 
 
 def test_contended_measurements_too_close_to_call_keep_what_serves() -> None:
@@ -467,12 +481,12 @@ def test_a_streak_decides_before_the_pooled_rounds() -> None:
 
 def test_measurements_an_earlier_process_made_count_as_evidence_not_toward_pauses() -> None:
     # Far from close (the candidate 1.7x faster, after five near 1.0): measured again. Five of
-    # this process's own contended measurements would pause 2**5 s (capped); five inherited
-    # ones, the first pause.
+    # this process's own contended measurements without a clean round would pause 2**5 s
+    # (capped); five inherited ones, the first pause.
     far = _pair(0.6, -INF, INF, rounds=24, contended=24, every=(0.3, 1.6))
     earlier = 5 * math.log(1.01)
     own = decide(_of(BenchReply([], pairs=[far])), attempt=1, contended=5, threshold=0.02,
-                 now_s=NOW_S, evidence=earlier)
+                 now_s=NOW_S, evidence=earlier, blind=5)
     inherited = decide(_of(BenchReply([], pairs=[far])), attempt=1, contended=5,
                        threshold=0.02, now_s=NOW_S, evidence=earlier, inherited=5)
     assert own.retry is not None and inherited.retry is not None

@@ -66,8 +66,10 @@ EAGER = "eager"
 HELD_SUFFIX = "/vs-eager"
 # An interval across the threshold is measured again, longer (Gate.request doubles the
 # budget), after a pause; after MAX_ATTEMPTS the serving tier stays. A machine too busy to
-# measure on (a compile of another tier, a caller using every core) is waited out, as long as
-# it takes: each pause twice the last, none longer than RETRY_CAP_S.
+# measure on (a compile of another tier, a caller using every core) is measured on again, as
+# long as it takes: after RETRY_AFTER_S while each measurement keeps some clean rounds (they
+# add up: ``pooled``), and waited out where one kept none, each such pause twice the last,
+# none longer than RETRY_CAP_S.
 MAX_ATTEMPTS = 3
 RETRY_AFTER_S = 1.0
 RETRY_CAP_S = 30.0
@@ -296,14 +298,18 @@ def _meanwhile(pair: Paired, retry: Retry, threshold: float) -> str:
 
 def _retry(pair: Paired, attempt: int, so_far: Retry, threshold: float) -> Retry:
     """The next measurement of an undecided pair (``so_far``: the state before this one).
-    Too few clean rounds (the machine was busy): the same budget, after a pause that doubles
-    up to RETRY_CAP_S, however many it takes; an interval across the threshold: longer, after
-    a pause that grows with the attempt."""
+    Too few clean rounds (the machine was busy): the same budget, however many it takes;
+    after RETRY_AFTER_S where this one kept some clean rounds (they pool with the next one's:
+    a caller that keeps the machine busy leaves each measurement a few, and waiting does not
+    change that), else after a pause that doubles with each measurement that kept none, up to
+    RETRY_CAP_S. An interval across the threshold: longer, after a pause that grows with the
+    attempt."""
     if pair.clean < MIN_CLEAN:
         way = direction(pair, threshold)
         streak = so_far.streak + way if way and so_far.streak * way >= 0 else way
-        here = so_far.contended - so_far.inherited  # this process's, before this one
-        return Retry(min(RETRY_AFTER_S * 2 ** here, RETRY_CAP_S), attempt,
+        pause = RETRY_AFTER_S if pair.clean else min(RETRY_AFTER_S * 2 ** so_far.blind,
+                                                      RETRY_CAP_S)
+        return Retry(pause, attempt,
                      so_far.contended + 1, so_far.evidence + math.log(max(pair.ratio, 1e-9)),
                      streak, so_far.clean + pair.clean, so_far.blind + (pair.clean == 0),
                      so_far.clean_ratios + pair.clean_ratios, so_far.rounds + pair.rounds,
