@@ -35,6 +35,7 @@ import torch
 
 from hotswap.counting import bump
 from hotswap.engine import served, threads
+from hotswap.engine.loading.per_thread import PerThread
 from hotswap.engine.served import CallClock, Window
 from hotswap.errors import HotswapError
 from hotswap.profiles.timeline import Timeline
@@ -206,8 +207,13 @@ class GraphRunner:
                 return False
             previous, previous_tier = self._fn, self.tier
             self._fallback = ((previous, *self._tier_fns), self.tier, self._rank)
-            self._fn = self._probation(tier, fn, previous)
-            self._tier_fns = (self._fn, fn)
+            work = fn if isinstance(fn, PerThread) else None
+            if work is not None:
+                fn = work.fn  # served as it is, once the thread made its plans
+            first_call = self._probation(tier, fn, previous)
+            self._tier_fns = (first_call, fn)
+            self._fn = first_call if work is None else self._planning(work, first_call,
+                                                                      previous)
             self.tier, self._rank = tier, rank
         if previous_tier == "eager":
             self._end_eager_window()
@@ -241,6 +247,20 @@ class GraphRunner:
             raise error
 
         return raise_once
+
+    def _planning(self, work: PerThread, first_call: Fn, previous: Fn) -> Fn:
+        """Until the calling thread made the tier's per-thread plans (per_thread.py), one per
+        call, ``previous`` answers its calls; then the tier serves. Not one of the tier's own
+        callables: an error ``previous`` raises here drops nothing of the tier."""
+        def planning(*args: Any) -> Any:
+            if work.step():
+                return previous(*args)
+            with self._lock:
+                if self._fn is planning:
+                    self._fn = first_call
+            return GraphRunner.__call__(self, *args)  # whatever serves now, as it would
+
+        return planning
 
     def _probation(self, tier: str, fn: Fn, previous: Fn) -> Fn:
         def first_call(*args: Any) -> Any:

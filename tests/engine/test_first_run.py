@@ -5,9 +5,13 @@ such a device (``LAZY_DEVICES``) to see the path without a GPU."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 import torch
 
+import hotswap
 from hotswap.engine.coordinator import Coordinator
 from hotswap.engine.loading import first_run
 from hotswap.engine.loading.first_run import FirstRun
@@ -169,3 +173,81 @@ def test_every_graphs_copies_together_stay_under_the_limit(
         assert [r is not None for r in runs] == [True, True, False]
         del runs  # their copies go: room again
         assert FirstRun.capture(_graph(_linear), [torch.randn(3, 4), torch.randn(4, 4)])
+
+
+def test_each_calling_thread_makes_the_tiers_cudnn_calls_before_the_tier_serves_it(
+        cpu_runs: None) -> None:
+    """cuDNN keeps its plans per thread (per_thread.py): the first run notes the tier's
+    convolutions, and after the swap the calling thread makes each once, one per call, while
+    eager still answers; then the tier serves. (On the CPU the same calls are noted and made:
+    the path, not the plans.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(),
+                                torch.nn.Conv2d(4, 2, 1)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    fake = FakeCompiler(hold=True)
+    coordinator = Coordinator(Options.create(mode="async"), compiler=fake)
+    compiled = torch.compile(model, backend=coordinator)
+    with torch.no_grad(), hotswap.counters_delta() as d:
+        expected = model(x)
+        torch.testing.assert_close(compiled(x), expected)
+        fake.release()
+        [status] = coordinator.wait(timeout_s=30)
+        assert status.tier == "default" and fake.calls["default"] == 1  # its first run
+        served_by_tier = []
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), expected)
+            served_by_tier.append(fake.calls["default"] - 1)
+        # two convolutions: two calls answered eagerly while this thread made them
+        assert served_by_tier == [0, 0, 1, 2]
+        other: list[int] = []  # a thread calling later is served by the tier at once
+
+        def call_from_another_thread() -> None:
+            with torch.no_grad():  # grad mode is per thread: the same graph
+                compiled(x)
+            other.append(fake.calls["default"])
+
+        thread = threading.Thread(target=call_from_another_thread)
+        thread.start()
+        thread.join()
+        assert other == [4]
+    assert (d["eager_calls"], d["swaps"], d["graphs"]) == (3, 1, 1)
+
+
+def test_a_thread_makes_the_noted_calls_on_empty_tensors_of_their_layout() -> None:
+    from hotswap.engine.loading.per_thread import PerThread, PlanRecorder
+
+    weight = torch.randn(4, 3, 3, 3)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    recorder = PlanRecorder()
+    with recorder:
+        torch.nn.functional.conv2d(x, weight)
+        torch.relu(x)  # not an op with a per-thread plan
+    [(func, args, _)] = recorder.calls
+    assert func._schema.name == "aten::convolution"
+    seen: list[tuple[Any, ...]] = []
+    work = PerThread(lambda: None, recorder.calls)
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append(tuple((t.shape, t.stride(), t.dtype) for t in a[:2]))
+        return func(*a, **k)
+
+    work.calls = [(spy, args, {})]
+    done = []
+    thread = threading.Thread(target=lambda: done.extend([work.step(), work.step()]))
+    thread.start()
+    thread.join()
+    assert done == [True, False]
+    assert seen == [((x.shape, x.stride(), x.dtype), (weight.shape, weight.stride(),
+                                                      weight.dtype))]
+    assert work.step() and not work.step()  # this thread makes its own
+
+
+def test_a_noted_call_that_fails_leaves_the_rest_to_the_tier() -> None:
+    from hotswap.engine.loading.per_thread import PerThread
+
+    def fails(*args: Any) -> Any:
+        raise RuntimeError("no plan")
+
+    work = PerThread(lambda: None, [(fails, (), {}), (fails, (), {})])
+    assert work.step() and not work.step()

@@ -154,13 +154,16 @@ class FirstRun:
             _held_bytes += size
         return cls(tuple(copied), tuple(sorted(devices, key=str)), size)
 
-    def run(self, fn: Any) -> float:
+    def run(self, fn: Any, recorder: Any = None) -> float:
         """Call ``fn`` once on the copies, on the user's CUDA stream, and wait for the run
-        alone (an event after it); the seconds it took."""
+        alone (an event after it); the seconds it took. ``recorder``: a context (a
+        ``per_thread.Recorder``) the call runs in."""
         start = time.monotonic()
         done = None
         with contextlib.ExitStack() as scope:
             scope.enter_context(torch.no_grad())
+            if recorder is not None:
+                scope.enter_context(recorder)
             if self._stream is not None:
                 scope.enter_context(torch.cuda.stream(self._stream))
                 if torch.cuda.is_current_stream_capturing():  # the user's capture: not ours

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from hotswap.engine.journey import GraphJourney
 from hotswap.engine.loading import source_key
 from hotswap.engine.loading.cudagraphs import CudaGraphed
+from hotswap.engine.loading.per_thread import PerThread, PlanRecorder
 from hotswap.engine.options import Tier
 from hotswap.engine.recording import Recorder
 from hotswap.engine.shipping.request import count_error, devices_of
@@ -84,12 +85,16 @@ class WorkerJobs:
         first_run = journey.first_run
         if first_run is not None and not isinstance(fn, CudaGraphed):
             t = time.monotonic()
+            planned = PlanRecorder()  # the plans each calling thread builds for itself
             try:  # what its first user call would pay (first_run.py), paid here
-                first_run.run(fn)
+                first_run.run(fn, planned)
             except Exception as e:
                 log.info("hotswap: graph %s tier %r: its first run before serving failed "
                          "(%s: %s); it serves all the same", journey.graph_id, tier.name,
                          type(e).__name__, e)
+            else:
+                if planned.calls:
+                    fn = PerThread(fn, planned.calls)
             self._recorder.span(journey, tier.name, "first_run", t, time.monotonic())
         return fn
 
