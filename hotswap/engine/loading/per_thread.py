@@ -15,6 +15,12 @@ tensors laid out the same way (``PerThread.step``), while the predecessor still 
 calls: one plan per user call (a few milliseconds each) instead of all of them in one call.
 A thread that has made them all is served by the tier. Threads that first call the graph
 after the first thread finished pay their own plans in their first call, as before.
+
+The first cuDNN call in a thread also starts cuDNN there (its handle, its libraries' state):
+GPT-2's first attention call took 55 ms where the five after it took 0.1-0.4 ms. That part
+needs no plan of the tier's, so it happens when a CUDA graph with convolutions or attention
+arrives, in the caller's thread, within the call dynamo is compiling (seconds long already),
+on tiny tensors (``prime_cudnn``), once per thread.
 """
 
 from __future__ import annotations
@@ -28,10 +34,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-__all__ = ["PLANNED", "PerThread", "PlanRecorder"]
+__all__ = ["PLANNED", "PerThread", "PlanRecorder", "prime_cudnn"]
 
 log = logging.getLogger("hotswap")
 
+_primed = threading.local()  # .done: this thread started cuDNN
+# Calls of a dynamo graph that run cuDNN on CUDA tensors (by the callee's name).
+_CONVOLUTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                 "conv_transpose3d", "convolution")
+_ATTENTION = ("scaled_dot_product_attention",)
 # Ops whose CUDA kernels build a cuDNN execution plan cached per thread.
 PLANNED = frozenset({
     "aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
@@ -108,3 +119,38 @@ class PerThread:
             log.debug("hotswap: a thread's plan for %s not made ahead: %s: %s", func,
                       type(e).__name__, e)
         return True
+
+
+def prime_cudnn(gm: torch.fx.GraphModule, example_inputs: Any) -> None:
+    """Start cuDNN in this thread (a tiny convolution, a tiny cuDNN attention) where ``gm``
+    runs convolutions or attention on CUDA tensors; once per thread, and never raises."""
+    if getattr(_primed, "done", False):
+        return
+    cuda = [x for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
+    if not cuda:
+        return
+    names = {str(getattr(n.target, "__name__", n.target)) for n in gm.graph.nodes
+             if n.op in ("call_function", "call_method", "call_module")}
+    convolution = any(n in names for n in _CONVOLUTIONS) or any(
+        isinstance(m, torch.nn.modules.conv._ConvNd) for m in gm.modules())
+    attention = any(n in names for n in _ATTENTION)
+    if not (convolution or attention) or not torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
+        return
+    _primed.done = True
+    device = cuda[0].device
+    half = next((x.dtype for x in cuda if x.dtype in (torch.float16, torch.bfloat16)),
+                torch.bfloat16)
+    try:
+        with torch.no_grad():
+            if convolution and torch.backends.cudnn.enabled:
+                x = torch.zeros(1, 8, 4, 4, device=device, dtype=half)
+                torch.nn.functional.conv2d(x, torch.zeros(8, 8, 1, 1, device=device, dtype=half))
+            cudnn_attention = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention",
+                                      None)
+            if attention and cudnn_attention is not None and \
+                    torch.backends.cuda.cudnn_sdp_enabled():  # type: ignore[no-untyped-call]
+                q = torch.zeros(1, 1, 8, 64, device=device, dtype=half)
+                cudnn_attention(q, q, q, None, False)
+    except Exception as e:
+        log.debug("hotswap: cuDNN not started ahead in this thread: %s: %s",
+                  type(e).__name__, e)
