@@ -41,7 +41,6 @@ from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.graphs import Graphs
 from hotswap.engine.journey import GraphJourney, GraphStatus
 from hotswap.engine.loading.first_run import FirstRun
-from hotswap.engine.loading.per_thread import prime_cudnn
 from hotswap.engine.logs import setup_logging
 from hotswap.engine.options import Options, Tier
 from hotswap.engine.policy.ladder import Ladder, Measure
@@ -152,8 +151,6 @@ class Coordinator:
                 arrival.add_done_callback(functools.partial(self._arrived, journey, tier))
         self._finish_if_final(journey)
         self.graphs.moved()
-        if journey.first_run is not None and not route.waits:
-            prime_cudnn(gm, example_inputs)  # in the call dynamo compiles: seconds already
         return journey.runner
 
     def _keys(self, gm: torch.fx.GraphModule, inputs: tuple[InputMeta, ...], grad: bool,

@@ -28,6 +28,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -127,6 +128,10 @@ class GraphRunner:
         self._eager_clock: CallClock | None = None
         self._eager_from = 0
         self._eager_marks: list[Any] = []
+        # Wrappers serving in a tier's place for a while (a tier making its per-thread plans,
+        # a failure to raise once) -> what answers for them: a tier swapped in meanwhile
+        # weighs itself against, and stands in with, that one.
+        self._stand_ins: weakref.WeakKeyDictionary[Fn, Fn] = weakref.WeakKeyDictionary()
 
     @property
     def serving(self) -> Fn:
@@ -191,6 +196,8 @@ class GraphRunner:
     def serve_now(self, tier: str, fn: Fn) -> None:
         """The tier serves from the very first call (no eager, no swap): a first call that
         waited for it."""
+        if isinstance(fn, PerThread):  # its first call waited: its plans are made there
+            fn = fn.fn
         with self._lock:
             self._tier_fns = (fn,)
             self._fn = self._timing_locked(tier, fn, "first")
@@ -210,10 +217,13 @@ class GraphRunner:
             work = fn if isinstance(fn, PerThread) else None
             if work is not None:
                 fn = work.fn  # served as it is, once the thread made its plans
-            first_call = self._probation(tier, fn, previous)
+            meanwhile = previous  # what answered the calls: not a stand-in's wrapper
+            while meanwhile in self._stand_ins:
+                meanwhile = self._stand_ins[meanwhile]
+            first_call = self._probation(tier, fn, meanwhile)
             self._tier_fns = (first_call, fn)
             self._fn = first_call if work is None else self._planning(work, first_call,
-                                                                      previous)
+                                                                      meanwhile)
             self.tier, self._rank = tier, rank
         if previous_tier == "eager":
             self._end_eager_window()
@@ -246,6 +256,7 @@ class GraphRunner:
                     self._fn = then
             raise error
 
+        self._stand_ins[raise_once] = then
         return raise_once
 
     def _planning(self, work: PerThread, first_call: Fn, previous: Fn) -> Fn:
@@ -260,6 +271,7 @@ class GraphRunner:
                     self._fn = first_call
             return GraphRunner.__call__(self, *args)  # whatever serves now, as it would
 
+        self._stand_ins[planning] = previous
         return planning
 
     def _probation(self, tier: str, fn: Fn, previous: Fn) -> Fn:

@@ -103,9 +103,15 @@ def test_outputs_kept_for_good_are_never_overwritten(monkeypatch: pytest.MonkeyP
     kept = [graphed(torch.full((4,), float(i))) for i in range(10)]
     for i, out in enumerate(kept):
         torch.testing.assert_close(out, torch.full((4,), 2.0 * i))
-    assert not _lending(graphed) and len(graphs) == 2
-    del kept
-    assert all(out.free() for _, out in graphed._graphs)
+    # Both graphs' outputs kept: they are let go, and a third graph returns copies.
+    assert not _lending(graphed) and len(graphs) == 3 and len(graphed._graphs) == 1
+    replays = graphs[2].replays
+    more = [graphed(torch.full((4,), -float(i))) for i in range(3)]  # kept too: replayed
+    assert graphs[2].replays == replays + 3
+    for i, out in enumerate(more):
+        torch.testing.assert_close(out, torch.full((4,), -2.0 * i))
+    for i, out in enumerate(kept):
+        torch.testing.assert_close(out, torch.full((4,), 2.0 * i))
 
 
 def test_a_second_graph_that_fails_ends_lending(monkeypatch: pytest.MonkeyPatch) -> None:

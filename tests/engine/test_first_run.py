@@ -146,6 +146,11 @@ def _updates_through_the_identity(x: torch.Tensor, w: torch.Tensor) -> torch.Ten
     return x @ y.add_(1)
 
 
+def _steps_a_list(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    torch._foreach_add_([x, w], 1.0)  # as an optimizer's step updates its parameters
+    return x @ w
+
+
 def _writes_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     torch.add(x @ w, 1, out=w)
     return w
@@ -153,8 +158,9 @@ def _writes_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(("fn", "runs"), [
     (_updates_its_own, True), (_updates_a_view, False), (_updates_through_the_identity, False),
-    (_writes_out, False)], ids=["its own tensor", "a view of an input", "an input itself",
-                               "out= an input"])
+    (_writes_out, False), (_steps_a_list, False)],
+    ids=["its own tensor", "a view of an input", "an input itself", "out= an input",
+         "a list of inputs"])
 def test_an_update_in_place_of_a_tensor_the_graph_made_still_gets_a_run(
         fn: object, runs: bool, cpu_runs: None) -> None:
     with torch.no_grad():

@@ -269,3 +269,59 @@ def test_a_move_the_state_machine_forbids_fails_the_tier_and_is_counted() -> Non
     assert d["internal_errors"] == 1
     assert journey.state("fast") is TierState.FAILED and journey.final
     assert "pending -> serving" in journey.status().failures[0][1]
+
+
+def _planned(answer: tuple[Any, ...], plans: int, made: list[str], name: str) -> Any:
+    """A loaded tier whose first call builds ``plans`` per-thread plans (per_thread.py); each
+    one a thread makes ahead is noted in ``made``."""
+    from hotswap.engine.loading.per_thread import PerThread
+
+    def plan(i: int) -> None:
+        made.append(f"{name}{i}")
+
+    return PerThread(lambda x: answer, [(plan, (i,), {}) for i in range(plans)])
+
+
+def test_a_tier_swapped_in_while_another_makes_its_plans_stands_in_with_eager() -> None:
+    # Not with the other tier's planning: that would make both tiers' plans in one call.
+    runner = _runner()
+    made: list[str] = []
+    fast, best = ("fast",), ("best",)
+    assert runner.swap_in("fast", _planned(fast, 3, made, "f"))
+    assert torch.equal(runner(X)[0], GOOD[0]) and made == ["f0"]
+    assert runner.swap_in("best", _planned(best, 2, made, "b"))
+    served = [runner(X) for _ in range(3)]
+    assert made == ["f0", "b0", "b1"]  # one plan per call, none of the replaced tier's
+    assert [torch.equal(s[0], GOOD[0]) if s not in (fast, best) else s for s in served] == [
+        True, True, best]
+
+
+def test_a_failure_to_raise_once_is_not_raised_again_while_a_tier_makes_its_plans() -> None:
+    journey = _journey(raise_failures=True)
+    runner = journey.runner
+    runner.raise_next(TierFailed("g", "fast", "boom"))
+    made: list[str] = []
+    assert runner.swap_in("best", _planned(("best",), 2, made, "b"))
+    for _ in range(2):  # eager answers while the plans are made: no TierFailed
+        assert torch.equal(runner(X)[0], GOOD[0])
+    assert runner(X) == ("best",)
+
+
+def test_plans_end_for_every_thread_after_a_few_calls_per_plan() -> None:
+    # A server with a thread per request: no one thread makes every plan.
+    from hotswap.engine.loading.per_thread import PLANNING_CALLS_PER_PLAN
+
+    runner = _runner()
+    made: list[str] = []
+    assert runner.swap_in("fast", _planned(("fast",), 2, made, "f"))
+    answers: list[Any] = []
+
+    def request() -> None:
+        answers.append(runner(X))
+
+    for _ in range(2 * PLANNING_CALLS_PER_PLAN + 1):
+        thread = threading.Thread(target=request)
+        thread.start()
+        thread.join()
+    assert answers[-1] == ("fast",) and len(made) == 2 * PLANNING_CALLS_PER_PLAN
+    assert all(torch.equal(a[0], GOOD[0]) for a in answers[:-1])

@@ -316,29 +316,3 @@ def test_the_warm_up_starts_triton_beside_the_imports() -> None:
     assert warmup.wait_warmup(["cuda"], timeout_s=180)
     assert warmup._triton_early.done and warmup._triton_early.error is None
 
-
-def test_cudnn_starts_in_the_callers_thread_when_a_graph_with_attention_arrives(
-        caplog: Any) -> None:
-    import logging
-    import threading
-
-    from hotswap.engine.loading import per_thread
-
-    def attend(q: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(q, q, q)
-
-    gm = torch.fx.symbolic_trace(attend)
-    q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16)
-    started: list[bool] = []
-
-    def caller() -> None:
-        per_thread.prime_cudnn(gm, [q])
-        started.append(getattr(per_thread._primed, "done", False))
-
-    with caplog.at_level(logging.DEBUG, logger="hotswap"):
-        thread = threading.Thread(target=caller)
-        thread.start()
-        thread.join()
-    assert started == [True]
-    assert "not started ahead" not in caplog.text
-    assert not getattr(per_thread._primed, "done", False)  # that thread's, not this one's

@@ -28,8 +28,17 @@ never overwrites what the caller still holds, and copies nothing where it can:
                          holds the first's: the two take turns, each replayed only when no
                          tensor on its outputs' memory is held outside hotswap (the storages'
                          use counts, read before each replay)
-    back to copying      a call that finds both graphs' outputs held (the caller keeps more)
-                         runs the artifact as it is, and later replays return copies again
+    back to copying      a call that finds both graphs' outputs held (the caller keeps more,
+                         ``outs.append(model(x))``) lets both graphs go (their memory goes
+                         with the caller's tensors) and captures a new one, whose replays
+                         return copies again
+
+The second graph costs a memory pool of its own (the graph's activations and outputs once
+more), and each capture, as torch.cuda.graph's, synchronizes the device and empties the
+allocator's cache first (once per graph, in the call that captures). A lent output is the
+graph's memory: read it on another stream and the caller must order that stream before its
+next call on this graph (``torch.cuda.current_stream().wait_stream(other)``), as
+``record_stream`` cannot hold a replay back.
 
 An output on an argument's memory (the graph returns an input or a view of one) is copied on
 every replay: the next call's arguments are copied into that memory.
@@ -201,10 +210,10 @@ class CudaGraphed:
             return self._fn(*args)  # not what was captured: as it is, this call
         with self._lock:
             chosen = self._free_graph()
-            if chosen is None:  # the caller holds every graph's outputs
+            if chosen is None and len(self._graphs) > 1:  # the caller holds both graphs'
+                chosen = self._recapture()                # outputs: copies from now on
+            if chosen is None:  # a second graph failed while the first's outputs are held
                 self.lending = False
-                log.debug("graph %s: every graph's outputs are held; copying outputs",
-                          self._graph_id)
                 return self._fn(*args)
             graph, outputs = chosen
             for i in self._moved:
@@ -237,6 +246,22 @@ class CudaGraphed:
                      self._graph_id, type(e).__name__, e)
             return None
         return self._graphs[-1]
+
+    def _recapture(self) -> tuple[torch.cuda.CUDAGraph, Outputs] | None:
+        """The caller keeps outputs of every graph (``outs.append(model(x))``): those graphs
+        are let go (their memory stays with the caller's tensors until they go) and one new
+        graph serves, returning copies. None: it could not be captured, and the tier runs
+        without graphs from now on."""
+        self.lending = False
+        self._copies.clear()
+        self._graphs = []
+        try:
+            self._graphs.append(self._record())
+        except Exception as e:
+            self._refuse(f"capture failed: {type(e).__name__}: {e}")
+            return None
+        log.debug("graph %s: its outputs are kept; a new graph returns copies", self._graph_id)
+        return self._graphs[0]
 
     def _copies_gone(self) -> bool:
         """Copying: the copies returned two calls ago are gone (the caller keeps one output at

@@ -157,7 +157,7 @@ class FirstRun:
     def run(self, fn: Any, recorder: Any = None) -> float:
         """Call ``fn`` once on the copies, on the user's CUDA stream, and wait for the run
         alone (an event after it); the seconds it took. ``recorder``: a context (a
-        ``per_thread.Recorder``) the call runs in."""
+        ``per_thread.PlanRecorder``) the call runs in."""
         start = time.monotonic()
         done = None
         with contextlib.ExitStack() as scope:
@@ -199,10 +199,11 @@ def _updates_in_place(gm: torch.fx.GraphModule) -> bool:
             node.target in _IN_PLACE or name in ("__setitem__", "setitem") or \
             name.startswith("__i") or node.kwargs.get("inplace") is True
         out = node.kwargs.get("out")
-        targets = [t for t in [*(node.args[:1] if in_place else ()),
-                               *(out if isinstance(out, list | tuple) else [out])]
-                   if isinstance(t, torch.fx.Node)]
-        if any(t not in own for t in targets):
+        updated = [*(node.args[:1] if in_place else ()), *([] if out is None else [out])]
+        targets: list[Any] = []
+        for target in updated:  # a list of tensors too (``_foreach_add_``, fused optimizers)
+            targets += target if isinstance(target, list | tuple) else [target]
+        if any(not isinstance(t, torch.fx.Node) or t not in own for t in targets):
             return True
         if targets or (name in _FRESH and not in_place and out is None):
             own.add(node)  # an update of the graph's own tensor returns it

@@ -5,26 +5,29 @@ PyTorch keeps cuDNN's plans in thread-local caches (convolutions, cuDNN attentio
 plans are not guaranteed thread-safe), so a tier's first run on hotswap's thread
 (first_run.py) builds them for that thread alone, and the user's first call on the tier builds
 them again, in the user's thread: on the H100, GPT-2's first compiled call took 52-106 ms
-(six cuDNN attention calls, about 7 ms each, 44 ms of it) where its second took 2 ms, with or
-without a first run on another thread; ResNet-18's 70 ms.
+(44 ms of it in its cuDNN attention calls) where its second took 2 ms, with or without a first
+run on another thread; ResNet-18's 70-169 ms. Made ahead as below, ResNet-18's 28 plans took
+0.1-3.1 ms each, and its first compiled call 4.5 ms.
 
 So the first run also notes each call of an op that builds such a plan (``PLANNED``): the op,
 and its tensors' sizes, strides, offsets, dtypes and devices (``PlanRecorder``). After the swap,
 each calling thread makes that call itself once per call of the tier's predecessor, on empty
 tensors laid out the same way (``PerThread.step``), while the predecessor still answers its
-calls: one plan per user call (a few milliseconds each) instead of all of them in one call.
-A thread that has made them all is served by the tier. Threads that first call the graph
-after the first thread finished pay their own plans in their first call, as before.
+calls: one plan per user call instead of all of them in one call. A call with the same op
+and layouts as an earlier one is noted once (GPT-2's six attention calls: one). A thread that has made them all is served by the tier; so is every thread once the
+tier before answered ``PLANNING_CALLS_PER_PLAN`` calls per plan, all threads together (a server
+with a thread per request never has one thread make them all). Threads that call the graph
+after that pay their own plans in their first call, as before.
 
-The first cuDNN call in a thread also starts cuDNN there (its handle, its libraries' state):
-GPT-2's first attention call took 55 ms where the five after it took 0.1-0.4 ms. That part
-needs no plan of the tier's, so it happens when a CUDA graph with convolutions or attention
-arrives, in the caller's thread, within the call dynamo is compiling (seconds long already),
-on tiny tensors (``prime_cudnn``), once per thread.
+The first plan of a kind costs the most: GPT-2's first attention plan took 41-68 ms in the
+caller's thread, the same call again 0.1-0.5 ms. Starting cuDNN in that thread beforehand on
+tiny tensors (593 ms, in the call dynamo compiles) did not make it cheaper: the cost is the
+plan's own, in one call of the tier before, and is left there.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -34,15 +37,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-__all__ = ["PLANNED", "PerThread", "PlanRecorder", "prime_cudnn"]
+__all__ = ["PLANNED", "PLANNING_CALLS_PER_PLAN", "PerThread", "PlanRecorder"]
 
 log = logging.getLogger("hotswap")
 
-_primed = threading.local()  # .done: this thread started cuDNN
-# Calls of a dynamo graph that run cuDNN on CUDA tensors (by the callee's name).
-_CONVOLUTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-                 "conv_transpose3d", "convolution")
-_ATTENTION = ("scaled_dot_product_attention",)
+# Calls the tier before may answer while threads make the tier's plans, per plan: then the
+# tier serves every thread (one that has not made them pays them in its next call).
+PLANNING_CALLS_PER_PLAN = 4
 # Ops whose CUDA kernels build a cuDNN execution plan cached per thread.
 PLANNED = frozenset({
     "aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
@@ -57,7 +58,14 @@ class _Layout:
 
     def __init__(self, t: torch.Tensor) -> None:
         self.shape, self.stride = tuple(t.shape), tuple(t.stride())
-        self.offset, self.dtype, self.device = t.storage_offset(), t.dtype, t.device
+        self.dtype, self.device = t.dtype, t.device
+        # where in its storage it starts, as far as a plan reads it: the address's alignment
+        # (cuDNN's keys hold up to 16 bytes of it), not a prefix to allocate (a view deep in
+        # a KV cache)
+        self.offset = t.storage_offset() % max(1, 16 // t.element_size())
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.shape, self.stride, self.offset, self.dtype, self.device)
 
     def empty(self) -> torch.Tensor:
         span = sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True)) + 1
@@ -73,16 +81,30 @@ class PlanRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self._seen: set[str] = set()  # one call per op and layouts: the plan is built once
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func._schema.name in PLANNED:
-            def layout(x: Any) -> Any:
-                return _Layout(x) if isinstance(x, torch.Tensor) else x
-
-            self.calls.append((func, tree_map(layout, args), tree_map(layout, kwargs)))
+            try:
+                self._note(func, args, kwargs)
+            except Exception as e:  # a tensor without strides, ...: the run goes on
+                log.debug("hotswap: a call of %s not noted: %s: %s", func, type(e).__name__, e)
         return func(*args, **kwargs)
+
+    def _note(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def layout(x: Any) -> Any:
+            return _Layout(x) if isinstance(x, torch.Tensor) else x
+
+        def key(x: Any) -> Any:
+            return x.key() if isinstance(x, _Layout) else x
+
+        call = (func, tree_map(layout, args), tree_map(layout, kwargs))
+        seen = repr((func, tree_map(key, call[1]), tree_map(key, call[2])))
+        if seen not in self._seen:
+            self._seen.add(seen)
+            self.calls.append(call)
 
 
 class PerThread:
@@ -94,6 +116,9 @@ class PerThread:
         self.fn = fn
         self.calls = calls
         self._done = threading.local()  # .next: this thread's next call to make
+        # Calls the tier before answers, all threads together: a server that starts a thread
+        # per request never has one thread make them all, and a pool's threads share them.
+        self._left = itertools.count(PLANNING_CALLS_PER_PLAN * len(calls), -1)
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -103,7 +128,7 @@ class PerThread:
         this thread has made them all (or one failed: the rest is left to the tier's first
         call, as without them). Never raises."""
         index = getattr(self._done, "next", 0)
-        if index >= len(self.calls):
+        if index >= len(self.calls) or next(self._left) <= 0:
             return False
         self._done.next = index + 1
         func, args, kwargs = self.calls[index]
@@ -120,37 +145,3 @@ class PerThread:
                       type(e).__name__, e)
         return True
 
-
-def prime_cudnn(gm: torch.fx.GraphModule, example_inputs: Any) -> None:
-    """Start cuDNN in this thread (a tiny convolution, a tiny cuDNN attention) where ``gm``
-    runs convolutions or attention on CUDA tensors; once per thread, and never raises."""
-    if getattr(_primed, "done", False):
-        return
-    cuda = [x for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
-    if not cuda:
-        return
-    names = {str(getattr(n.target, "__name__", n.target)) for n in gm.graph.nodes
-             if n.op in ("call_function", "call_method", "call_module")}
-    convolution = any(n in names for n in _CONVOLUTIONS) or any(
-        isinstance(m, torch.nn.modules.conv._ConvNd) for m in gm.modules())
-    attention = any(n in names for n in _ATTENTION)
-    if not (convolution or attention) or not torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
-        return
-    _primed.done = True
-    device = cuda[0].device
-    half = next((x.dtype for x in cuda if x.dtype in (torch.float16, torch.bfloat16)),
-                torch.bfloat16)
-    try:
-        with torch.no_grad():
-            if convolution and torch.backends.cudnn.enabled:
-                x = torch.zeros(1, 8, 4, 4, device=device, dtype=half)
-                torch.nn.functional.conv2d(x, torch.zeros(8, 8, 1, 1, device=device, dtype=half))
-            cudnn_attention = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention",
-                                      None)
-            if attention and cudnn_attention is not None and \
-                    torch.backends.cuda.cudnn_sdp_enabled():  # type: ignore[no-untyped-call]
-                q = torch.zeros(1, 1, 8, 64, device=device, dtype=half)
-                cudnn_attention(q, q, q, None, False)
-    except Exception as e:
-        log.debug("hotswap: cuDNN not started ahead in this thread: %s: %s",
-                  type(e).__name__, e)
