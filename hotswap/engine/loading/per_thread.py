@@ -14,10 +14,11 @@ and its tensors' sizes, strides, offsets, dtypes and devices (``PlanRecorder``).
 each calling thread makes that call itself once per call of the tier's predecessor, on empty
 tensors laid out the same way (``PerThread.step``), while the predecessor still answers its
 calls: one plan per user call instead of all of them in one call. A call with the same op
-and layouts as an earlier one is noted once (GPT-2's six attention calls: one). A thread that has made them all is served by the tier; so is every thread once the
-tier before answered ``PLANNING_CALLS_PER_PLAN`` calls per plan, all threads together (a server
-with a thread per request never has one thread make them all). Threads that call the graph
-after that pay their own plans in their first call, as before.
+and layouts as an earlier one is noted once (GPT-2's six attention calls: one). A thread that
+has made them all is served by the tier; so is every thread once the tier before answered
+``PLANNING_CALLS_PER_PLAN`` calls per plan, all threads together (a server with a thread per
+request never has one thread make them all). Threads that call the graph after that pay their
+own plans in their first call, as before.
 
 The first plan of a kind costs the most: GPT-2's first attention plan took 41-68 ms in the
 caller's thread, the same call again 0.1-0.5 ms. Starting cuDNN in that thread beforehand on
