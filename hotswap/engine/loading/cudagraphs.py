@@ -224,7 +224,7 @@ class CudaGraphed:
             if not self.lending:
                 self.lending = self._may_lend and self._copies_gone()
             out = outputs.hand_out(self.lending)
-            if not self.lending:
+            if not self.lending and self._may_lend:  # else nothing will read them
                 self._copies.append([StorageWeakRef(x.untyped_storage())  # type: ignore[no-untyped-call]
                                      for x in pytree.tree_leaves(out)
                                      if isinstance(x, torch.Tensor)])

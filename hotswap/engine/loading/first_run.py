@@ -154,7 +154,8 @@ class FirstRun:
             _held_bytes += size
         return cls(tuple(copied), tuple(sorted(devices, key=str)), size)
 
-    def run(self, fn: Any, recorder: Any = None) -> float:
+    def run(self, fn: Any, recorder: contextlib.AbstractContextManager[Any] | None = None
+            ) -> float:
         """Call ``fn`` once on the copies, on the user's CUDA stream, and wait for the run
         alone (an event after it); the seconds it took. ``recorder``: a context (a
         ``per_thread.PlanRecorder``) the call runs in."""
