@@ -19,12 +19,17 @@ from hotswap.errors import WorkerCrashed
 from hotswap.workers import JobFuture, StageEvent
 from hotswap.workers.inbox import resolve
 
-__all__ = ["BENCH_JOB", "COMPILE_JOB", "ENVIRONMENT_STAMP", "WARM_COMPILE_JOB",
-           "WARM_DEVICE_JOB", "Executor", "ExecutorUnavailable", "FallbackExecutor",
+__all__ = ["BENCH_JOB", "COMPILE_JOB", "ENVIRONMENT_STAMP", "MEASURES", "MEASURE_PICKLED",
+           "WARM_COMPILE_JOB", "WARM_DEVICE_JOB", "Executor", "ExecutorUnavailable", "FallbackExecutor",
            "RetryFuture", "RetryingExecutor"]
 
 COMPILE_JOB = "hotswap.jobs.compile:compile_graph"
 BENCH_JOB = "hotswap.jobs.bench:bench_tiers"
+# The compile service runs a client's BENCH_JOB under this name (its other jobs as
+# service.server.RUN_PICKLED), so that its pool knows it for a measurement.
+MEASURE_PICKLED = "hotswap.service.jobs:measure_pickled"
+# The jobs a pool runs ahead of the others it has queued (WorkerPool's ``measures``).
+MEASURES = (BENCH_JOB, MEASURE_PICKLED)
 # A worker's warm-up steps (run with None), and what a remote worker's build is stamped with.
 WARM_DEVICE_JOB = "hotswap.jobs.compile:warm_device"
 WARM_COMPILE_JOB = "hotswap.jobs.compile:warm_compile"

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from hotswap import settings
-from hotswap.executors.base import WARM_COMPILE_JOB, WARM_DEVICE_JOB
+from hotswap.executors.base import MEASURES, WARM_COMPILE_JOB, WARM_DEVICE_JOB
 from hotswap.workers import JobFuture, WorkerPool
 from hotswap.workers.pool import default_workers
 
@@ -279,6 +279,7 @@ def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
 
     pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
                       warm_modules=("torch", "torch._inductor.compile_fx",
-                                    WARM_DEVICE_JOB, WARM_COMPILE_JOB))
+                                    WARM_DEVICE_JOB, WARM_COMPILE_JOB),
+                      measures=MEASURES)
     pool.start()
     return pool

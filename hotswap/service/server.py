@@ -33,6 +33,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from hotswap.executors.base import BENCH_JOB, MEASURE_PICKLED
 from hotswap.executors.local import LocalExecutor, LocalPools
 from hotswap.service.place import Place, authkey
 from hotswap.service.wire import (
@@ -256,7 +257,8 @@ class Service:
         done = _Signal()
         try:
             try:
-                future = self._executor.submit(RUN_PICKLED, (job, request["payload"]),
+                runner = MEASURE_PICKLED if job == BENCH_JOB else RUN_PICKLED
+                future = self._executor.submit(runner, (job, request["payload"]),
                                                request.get("timeout_s"))
             except Exception as e:  # the pool is closing, or the limit is malformed
                 with contextlib.suppress(OSError):

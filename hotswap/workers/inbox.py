@@ -30,6 +30,7 @@ class PoolConfig:
     ready_timeout_s: float
     nice: int = 0
     idle: bool = False
+    measures: frozenset[str] = frozenset()  # WorkerPool's ``measures``
 
 
 @dataclass

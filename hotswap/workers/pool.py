@@ -73,6 +73,13 @@ class WorkerPool:
     ``"module:function"`` is a warm-up step beyond imports, called (with ``None``) after the
     worker reports ready, in order, until a job arrives: a job never waits for more than the
     step under way.
+    ``measures`` names the jobs that time code (hotswap's benchmark job): each goes ahead of
+    the other queued jobs (after the measurements queued before it), since what it decides
+    serves now, while a queued compile is of a tier to come. It runs at the workers' priority,
+    as every job does: at the caller's, beside a caller whose two intra-op threads kept both
+    cores of a 2-core box busy, a two-thread benchmark made the caller's calls take 150-400 ms
+    instead of 1-2 ms (two OpenMP teams on two cores, each waiting at every barrier for a
+    thread the other's had preempted).
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class WorkerPool:
         ready_timeout_s: float = 120.0,
         nice: int = 0,
         idle: bool = False,
+        measures: Iterable[str] = (),
     ) -> None:
         if workers is None:
             workers = default_workers()
@@ -103,12 +111,16 @@ class WorkerPool:
                              f"got {nice!r}")
         if not isinstance(idle, bool):
             raise ValueError(f"idle must be a bool, got {idle!r}")
+        measures = frozenset(measures)
+        if not all(isinstance(job, str) for job in measures):
+            raise ValueError(f"measures must name jobs ('package.module:function' strings), "
+                             f"got {sorted(map(repr, measures))}")
         _check_positive("rss_poll_s", rss_poll_s)
         _check_positive("ready_timeout_s", ready_timeout_s)
         self.num_workers = workers
         self.rss_limit_bytes = rss_limit_bytes
         self._config = PoolConfig(workers, rss_limit_bytes, worker_env, list(warm_modules),
-                                  rss_poll_s, ready_timeout_s, nice, idle)
+                                  rss_poll_s, ready_timeout_s, nice, idle, measures)
         self._inbox: Inbox | None = None
         self._manager: Manager | None = None
         self._thread: threading.Thread | None = None
@@ -181,7 +193,13 @@ class WorkerPool:
             if inbox.closing:  # shut down while we were pickling
                 future.set_exception(PoolClosed("the pool was shut down before the job ran"))
                 return future
-            inbox.jobs.append(Job(future.job_id, job, data, timeout_s, future))
+            queued = Job(future.job_id, job, data, timeout_s, future)
+            if job in self._config.measures:  # ahead of every queued job but measurements
+                ahead = sum(1 for _ in itertools.takewhile(
+                    lambda j: j.name in self._config.measures, inbox.jobs))
+                inbox.jobs.insert(ahead, queued)
+            else:
+                inbox.jobs.append(queued)
             assert self._manager is not None
             self._manager.reset_start_failures()
         future.add_done_callback(self._on_future_done)

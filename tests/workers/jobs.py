@@ -127,3 +127,22 @@ def run_compiler(cpu_s: float) -> int:
 
     spin = f"import time\nend = time.monotonic() + {cpu_s}\nwhile time.monotonic() < end: pass"
     return subprocess.run([sys.executable, "-c", spin], check=False).returncode
+
+
+def hold(path: str) -> None:
+    """Keep this worker busy until ``path`` exists."""
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
+def note(args: tuple[str, str]) -> tuple[int, int, str]:
+    """Append ``label`` to the file ``path`` (args: path, label); ``lowered()``."""
+    path, label = args
+    with open(path, "a") as f:
+        f.write(label + "\n")
+    return lowered()
+
+
+measured = note  # the same job, under a name a pool lists in its ``measures``

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -176,3 +177,23 @@ def test_a_raised_worker_that_lowered_itself_again_is_raised_again_and_forgotten
     assert "raised them" in cpu.note
     cpu.forget(os.getpid())
     assert not cpu.is_raised(os.getpid()) and cpu.note == ""
+
+
+
+def test_a_measurement_goes_ahead_of_queued_jobs_at_the_workers_priority(
+        tmp_path: Path) -> None:
+    """WorkerPool's ``measures``: a job that times code goes ahead of the jobs queued before
+    it (not of an earlier measurement), and runs lowered, as every job does."""
+    log, go = tmp_path / "order", tmp_path / "go"
+    with WorkerPool(1, warm_modules=(), nice=19, idle=True, measures=[J + "measured"]) as pool:
+        assert pool.wait_ready(60)
+        lowered = pool.submit(J + "lowered").result(timeout=90)
+        held = pool.submit(J + "hold", str(go))
+        futures = {label: pool.submit(J + ("measured" if label[0] == "m" else "note"),
+                                      (str(log), label))
+                   for label in ("n1", "m1", "n2", "m2")}
+        go.touch()
+        held.result(timeout=90)
+        how = {label: future.result(timeout=90) for label, future in futures.items()}
+        assert log.read_text().split() == ["m1", "m2", "n1", "n2"]
+        assert set(how.values()) == {lowered} and jobs.is_idle(lowered, os.getpid())
