@@ -3,7 +3,7 @@
     main thread       accept() on <dir>/<stamp>.sock (1 s ticks: idle exit, stop request)
         --> one hotswap-service-conn thread per connection: SO_PEERCRED, the challenge,
             one request (wire.py):
-              JobRequest   --> LocalExecutor.submit(RUN_PICKLED, (job, payload bytes))
+              JobRequest   --> LocalExecutor.submit(runner_for(job), (job, payload bytes))
                                --> a warm worker unpickles and runs the job
                                wait for: the job's end (a pipe its future's callback writes)
                                      or the connection's end (the client died or cancelled:
@@ -47,12 +47,18 @@ from hotswap.service.wire import (
 from hotswap.system import bytecode
 from hotswap.system.proctree import tree_rss_bytes
 
-__all__ = ["RUN_PICKLED", "Service", "install_signals"]
+__all__ = ["RUN_PICKLED", "Service", "install_signals", "runner_for"]
 
 log = logging.getLogger("hotswap.service")
 
 # What the service's workers run: the client's job on the client's pickled payload.
 RUN_PICKLED = "hotswap.service.jobs:run_pickled"
+
+
+def runner_for(job: str) -> str:
+    """The pool job that runs a client's ``job``: a benchmark as MEASURE_PICKLED, which the
+    pool queues ahead of compiles (WorkerPool's ``measures``), anything else as RUN_PICKLED."""
+    return MEASURE_PICKLED if job == BENCH_JOB else RUN_PICKLED
 
 
 class _Signal:
@@ -257,8 +263,7 @@ class Service:
         done = _Signal()
         try:
             try:
-                runner = MEASURE_PICKLED if job == BENCH_JOB else RUN_PICKLED
-                future = self._executor.submit(runner, (job, request["payload"]),
+                future = self._executor.submit(runner_for(job), (job, request["payload"]),
                                                request.get("timeout_s"))
             except Exception as e:  # the pool is closing, or the limit is malformed
                 with contextlib.suppress(OSError):
@@ -297,7 +302,7 @@ class Service:
         with self._lock:
             self.jobs_failed += 1
         fields = error_to_wire(error, job)
-        if "job" in fields:  # the worker ran RUN_PICKLED; the client asked for ``job``
+        if "job" in fields:  # the worker ran runner_for(job); the client asked for ``job``
             fields["job"] = job
         return encode({"kind": "failed", "error": fields})
 

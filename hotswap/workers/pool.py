@@ -75,11 +75,13 @@ class WorkerPool:
     step under way.
     ``measures`` names the jobs that time code (hotswap's benchmark job): each goes ahead of
     the other queued jobs (after the measurements queued before it), since what it decides
-    serves now, while a queued compile is of a tier to come. It runs at the workers' priority,
-    as every job does: at the caller's, beside a caller whose two intra-op threads kept both
-    cores of a 2-core box busy, a two-thread benchmark made the caller's calls take 150-400 ms
-    instead of 1-2 ms (two OpenMP teams on two cores, each waiting at every barrier for a
-    thread the other's had preempted).
+    serves now, while a queued compile is mostly of a tier to come; a job that measurements
+    passed ``MAX_OVERTAKEN`` times (inbox.py) keeps its place. It runs at the workers'
+    priority, as every job does (a starved one is raised, as a compile is): at the caller's
+    from its start, beside a caller whose two intra-op threads kept both cores of a 2-core box
+    busy, a two-thread benchmark made the caller's calls take 150-400 ms, where its largest
+    call beside a measurement at the workers' priority took 10.1 ms (two OpenMP teams on two
+    cores, each waiting at every barrier for a thread the other's had preempted).
     """
 
     def __init__(
@@ -111,6 +113,9 @@ class WorkerPool:
                              f"got {nice!r}")
         if not isinstance(idle, bool):
             raise ValueError(f"idle must be a bool, got {idle!r}")
+        if isinstance(measures, str):
+            raise ValueError(f"measures must be a collection of job names, got the string "
+                             f"{measures!r}; pass [{measures!r}]")
         measures = frozenset(measures)
         if not all(isinstance(job, str) for job in measures):
             raise ValueError(f"measures must name jobs ('package.module:function' strings), "
@@ -139,6 +144,11 @@ class WorkerPool:
         of their own), "autogroup + SCHED_IDLE" (where no cpu cgroup is ours to make; see
         hotswap/system/priority.py); "" before a worker started."""
         return self._manager.priority_note() if self._manager is not None else ""
+
+    @property
+    def measures(self) -> frozenset[str]:
+        """The jobs queued as measurements (``measures=``)."""
+        return self._config.measures
 
     @property
     def restarts(self) -> int:
@@ -193,13 +203,7 @@ class WorkerPool:
             if inbox.closing:  # shut down while we were pickling
                 future.set_exception(PoolClosed("the pool was shut down before the job ran"))
                 return future
-            queued = Job(future.job_id, job, data, timeout_s, future)
-            if job in self._config.measures:  # ahead of every queued job but measurements
-                ahead = sum(1 for _ in itertools.takewhile(
-                    lambda j: j.name in self._config.measures, inbox.jobs))
-                inbox.jobs.insert(ahead, queued)
-            else:
-                inbox.jobs.append(queued)
+            inbox.enqueue(Job(future.job_id, job, data, timeout_s, future), self._config.measures)
             assert self._manager is not None
             self._manager.reset_start_failures()
         future.add_done_callback(self._on_future_done)

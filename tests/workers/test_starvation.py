@@ -19,7 +19,8 @@ from hotswap.system import proctree
 from hotswap.system.starvation import STARVED_SHARE, CpuWatch
 from hotswap.testing.load import Spinners
 from hotswap.workers import WorkerPool
-from hotswap.workers.inbox import PoolConfig
+from hotswap.workers.future import JobFuture
+from hotswap.workers.inbox import MAX_OVERTAKEN, Inbox, Job, PoolConfig
 from hotswap.workers.watchdog import Watchdog
 from tests.workers import jobs
 
@@ -179,7 +180,6 @@ def test_a_raised_worker_that_lowered_itself_again_is_raised_again_and_forgotten
     assert not cpu.is_raised(os.getpid()) and cpu.note == ""
 
 
-
 def test_a_measurement_goes_ahead_of_queued_jobs_at_the_workers_priority(
         tmp_path: Path) -> None:
     """WorkerPool's ``measures``: a job that times code goes ahead of the jobs queued before
@@ -197,3 +197,51 @@ def test_a_measurement_goes_ahead_of_queued_jobs_at_the_workers_priority(
         how = {label: future.result(timeout=90) for label, future in futures.items()}
         assert log.read_text().split() == ["m1", "m2", "n1", "n2"]
         assert set(how.values()) == {lowered} and jobs.is_idle(lowered, os.getpid())
+
+
+def _queue(*names: str, measure: str = "m") -> tuple[Inbox, list[str]]:
+    """An inbox with ``names`` enqueued in turn (those starting with ``measure`` are
+    measurements); the order they would run in."""
+    inbox = Inbox()
+    try:
+        for i, name in enumerate(names):
+            inbox.enqueue(Job(i, name, b"", None, JobFuture(name, i)), frozenset(
+                n for n in names if n.startswith(measure)))
+        return inbox, [job.name for job in inbox.jobs]
+    finally:
+        inbox.close_wake_pipe()
+
+
+def test_measurements_queue_after_each_other_ahead_of_the_rest() -> None:
+    assert _queue("c1", "m1", "c2", "m2")[1] == ["m1", "m2", "c1", "c2"]
+    # A job put back at the front (a starved worker's, restarted) keeps that place, and a
+    # later measurement still queues after the earlier one.
+    inbox = Inbox()
+    try:
+        inbox.jobs.append(Job(0, "m1", b"", None, JobFuture("m1", 0)))
+        inbox.jobs.appendleft(Job(1, "c1", b"", None, JobFuture("c1", 1)))
+        inbox.enqueue(Job(2, "m2", b"", None, JobFuture("m2", 2)), frozenset({"m1", "m2"}))
+        assert [job.name for job in inbox.jobs] == ["c1", "m1", "m2"]
+    finally:
+        inbox.close_wake_pipe()
+
+
+def test_a_job_passed_by_enough_measurements_keeps_its_place() -> None:
+    names = ["c1", *(f"m{i}" for i in range(MAX_OVERTAKEN + 2))]
+    order = _queue(*names)[1]
+    assert order == [*names[1:MAX_OVERTAKEN + 1], "c1", *names[MAX_OVERTAKEN + 1:]]
+
+
+def test_the_local_pool_and_the_service_queue_benchmark_jobs_as_measurements() -> None:
+    from hotswap.executors import local
+    from hotswap.executors.base import BENCH_JOB, MEASURE_PICKLED, MEASURES
+    from hotswap.service import server
+
+    assert set(MEASURES) == {BENCH_JOB, MEASURE_PICKLED}
+    pool = local._start_pool(1)
+    try:
+        assert pool.measures == frozenset(MEASURES)
+    finally:
+        pool.shutdown()
+    assert server.runner_for(BENCH_JOB) == MEASURE_PICKLED
+    assert server.runner_for("hotswap.jobs.compile:compile_graph") == server.RUN_PICKLED
