@@ -137,8 +137,11 @@ def test_quick_picks_the_preset_of_the_device(monkeypatch: pytest.MonkeyPatch, a
                                               cuda: bool, preset: str) -> None:
     ran: list[tuple[str, str, float]] = []
 
+    threads: set[int | None] = set()
+
     def spawn_row(row: str, args: argparse.Namespace, **_: object) -> dict[str, object]:
         ran.append((row, args.model, args.timeout_s))
+        threads.add(args.threads)
         return {"row": row, "error": "not run"}
 
     monkeypatch.setattr(bench, "cuda_available", lambda: cuda)
@@ -152,6 +155,23 @@ def test_quick_picks_the_preset_of_the_device(monkeypatch: pytest.MonkeyPatch, a
         assert [row for row, _, _ in ran] == ["torch:eager-backend", "torch:default",
                                               "hotswap:async", "hotswap:progressive"]
         assert {model for _, model, _ in ran} == {"mlp"}
+        # one intra-op thread fewer than cores: the caller's threads leave the gate a core
+        assert threads == {bench.spare_core_threads()}
+    else:
+        assert threads == {None}  # torch's own count
+
+
+def test_quick_on_the_cpu_keeps_the_threads_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: set[int | None] = set()
+
+    def spawn_row(row: str, args: argparse.Namespace, **_: object) -> dict[str, object]:
+        threads.add(args.threads)
+        return {"row": row, "error": "not run"}
+
+    monkeypatch.setattr(bench, "cuda_available", lambda: False)
+    monkeypatch.setattr(bench, "spawn_row", spawn_row)
+    assert bench.main(["--quick", "--threads", "3"]) == 0
+    assert threads == {3}
 
 
 def test_a_row_starts_with_caches_and_a_temporary_folder_of_its_own(tmp_path: Path) -> None:

@@ -122,12 +122,15 @@ def _timed_row(row: str, args: argparse.Namespace, *, again: str = "") -> dict[s
 # --quick, by device. CUDA: hotswap's serving modes and torch's on a tiny matmul+relu, under
 # 10 minutes on an H200.
 # CPU (every row a fresh process importing torch, ~3 s, and compiling mlp, ~10 s on 2 cores):
-# the baselines and hotswap's two serving modes, no dispatch row (~13 s more), ~80 s.
+# the baselines and hotswap's two serving modes, no dispatch row (~13 s more), ~90 s, with one
+# intra-op thread fewer than cores (unless --threads says): with every core the caller's, its
+# spinning OpenMP threads starve the gate's measurements (docs/scheduling.md), and on the
+# 2-core box progressive was not final within the 60 s per row (141 s in all, against 88 s).
 QUICK = {
     "cuda": {"models": "matmul-relu", "timeout_s": 45.0, "dispatch": True,
              "rows": "hotswap:async,hotswap:progressive,torch:eager-backend,torch:default,"
                      "torch:max-autotune,pytorch:async+subprocess,pytorch:progressive+subprocess"},
-    "cpu": {"models": "mlp", "timeout_s": 60.0, "dispatch": False,
+    "cpu": {"models": "mlp", "timeout_s": 60.0, "dispatch": False, "spare_core": True,
             "rows": "torch:eager-backend,torch:default,hotswap:async,hotswap:progressive"},
 }
 
@@ -140,7 +143,15 @@ def quick_preset(device: str) -> dict[str, Any]:
 def _describe(preset: dict[str, Any]) -> str:
     return (f"{preset['models']}, rows {preset['rows'].replace(',', ', ')}, "
             f"{preset['timeout_s']:g} s per row"
-            + ("" if preset["dispatch"] else ", no dispatch row"))
+            + ("" if preset["dispatch"] else ", no dispatch row")
+            + (", one intra-op thread fewer than cores" if preset.get("spare_core") else ""))
+
+
+def spare_core_threads() -> int:
+    """One intra-op thread fewer than the cores this process may use (at least one)."""
+    usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
+    return max(1, usable - 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -241,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
         preset = quick_preset(args.device)
         args.models, args.rows, args.timeout_s = preset["models"], preset["rows"], preset["timeout_s"]
         args.dispatch = args.dispatch and preset["dispatch"]
+        if preset.get("spare_core") and args.threads is None:
+            args.threads = spare_core_threads()
+            print(f"--quick on the CPU: {args.threads} intra-op thread(s) per row, one fewer "
+                  "than cores (--threads to choose)", file=sys.stderr)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
