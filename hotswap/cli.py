@@ -33,10 +33,12 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"triton {triton.__version__}")
     except ImportError:
         print("triton: not installed (fine on CPU: inductor emits C++)")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from hotswap.system.proctree import usable_cores
+
+    cores = usable_cores()
     threads = torch.get_num_threads()
     print(f"cores this process may use: {cores}; torch intra-op threads: {threads}")
-    advice = thread_advice(cores or 1, threads, cuda)
+    advice = thread_advice(cores, threads, cuda)
     if advice:
         print(f"  note: {advice}")
     from hotswap.system import bytecode

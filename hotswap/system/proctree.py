@@ -15,8 +15,14 @@ import signal
 import psutil
 
 __all__ = ["descendants", "is_stopped", "kill_tree", "set_tree_priority", "stopped",
-           "tree_cpu_s", "tree_rss_bytes"]
+           "tree_cpu_s", "tree_rss_bytes", "usable_cores"]
 
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 def descendants(pid: int) -> list[psutil.Process]:
     try:

@@ -149,9 +149,9 @@ def _describe(preset: dict[str, Any]) -> str:
 
 def spare_core_threads() -> int:
     """One intra-op thread fewer than the cores this process may use (at least one)."""
-    usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-              else os.cpu_count() or 1)
-    return max(1, usable - 1)
+    from hotswap.system.proctree import usable_cores
+
+    return max(1, usable_cores() - 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
