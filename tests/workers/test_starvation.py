@@ -199,21 +199,21 @@ def test_a_measurement_goes_ahead_of_queued_jobs_at_the_workers_priority(
         assert set(how.values()) == {lowered} and jobs.is_idle(lowered, os.getpid())
 
 
-def _queue(*names: str, measure: str = "m") -> tuple[Inbox, list[str]]:
-    """An inbox with ``names`` enqueued in turn (those starting with ``measure`` are
-    measurements); the order they would run in."""
+def _queue(*names: str) -> list[str]:
+    """``names`` enqueued in turn (those starting with "m" are measurements): the order they
+    would run in."""
     inbox = Inbox()
+    measures = frozenset(n for n in names if n.startswith("m"))
     try:
         for i, name in enumerate(names):
-            inbox.enqueue(Job(i, name, b"", None, JobFuture(name, i)), frozenset(
-                n for n in names if n.startswith(measure)))
-        return inbox, [job.name for job in inbox.jobs]
+            inbox.enqueue(Job(i, name, b"", None, JobFuture(name, i)), measures)
+        return [job.name for job in inbox.jobs]
     finally:
         inbox.close_wake_pipe()
 
 
 def test_measurements_queue_after_each_other_ahead_of_the_rest() -> None:
-    assert _queue("c1", "m1", "c2", "m2")[1] == ["m1", "m2", "c1", "c2"]
+    assert _queue("c1", "m1", "c2", "m2") == ["m1", "m2", "c1", "c2"]
     # A job put back at the front (a starved worker's, restarted) keeps that place, and a
     # later measurement still queues after the earlier one.
     inbox = Inbox()
@@ -228,7 +228,7 @@ def test_measurements_queue_after_each_other_ahead_of_the_rest() -> None:
 
 def test_a_job_passed_by_enough_measurements_keeps_its_place() -> None:
     names = ["c1", *(f"m{i}" for i in range(MAX_OVERTAKEN + 2))]
-    order = _queue(*names)[1]
+    order = _queue(*names)
     assert order == [*names[1:MAX_OVERTAKEN + 1], "c1", *names[MAX_OVERTAKEN + 1:]]
 
 
