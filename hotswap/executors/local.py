@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from hotswap import settings
-from hotswap.executors.base import MEASURES, WARM_COMPILE_JOB, WARM_DEVICE_JOB
+from hotswap.executors.base import MEASURES, WARM_COMPILE_JOB, WARM_DEVICE_JOB, hold_for
 from hotswap.workers import JobFuture, WorkerPool
 from hotswap.workers.pool import default_workers
 
@@ -61,7 +61,7 @@ class LocalPools:
             self._reset.discard(size)  # in use again: the usual idle limit
             self._start_reaper_locked()
         try:
-            future = pool.submit(job, payload, timeout_s=timeout_s)
+            future = pool.submit(job, payload, timeout_s=timeout_s, hold_s=hold_for(job, payload))
         except BaseException:
             self._job_done(size, pool)
             raise

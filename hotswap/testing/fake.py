@@ -58,12 +58,14 @@ class FakeCompiler:
             self._released.set()
         self._lock = threading.Lock()
         self.compiles: list[tuple[str, str]] = []          # (graph, tier), as submitted
+        self.requests: list[CompileRequest] = []           # the same, whole
         self.benches: list[BenchRequest] = []
         self.calls: collections.Counter[str] = collections.Counter()  # tier -> calls served
 
     def submit(self, request: CompileRequest, timeout_s: float | None) -> Future[Any]:
         with self._lock:
             self.compiles.append((request.graph_id, request.tier))
+            self.requests.append(request)
         future: Future[Any] = Future()
         future.stage_events = []  # type: ignore[attr-defined]
         threading.Thread(target=self._compile, args=(request, future), daemon=True,

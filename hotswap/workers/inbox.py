@@ -110,6 +110,12 @@ class Job:
     timeout_s: float | None
     future: JobFuture
     overtaken: int = 0  # measurements queued ahead of it since (Inbox.enqueue)
+    hold_s: float = 0.0  # after its result, its worker waits this long for a measurement
+
+    def for_held_worker(self, measures: frozenset[str]) -> bool:
+        """Whether a worker held for a measurement (WorkerPool.submit's ``hold_s``) takes
+        this job: a measurement, or a job measurements may not pass any more."""
+        return self.name in measures or self.overtaken >= MAX_OVERTAKEN
 
 
 def resolve(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:

@@ -167,9 +167,12 @@ class Manager:
             queued = self.inbox.wanted()
         now = time.monotonic()
         timeout = self.watchdog.next_deadline(self.workers.values(), queued, now)
+        # Wake to grow the pool, and when a held worker's hold ends with jobs queued for it.
+        wakes = [w.held_until for w in self.workers.values()
+                 if queued and w.job is None and w.held_until > now]
         grow = self._grow_deadline()
-        if grow is not None:
-            timeout = max(0.0, grow - now) if timeout is None else min(timeout, max(0.0, grow - now))
+        for at in wakes if grow is None else [*wakes, grow]:
+            timeout = max(0.0, at - now) if timeout is None else min(timeout, max(0.0, at - now))
         return timeout
 
     def _spawn(self, slot: int) -> None:
@@ -330,6 +333,8 @@ class Manager:
                     log.exception("StageEvent subscriber %r raised", callback)
             return
         self._finish(worker, answered=True)
+        if kind == MessageKind.JOB_RESULT and job.hold_s > 0:  # its result will be measured
+            worker.held_until = time.monotonic() + job.hold_s
         if kind == MessageKind.JOB_RESULT:
             try:
                 result = decode_result(payload)
@@ -361,10 +366,15 @@ class Manager:
             if not worker.ready or worker.job is not None or worker.kill_reason is not None:
                 continue
             with self.inbox.lock:
-                job = self.inbox.jobs.popleft() if self.inbox.jobs else None
+                job = self.inbox.jobs[0] if self.inbox.jobs else None
                 if job is None:
                     return
+                if (worker.held_until > time.monotonic()
+                        and not job.for_held_worker(self.config.measures)):
+                    continue  # held for the measurement of its last job's result
+                self.inbox.jobs.popleft()
                 self._running[job.job_id] = worker
+            worker.held_until = 0.0
             if job.future.done():  # cancelled while queued
                 with self.inbox.lock:
                     self._running.pop(job.job_id, None)

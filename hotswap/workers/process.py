@@ -67,6 +67,8 @@ class WorkerProcess:
         self.job_started_s = 0.0  # when its job was sent (monotonic)
         self.jobs_done = 0  # jobs it finished (its first pays the process's one-time costs)
         self.deadline_s: float | None = None
+        # Until when it takes only a measurement (its last job's ``hold_s``; monotonic)
+        self.held_until = 0.0
         self.kill_reason: tuple[str, Any] | None = None
         self.watching_write = False
         self.tmpdir: str | None = None  # its scratch directory (scratch.py), removed with it

@@ -413,6 +413,28 @@ def test_an_undecided_gate_keeps_the_serving_tier_and_measures_again(quick_retri
     assert "contended: 8 of 12 rounds preempted" in decisions[1].reason
 
 
+def test_a_close_call_measured_cleanly_on_the_cpu_is_measured_again_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark of a CPU graph takes only CPU the caller leaves (the workers' priority):
+    a pause before measuring an undecided pair again would delay the decision for nothing."""
+    monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_AFTER_S", 600.0)
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, STRADDLES, FASTER])
+    _, status, d = _run(fake)  # waits at most 30 s
+    assert status.tier == "max-autotune" and status.final
+    assert (d["gate_benchmarks"], d["gate_undecided"]) == (2, 1)
+
+
+def test_a_gated_compile_says_that_its_result_is_measured_next(tmp_path: Path) -> None:
+    """What lets the local pool keep the worker for that measurement (executors.base.hold_for)."""
+    fake = _fake(delay_s={"max-autotune": 0.1}, medians=FAST_TOP)
+    _run(fake, cache_dir=str(tmp_path / "progressive"))
+    assert sorted((r.tier, r.measured) for r in fake.requests) == [
+        ("default", True), ("max-autotune", True)]
+    fake = _fake(medians=FAST_TOP)
+    _run(fake, "async", cache_dir=str(tmp_path / "async"))
+    assert [r.measured for r in fake.requests] == [False]
+
+
 def test_status_says_when_each_tier_arrived_and_when_the_graph_became_final(
         quick_retries: None) -> None:
     # Undecided once on the top tier: the graph is final only after a second measurement.

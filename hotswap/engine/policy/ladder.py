@@ -78,6 +78,11 @@ def _name(tier: str) -> str:
     return tier if tier == EAGER else repr(tier)
 
 
+def _device(journey: GraphJourney) -> str:
+    """The device the graph's tensors are on ("cpu" where it has none)."""
+    return next((m.device for m in journey.inputs or () if m.is_tensor), "cpu")
+
+
 def _held(key: str | None) -> str | None:
     return None if key is None else key + HELD_SUFFIX
 
@@ -260,14 +265,15 @@ class Ladder:
         bump("gate_undecided")
         self._serve_meanwhile(journey, candidate, serving, decision.meanwhile)
         why = decision.reason.removeprefix("gate: ")
+        after_s = 0.0 if retry.contended == 0 and _device(journey) == "cpu" else retry.after_s
+        when = f"in {after_s:g} s" if after_s else "at once"
         journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
-                           f"measuring again in {retry.after_s:g} s, "
+                           f"measuring again {when}, "
                            f"{_name(journey.serving)} serving meanwhile", candidate.tier)
-        _log.info("graph %s: gate undecided on %r against %r: %s; measuring again in %g s",
-                  journey.graph_id, candidate.tier, serving, why, retry.after_s)
+        _log.info("graph %s: gate undecided on %r against %r: %s; measuring again %s",
+                  journey.graph_id, candidate.tier, serving, why, when)
         again = dataclasses.replace(candidate, so_far=retry)
-        threads.scheduler.later(retry.after_s, self._on_loader,
-                                self._measure_next, (journey, again))
+        threads.scheduler.later(after_s, self._on_loader, self._measure_next, (journey, again))
 
     def _serve_meanwhile(self, journey: GraphJourney, candidate: Candidate, serving: str,
                          tier: str) -> None:
@@ -359,8 +365,7 @@ class Ladder:
                        decision: GateDecision, measured: tuple[int, float] = (0, 0.0)) -> None:
         if key is None:
             return
-        device = next((m.device for m in journey.inputs or () if m.is_tensor), "cpu")
-        self._cache.store_verdict(key, pack_verdict(decision, device, time.time(),
+        self._cache.store_verdict(key, pack_verdict(decision, _device(journey), time.time(),
                                                     measured=measured),
                                   verdict_label(decision))
 

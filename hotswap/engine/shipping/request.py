@@ -41,10 +41,11 @@ class GraphRequest(NamedTuple):
 
     compile_id: str = ""     # dynamo's, of the frame the graph came from (wire.py says why)
 
-    def compile_request(self, graph_id: str, tier: Tier) -> CompileRequest:
+    def compile_request(self, graph_id: str, tier: Tier, *,
+                        measured: bool = False) -> CompileRequest:
         return CompileRequest(graph_id, tier.name, dict(tier.config), self.graph_bytes,
                               self.inputs, self.grad_enabled, self.num_threads,
-                              self.compile_id)
+                              self.compile_id, measured)
 
 
 @dataclass(frozen=True)

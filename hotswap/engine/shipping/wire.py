@@ -105,6 +105,9 @@ class CompileRequest:
     # dynamo's compile id of the frame this graph came from ("0/0"): the worker compiles
     # under it, so its TORCH_TRACE logs sit under the caller's frame in tlparse.
     compile_id: str = ""
+    # The gate measures the result as soon as it is loaded: the local pool holds the worker
+    # for that measurement (executors.base.hold_for). Nothing in the worker reads it.
+    measured: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},

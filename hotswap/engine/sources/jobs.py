@@ -55,12 +55,13 @@ class WorkerJobs:
         self._lock = threading.Lock()
         self._jobs: set[Future[Any]] = set()
 
-    def compile(self, journey: GraphJourney, tier: Tier) -> CompileFuture:
-        """Only shipped graphs reach a worker."""
+    def compile(self, journey: GraphJourney, tier: Tier, measured: bool) -> CompileFuture:
+        """Only shipped graphs reach a worker. ``measured``: the gate measures the result
+        once it is loaded (CompileRequest.measured)."""
         assert journey.request is not None
         compiler = RetryingCompiler(self._tracked(), on_retry=_retrying)
-        return compiler.submit(journey.request.compile_request(journey.graph_id, tier),
-                               self._limit_s(tier))
+        request = journey.request.compile_request(journey.graph_id, tier, measured=measured)
+        return compiler.submit(request, self._limit_s(tier))
 
     def measure(self, request: BenchRequest) -> Future[BenchReply]:
         return measure_on(self._tracked(), request, self._limit_s(None))

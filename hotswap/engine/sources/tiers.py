@@ -51,7 +51,9 @@ OnLoader = Callable[[Callable[..., None], tuple[Any, ...]], None]
 # Loads a packed entry for a tier: (journey, tier, entry, stage) -> callable; stage is the
 # span it is timed as ("load" for a fresh compile, "cache_load" for a hit).
 Load = Callable[[GraphJourney, Tier, Any, str], Any]
-Compile = Callable[[GraphJourney, Tier], CompileFuture]
+# Compiles a tier: (journey, tier, measured) -> its future; ``measured``: a gate measures the
+# result once it is loaded (CompileRequest.measured).
+Compile = Callable[[GraphJourney, Tier, bool], CompileFuture]
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class TierLifecycle:
         self._on_loader, self._recorder = on_loader, recorder
         # A compiled tier's entry is stored before it arrives where a gate will measure it
         # (the benchmark job then reads it from the cache, its bytes do not travel); else
-        # after it serves.
+        # after it serves. Its compile then says that a measurement follows.
         self._store_first = store_first
         self.stores = PendingStores()
 
@@ -163,7 +165,7 @@ class TierLifecycle:
             self._cache.release(key)
             return
         submitted = time.monotonic()
-        future = self._compile_fn(journey, tier)
+        future = self._compile_fn(journey, tier, self._store_first)
         future.add_done_callback(lambda f: self._on_loader(self._compiled, (
             journey, out, tier, f, submitted, time.monotonic(), key)))
 
