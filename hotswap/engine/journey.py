@@ -207,6 +207,7 @@ class Candidate:
     # What its measurements so far left (the next attempt, the contended ones and their
     # evidence); None before the first
     so_far: Retry | None = None
+    undecided: str = ""       # why its last measurement decided nothing (status().gate)
 
 
 def _slower_than(window: Window, eager: Window) -> bool:

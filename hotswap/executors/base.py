@@ -19,10 +19,10 @@ from hotswap.errors import WorkerCrashed
 from hotswap.workers import JobFuture, StageEvent
 from hotswap.workers.inbox import resolve
 
-__all__ = ["BENCH_JOB", "COMPILE_JOB", "ENVIRONMENT_STAMP", "MEASURED_HOLD_S", "MEASURES",
-           "MEASURE_PICKLED", "WARM_COMPILE_JOB", "WARM_DEVICE_JOB", "Executor",
-           "ExecutorUnavailable", "FallbackExecutor", "RetryFuture", "RetryingExecutor",
-           "hold_for"]
+__all__ = ["BENCH_JOB", "COMPILE_JOB", "ENVIRONMENT_STAMP", "MEASURED_AGAIN_HOLD_S",
+           "MEASURED_HOLD_S", "MEASURES", "MEASURE_PICKLED", "WARM_COMPILE_JOB",
+           "WARM_DEVICE_JOB", "Executor", "ExecutorUnavailable", "FallbackExecutor",
+           "RetryFuture", "RetryingExecutor", "hold_for"]
 
 COMPILE_JOB = "hotswap.jobs.compile:compile_graph"
 BENCH_JOB = "hotswap.jobs.bench:bench_tiers"
@@ -35,6 +35,9 @@ MEASURES = (BENCH_JOB, MEASURE_PICKLED)
 # measurement (WorkerPool.submit's ``hold_s``) before it takes another queued job: the caller
 # loads the tier and stores its entry first, 0.8 s on the idle 2-core box.
 MEASURED_HOLD_S = 3.0
+# ... and one that measured a CPU graph's pair, for the gate's next measurement of the pair,
+# which an undecided one asks for at once (BenchRequest.again): the gate decides in a few ms.
+MEASURED_AGAIN_HOLD_S = 0.5
 # A worker's warm-up steps (run with None), and what a remote worker's build is stamped with.
 WARM_DEVICE_JOB = "hotswap.jobs.compile:warm_device"
 WARM_COMPILE_JOB = "hotswap.jobs.compile:warm_compile"
@@ -43,9 +46,13 @@ ENVIRONMENT_STAMP = "hotswap.engine.shipping.keys:environment_stamp"
 
 def hold_for(job: str, payload: Any) -> float:
     """WorkerPool.submit's ``hold_s`` for a job: MEASURED_HOLD_S for a compile whose result
-    the gate measures (``CompileRequest.measured`` in its wire form), else 0."""
-    measured = job == COMPILE_JOB and isinstance(payload, dict) and payload.get("measured")
-    return MEASURED_HOLD_S if measured is True else 0.0
+    the gate measures (``CompileRequest.measured`` in its wire form), MEASURED_AGAIN_HOLD_S
+    for a measurement the gate may repeat at once (``BenchRequest.again``), else 0."""
+    flag = {COMPILE_JOB: ("measured", MEASURED_HOLD_S),
+            BENCH_JOB: ("again", MEASURED_AGAIN_HOLD_S)}.get(job)
+    if flag is None or not isinstance(payload, dict) or payload.get(flag[0]) is not True:
+        return 0.0
+    return flag[1]
 
 
 class Executor(Protocol):

@@ -166,7 +166,7 @@ def test_undecided_is_not_final_the_faster_median_serves_and_a_later_measurement
             "deciding 'default' against eager: 'default' is 2.0x faster than eager so far; "
             "deciding (median of 4 paired rounds; 4 of 24 rounds clean, 20 contended; ")
         assert status.gate.endswith("contended: 20 of 24 rounds preempted; rounds candidate / "
-                                    "serving from 0.25 to 1.25); measuring again in 0.4 s, "
+                                    "serving from 0.25 to 1.25); measuring again (attempt 2), "
                                     "'default' serving meanwhile")
         assert "| deciding 'default' against eager: " in status.summary()
         assert backend.wait(timeout_s=0.2)[0].final is False

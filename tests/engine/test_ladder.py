@@ -387,6 +387,7 @@ def _pair(ratio: float, low: float, high: float, contended: int = 0) -> Paired:
 STRADDLES = _pair(0.97, 0.95, 1.01)     # 3 % faster by the estimate, 1 % slower at worst
 WIDE = _pair(0.97, 0.80, 1.01)          # 3 % faster by the estimate, 20 % faster at best
 CONTENDED = _pair(0.5, 0.45, 0.55, contended=8)
+BLIND = _pair(0.5, 0.45, 0.55, contended=12)  # not one clean round
 FASTER = _pair(0.8, 0.78, 0.82)
 NOT_FASTER = _pair(1.0, 0.99, 1.01)
 BEATS_EAGER = _pair(0.5, 0.45, 0.55)    # a tier against eager: twice as fast
@@ -413,15 +414,41 @@ def test_an_undecided_gate_keeps_the_serving_tier_and_measures_again(quick_retri
     assert "contended: 8 of 12 rounds preempted" in decisions[1].reason
 
 
-def test_a_close_call_measured_cleanly_on_the_cpu_is_measured_again_at_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _called_once(fake: FakeCompiler) -> Coordinator:
+    """Progressive over the default ladder with ``fake``: the model compiled and called once."""
+    model, inputs = _model()
+    backend = Coordinator(Options.create(mode="progressive"), compiler=fake,
+                          measure=fake.measure)
+    torch.compile(model, backend=backend)(*inputs)
+    return backend
+
+
+@pytest.mark.parametrize("undecided", [STRADDLES, CONTENDED], ids=["close", "contended"])
+def test_an_undecided_cpu_measurement_with_clean_rounds_is_measured_again_at_once(
+        undecided: Paired, monkeypatch: pytest.MonkeyPatch) -> None:
     """The benchmark of a CPU graph takes only CPU the caller leaves (the workers' priority):
     a pause before measuring an undecided pair again would delay the decision for nothing."""
     monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_AFTER_S", 600.0)
-    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, STRADDLES, FASTER])
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, undecided, FASTER])
     _, status, d = _run(fake)  # waits at most 30 s
     assert status.tier == "max-autotune" and status.final
     assert (d["gate_benchmarks"], d["gate_undecided"]) == (2, 1)
+    assert [r.again for r in fake.benches] == [True] * 3  # the pool may hold the worker
+
+
+def test_a_cpu_measurement_without_a_clean_round_waits_before_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No clean round: the machine is full, and the pause (doubling) is waited out."""
+    monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_AFTER_S", 10.0)
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, BLIND, FASTER])
+    backend = _called_once(fake)
+    fake.release()
+    deadline = time.monotonic() + 30
+    while "measuring again in 10 s" not in (backend.status()[0].gate or ""):
+        assert time.monotonic() < deadline, backend.status()[0].gate
+        time.sleep(0.01)
+    assert backend.wait(timeout_s=0.5)[0].final is False
+    assert len(fake.benches) == 2
 
 
 def test_a_gated_compile_says_that_its_result_is_measured_next(tmp_path: Path) -> None:
@@ -439,11 +466,7 @@ def test_status_says_when_each_tier_arrived_and_when_the_graph_became_final(
         quick_retries: None) -> None:
     # Undecided once on the top tier: the graph is final only after a second measurement.
     fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, STRADDLES, FASTER])
-    model, inputs = _model()
-    backend = Coordinator(Options.create(mode="progressive"), compiler=fake,
-                          measure=fake.measure)
-    compiled = torch.compile(model, backend=backend)
-    compiled(*inputs)
+    backend = _called_once(fake)
     [before] = hotswap.status(backend)
     assert (before.final, before.arrived_s, before.final_after_s) == (False, (), None)
     fake.release()

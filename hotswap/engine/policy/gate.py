@@ -348,12 +348,13 @@ class Gate:
 
     def request(self, graph_id: str, entries: dict[str, Entry], request: GraphRequest, *,
                 purpose: str, with_graph: bool, pair: tuple[str, str] | None = None,
-                attempt: int = 1) -> BenchRequest:
+                attempt: int = 1, again: bool = False) -> BenchRequest:
         """Measure ``entries`` (tier -> artifact) on inputs like the graph's. ``with_graph``:
         eager too, and (``purpose="compare"``) each tier's kernels, for a profile. ``pair``:
-        (serving, candidate) timed against each other; a later ``attempt`` measures longer."""
+        (serving, candidate) timed against each other; a later ``attempt`` measures longer;
+        ``again``: an undecided pair is measured again at once (BenchRequest.again)."""
         return BenchRequest(graph_id, _sendable(entries), request.inputs, request.grad_enabled,
                             graph_bytes=request.graph_bytes if with_graph else b"",
                             budget_ms=self.budget_ms * 2 ** (attempt - 1), purpose=purpose,
                             breakdown=purpose == "compare", num_threads=request.num_threads,
-                            configs=self._configs, pair=pair or ())
+                            configs=self._configs, pair=pair or (), again=again)

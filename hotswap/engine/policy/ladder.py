@@ -208,11 +208,16 @@ class Ladder:
         so_far = _so_far(candidate)
         again = f" (attempt {so_far.attempt + so_far.contended})" if (
             so_far.attempt + so_far.contended > 1) else ""
-        journey.gate_doing(f"measuring {_name(candidate.tier)} against {_name(serving)}{again}",
-                           candidate.tier)
+        doing = f"measuring {_name(candidate.tier)} against {_name(serving)}{again}"
+        if candidate.undecided:  # measured again: status still says why it is undecided
+            doing = (f"deciding {_name(candidate.tier)} against {_name(serving)}: "
+                     f"{candidate.undecided}; measuring again{again}, "
+                     f"{_name(journey.serving)} serving meanwhile")
+        journey.gate_doing(doing, candidate.tier)
         bench = self.gate.request(journey.graph_id, entries, request, purpose="gate",
                                   with_graph=serving == EAGER or self._recorder.profiling,
-                                  pair=(serving, candidate.tier), attempt=so_far.attempt)
+                                  pair=(serving, candidate.tier), attempt=so_far.attempt,
+                                  again=_device(journey) == "cpu")
         self._submit(bench, self._measured, journey, candidate, serving)
 
     def _going_on(self, candidate: Candidate, serving: str) -> Candidate:
@@ -265,14 +270,18 @@ class Ladder:
         bump("gate_undecided")
         self._serve_meanwhile(journey, candidate, serving, decision.meanwhile)
         why = decision.reason.removeprefix("gate: ")
-        after_s = 0.0 if retry.contended == 0 and _device(journey) == "cpu" else retry.after_s
+        # A CPU graph's benchmark gets only CPU the caller leaves (the workers' priority): it
+        # is measured again at once, unless this measurement kept no clean round (the
+        # machine is full: that pause doubles). A GPU's is shared with the caller's kernels.
+        blind = retry.blind > _so_far(candidate).blind
+        after_s = 0.0 if _device(journey) == "cpu" and not blind else retry.after_s
         when = f"in {after_s:g} s" if after_s else "at once"
         journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
                            f"measuring again {when}, "
                            f"{_name(journey.serving)} serving meanwhile", candidate.tier)
         _log.info("graph %s: gate undecided on %r against %r: %s; measuring again %s",
                   journey.graph_id, candidate.tier, serving, why, when)
-        again = dataclasses.replace(candidate, so_far=retry)
+        again = dataclasses.replace(candidate, so_far=retry, undecided=why)
         threads.scheduler.later(after_s, self._on_loader, self._measure_next, (journey, again))
 
     def _serve_meanwhile(self, journey: GraphJourney, candidate: Candidate, serving: str,

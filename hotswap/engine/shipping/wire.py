@@ -158,6 +158,9 @@ class BenchRequest:
     # (profiles/bench.measure_pair; "eager" is the graph as it is) instead of one by one.
     pair: tuple[str, ...] = ()
     rounds: int = 0                  # of the pair's measurement (0: its default)
+    # The gate may measure the pair again at once (a CPU graph): the local pool holds the
+    # worker briefly for that (executors.base.hold_for). Nothing in the worker reads it.
+    again: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         entries = {t: e if isinstance(e, bytes) else {"cache_dir": e.cache_dir, "key": e.key}
