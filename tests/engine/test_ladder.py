@@ -423,8 +423,9 @@ def _called_once(fake: FakeCompiler) -> Coordinator:
     return backend
 
 
-@pytest.mark.parametrize("undecided", [STRADDLES, CONTENDED], ids=["close", "contended"])
-def test_an_undecided_cpu_measurement_with_clean_rounds_is_measured_again_at_once(
+@pytest.mark.parametrize("undecided", [STRADDLES, CONTENDED, BLIND],
+                         ids=["close", "contended", "blind"])
+def test_an_undecided_cpu_measurement_is_measured_again_at_once(
         undecided: Paired, monkeypatch: pytest.MonkeyPatch) -> None:
     """The benchmark of a CPU graph takes only CPU the caller leaves (the workers' priority):
     a pause before measuring an undecided pair again would delay the decision for nothing."""
@@ -436,10 +437,12 @@ def test_an_undecided_cpu_measurement_with_clean_rounds_is_measured_again_at_onc
     assert [r.again for r in fake.benches] == [True] * 3  # the pool may hold the worker
 
 
-def test_a_cpu_measurement_without_a_clean_round_waits_before_the_next(
+def test_a_gpu_measurement_without_a_clean_round_waits_before_the_next(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """No clean round: the machine is full, and the pause (doubling) is waited out."""
+    """On a GPU the benchmark shares the device with the caller's kernels: the pause (doubling
+    after a measurement without a clean round) is waited out."""
     monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_AFTER_S", 10.0)
+    monkeypatch.setattr("hotswap.engine.policy.ladder._device", lambda journey: "cuda:0")
     fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, BLIND, FASTER])
     backend = _called_once(fake)
     fake.release()

@@ -6,8 +6,9 @@
     offer(journey, tier, fn)     -> no gate: swap it in by rank
          (load thread)              gated: measure serving (eager too) vs tier (a worker) -->
                                     gate.decide, once per reply --> swap in, keep out (and
-                                    store the verdict), or measure again on a timer, the
-                                    faster-looking of the two serving meanwhile; one
+                                    store the verdict), or measure again (on a timer; a
+                                    CPU graph at once), the faster-looking of the two
+                                    serving meanwhile; one
                                     measurement at a time per graph, the rest queue. With a
                                     fleet store, one replica measures each decision
                                     (fleet_vote.py)
@@ -270,11 +271,11 @@ class Ladder:
         bump("gate_undecided")
         self._serve_meanwhile(journey, candidate, serving, decision.meanwhile)
         why = decision.reason.removeprefix("gate: ")
-        # A CPU graph's benchmark gets only CPU the caller leaves (the workers' priority): it
-        # is measured again at once, unless this measurement kept no clean round (the
-        # machine is full: that pause doubles). A GPU's is shared with the caller's kernels.
-        blind = retry.blind > _so_far(candidate).blind
-        after_s = 0.0 if _device(journey) == "cpu" and not blind else retry.after_s
+        # A CPU graph's benchmark gets only CPU the caller leaves (the workers' priority), so
+        # it is measured again at once: after a pause the pool's worker had taken a queued
+        # compile and the measurement waited behind it (9.6 s in the demo beside a test run).
+        # A GPU's shares the device with the caller's kernels: the gate's pauses.
+        after_s = 0.0 if _device(journey) == "cpu" else retry.after_s
         when = f"in {after_s:g} s" if after_s else "at once"
         journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
                            f"measuring again {when}, "
