@@ -8,10 +8,9 @@
                                     gate.decide, once per reply --> swap in, keep out (and
                                     store the verdict), or measure again (on a timer; a
                                     CPU graph at once), the faster-looking of the two
-                                    serving meanwhile; one
-                                    measurement at a time per graph, the rest queue. With a
-                                    fleet store, one replica measures each decision
-                                    (fleet_vote.py)
+                                    serving meanwhile; one measurement at a time per
+                                    graph, the rest queue. With a fleet store, one replica
+                                    measures each decision (fleet_vote.py)
     compare(journey)             -> profiling runs, once the graph is final: every tier vs
                                     eager, and each tier's kernels, onto the timeline
 
