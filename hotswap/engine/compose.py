@@ -75,7 +75,8 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     inprocess = InProcess(cache, recorder, load)
     here = Route(inprocess, waits=True, first_only=not plan.waits)
     lifecycle = None if plan.here else TierLifecycle(cache, job, load, on_loader, recorder,
-                                                      store_first=plan.gated)
+                                                      store_first=plan.gated,
+                                                      forced=options.force_tier)
     shipped = here if lifecycle is None else Route(lifecycle, waits=plan.waits)
     return Composition(tiers=list(tiers), gate=gate if plan.gated else None,
                        shipped=shipped, here=here, remote=not plan.here,

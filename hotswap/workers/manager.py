@@ -40,7 +40,7 @@ from hotswap.system import proctree
 from hotswap.system.starvation import CpuWatch
 from hotswap.workers import scratch
 from hotswap.workers.future import WorkerInfo
-from hotswap.workers.inbox import Inbox, PoolConfig, resolve
+from hotswap.workers.inbox import Inbox, Job, PoolConfig, resolve
 from hotswap.workers.process import WorkerProcess, remote_error, spawn
 from hotswap.workers.protocol import (
     MessageKind,
@@ -255,8 +255,11 @@ class Manager:
         if not queued or not self.workers:
             return 0.0
         job_s = self._job_s(now)
-        left = min((max(0.0, job_s - (now - w.job_started_s)) for w in self.workers.values()
-                    if w.job is not None), default=0.0)
+        # A worker held for a measurement (hold_s) is free once its hold ends.
+        left = min([*(max(0.0, job_s - (now - w.job_started_s)) for w in self.workers.values()
+                      if w.job is not None),
+                    *(w.held_until - now for w in self.workers.values()
+                      if w.job is None and w.held_until > now)], default=0.0)
         return left + -(-queued // len(self.workers)) * job_s
 
     def _due(self, now: float) -> int:
@@ -333,7 +336,8 @@ class Manager:
                     log.exception("StageEvent subscriber %r raised", callback)
             return
         self._finish(worker, answered=True)
-        if kind == MessageKind.JOB_RESULT and job.hold_s > 0:  # its result will be measured
+        if kind == MessageKind.JOB_RESULT and job.hold_s > 0 and not job.future.cancelled():
+            # its result will be measured: the worker waits for that measurement
             worker.held_until = time.monotonic() + job.hold_s
         if kind == MessageKind.JOB_RESULT:
             try:
@@ -362,23 +366,17 @@ class Manager:
         worker.deadline_s = None
 
     def _dispatch(self) -> None:
-        for worker in sorted(self.workers.values(), key=lambda w: w.slot):
+        now = time.monotonic()
+        # Workers held for a measurement first (WorkerPool.submit's hold_s): a measurement at
+        # the queue's head goes to one of them, and a worker that is not held stays free for
+        # the job behind it.
+        for worker in sorted(self.workers.values(), key=lambda w: (w.held_until <= now, w.slot)):
             if not worker.ready or worker.job is not None or worker.kill_reason is not None:
                 continue
-            with self.inbox.lock:
-                job = self.inbox.jobs[0] if self.inbox.jobs else None
-                if job is None:
-                    return
-                if (worker.held_until > time.monotonic()
-                        and not job.for_held_worker(self.config.measures)):
-                    continue  # held for the measurement of its last job's result
-                self.inbox.jobs.popleft()
-                self._running[job.job_id] = worker
-            worker.held_until = 0.0
-            if job.future.done():  # cancelled while queued
-                with self.inbox.lock:
-                    self._running.pop(job.job_id, None)
+            job = self._take(worker, now)
+            if job is None:
                 continue
+            worker.held_until = 0.0
             worker.job = job
             worker.job_started_s = time.monotonic()
             job.future.worker_pid = worker.pid
@@ -387,6 +385,23 @@ class Manager:
                 worker.deadline_s = time.monotonic() + job.timeout_s
             parts = encode_job_request(job.name, job.data)  # job.data: kept for a restart
             worker.send(MessageKind.JOB_REQUEST, job.job_id, *parts)
+
+    def _take(self, worker: WorkerProcess, now: float) -> Job | None:
+        """The queued job ``worker`` runs next, taken off the queue (jobs cancelled while
+        queued are dropped on the way); None where the queue is empty, or where the worker is
+        held for a measurement and the job at the head is none it takes."""
+        with self.inbox.lock:
+            while self.inbox.jobs:
+                job = self.inbox.jobs[0]
+                if job.future.done():  # cancelled while queued
+                    self.inbox.jobs.popleft()
+                    continue
+                if worker.held_until > now and not job.for_held_worker(self.config.measures):
+                    return None
+                self.inbox.jobs.popleft()
+                self._running[job.job_id] = worker
+                return job
+        return None
 
     def _apply_cancellations(self) -> None:
         with self.inbox.lock:

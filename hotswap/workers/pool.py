@@ -30,6 +30,9 @@ __all__ = ["DEFAULT_WARM_MODULES", "JobFuture", "WorkerInfo", "WorkerPool", "def
 
 # Importing these takes seconds; a pre-warmed worker pays it before its first job, not during.
 DEFAULT_WARM_MODULES: tuple[str, ...] = ("torch", "torch._inductor.compile_fx")
+# The longest a worker may be held for a measurement (``submit``'s ``hold_s``): a hold is a
+# wait of seconds for a caller that is about to submit, never a reservation.
+MAX_HOLD_S = 60.0
 
 
 def default_workers() -> int:
@@ -200,8 +203,10 @@ class WorkerPool:
         resolve_job(job)  # ValueError / LookupError now, at the call, not later in a worker
         if timeout_s is not None:
             _check_positive("timeout_s", timeout_s)
-        if isinstance(hold_s, bool) or not isinstance(hold_s, int | float) or not hold_s >= 0:
-            raise ValueError(f"hold_s must be a number of seconds >= 0, got {hold_s!r}")
+        if (isinstance(hold_s, bool) or not isinstance(hold_s, int | float)
+                or not 0 <= hold_s <= MAX_HOLD_S):
+            raise ValueError(f"hold_s must be a number of seconds from 0 to {MAX_HOLD_S:g}, "
+                             f"got {hold_s!r}")
         inbox = self._started()
         future = JobFuture(job, next(self._job_ids))
         try:

@@ -423,9 +423,8 @@ def _called_once(fake: FakeCompiler) -> Coordinator:
     return backend
 
 
-@pytest.mark.parametrize("undecided", [STRADDLES, CONTENDED, BLIND],
-                         ids=["close", "contended", "blind"])
-def test_an_undecided_cpu_measurement_is_measured_again_at_once(
+@pytest.mark.parametrize("undecided", [STRADDLES, CONTENDED], ids=["close", "contended"])
+def test_an_undecided_cpu_measurement_with_clean_rounds_is_measured_again_at_once(
         undecided: Paired, monkeypatch: pytest.MonkeyPatch) -> None:
     """The benchmark of a CPU graph takes only CPU the caller leaves (the workers' priority):
     a pause before measuring an undecided pair again would delay the decision for nothing."""
@@ -437,17 +436,20 @@ def test_an_undecided_cpu_measurement_is_measured_again_at_once(
     assert [r.again for r in fake.benches] == [True] * 3  # the pool may hold the worker
 
 
-def test_a_gpu_measurement_without_a_clean_round_waits_before_the_next(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a GPU the benchmark shares the device with the caller's kernels: the pause (doubling
-    after a measurement without a clean round) is waited out."""
+@pytest.mark.parametrize(("device", "undecided"), [
+    ("cpu", BLIND), ("cuda:0", BLIND), ("cuda:0", CONTENDED), ("cuda:0", STRADDLES)])
+def test_a_measurement_waits_out_the_pause_on_a_gpu_or_without_a_clean_round(
+        device: str, undecided: Paired, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's benchmark shares the device with the caller's kernels, and one without a clean
+    round would be raised to the caller's priority if it starved (starvation.py): the gate's
+    pause is waited out."""
     monkeypatch.setattr("hotswap.engine.policy.gate.RETRY_AFTER_S", 10.0)
-    monkeypatch.setattr("hotswap.engine.policy.ladder._device", lambda journey: "cuda:0")
-    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, BLIND, FASTER])
+    monkeypatch.setattr("hotswap.engine.policy.ladder._device", lambda journey: device)
+    fake = _fake(delay_s={"max-autotune": 0.1}, pairs=[BEATS_EAGER, undecided, FASTER])
     backend = _called_once(fake)
     fake.release()
     deadline = time.monotonic() + 30
-    while "measuring again in 10 s" not in (backend.status()[0].gate or ""):
+    while "measuring again in " not in (backend.status()[0].gate or ""):
         assert time.monotonic() < deadline, backend.status()[0].gate
         time.sleep(0.01)
     assert backend.wait(timeout_s=0.5)[0].final is False
@@ -567,6 +569,8 @@ def test_force_tier_serves_that_tier_unmeasured() -> None:
     _, status, d = _run(fake, force_tier="max-autotune")
     assert status.tier == "max-autotune" and not status.kept
     assert d["gate_benchmarks"] == 0
+    # Its compile does not hold the pool's worker for a measurement (executors.base.hold_for)
+    assert {r.tier: r.measured for r in fake.requests}["max-autotune"] is False
     with pytest.raises(ValueError, match="force_tier must name a tier"):
         Options.create(force_tier="nope")
 

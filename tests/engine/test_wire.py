@@ -5,6 +5,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import pytest
+
 from hotswap.cache.key import cache_key
 from hotswap.engine.shipping.wire import (
     BenchReply,
@@ -50,6 +52,17 @@ def test_requests_and_results_round_trip_as_plain_values() -> None:
         wire = value.to_wire()
         assert _plain(wire), wire
         assert type(value).from_wire(_trip(wire)) == value
+
+
+def test_a_worker_takes_a_request_with_a_scheduling_hint_it_does_not_know() -> None:
+    """CompileRequest.measured and BenchRequest.again are for the caller's pool: a worker of
+    an older hotswap (a cluster's) drops them; any other key it lacks still fails."""
+    request = CompileRequest("g1", "default", {}, b"graph", (META,), True, measured=True)
+    assert CompileRequest.from_wire({**request.to_wire(), "again": True}) == request
+    with pytest.raises(TypeError):
+        CompileRequest.from_wire({**request.to_wire(), "unheard_of": 1})
+    bench = BenchRequest("g1", {"default": b"artifact"}, (META,), False, again=True)
+    assert BenchRequest.from_wire({**bench.to_wire(), "measured": True}) == bench
 
 
 def test_an_artifact_travels_out_of_band() -> None:

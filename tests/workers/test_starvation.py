@@ -199,58 +199,6 @@ def test_a_measurement_goes_ahead_of_queued_jobs_at_the_workers_priority(
         assert set(how.values()) == {lowered} and jobs.is_idle(lowered, os.getpid())
 
 
-@contextlib.contextmanager
-def _compiled_then_queued(log: Path, hold_s: float) -> Iterator[tuple[WorkerPool, JobFuture]]:
-    """A job whose worker is held for its measurement (``hold_s``), its result in, and a job
-    queued while it ran."""
-    with WorkerPool(1, warm_modules=(), measures=[J + "measured"]) as pool:
-        assert pool.wait_ready(60)
-        compiled = pool.submit(J + "note", (str(log), "compiled"), hold_s=hold_s)
-        queued = pool.submit(J + "note", (str(log), "queued"))
-        compiled.result(timeout=90)
-        yield pool, queued
-
-
-def test_a_held_worker_takes_the_measurement_of_its_result_before_a_job_queued_meanwhile(
-        tmp_path: Path) -> None:
-    """``submit(..., hold_s=)``: after the job's result its worker waits for a measurement,
-    which then runs before the job queued while the first one ran; without the hold the worker
-    takes that job at once."""
-    log = tmp_path / "order"
-    with _compiled_then_queued(log, hold_s=60.0) as (pool, queued):
-        time.sleep(0.5)  # the caller loads what the job made, then measures it
-        pool.submit(J + "measured", (str(log), "measured")).result(timeout=90)
-        queued.result(timeout=90)
-    assert log.read_text().split() == ["compiled", "measured", "queued"]
-
-
-def test_a_hold_no_measurement_follows_ends_by_itself(tmp_path: Path) -> None:
-    log = tmp_path / "order"
-    with _compiled_then_queued(log, hold_s=1.0) as (pool, queued):
-        done = time.monotonic()
-        queued.result(timeout=30)
-        assert time.monotonic() - done >= 0.8  # it waited out the hold, then ran
-        with pytest.raises(ValueError, match="hold_s"):
-            pool.submit(J + "note", (str(log), "x"), hold_s=-1.0)
-    assert log.read_text().split() == ["compiled", "queued"]
-
-
-def test_the_local_pool_holds_a_worker_only_where_the_gate_measures_next() -> None:
-    from hotswap.executors.base import (
-        BENCH_JOB,
-        COMPILE_JOB,
-        MEASURED_AGAIN_HOLD_S,
-        MEASURED_HOLD_S,
-        hold_for,
-    )
-
-    assert hold_for(COMPILE_JOB, {"measured": True}) == MEASURED_HOLD_S > 0
-    assert hold_for(COMPILE_JOB, {"measured": False}) == hold_for(COMPILE_JOB, {}) == 0.0
-    # ... or after a measurement the gate may repeat at once (a CPU graph's)
-    assert hold_for(BENCH_JOB, {"again": True}) == MEASURED_AGAIN_HOLD_S > 0
-    assert hold_for(BENCH_JOB, {"measured": True}) == hold_for(BENCH_JOB, {}) == 0.0
-
-
 def _queue(*names: str) -> list[str]:
     """``names`` enqueued in turn (those starting with "m" are measurements): the order they
     would run in."""

@@ -16,7 +16,8 @@ by a wide margin still decides (bench.DECISIVE). An interval across the threshol
 again up to MAX_ATTEMPTS times, then the serving tier stays, marked "close" confidence where
 the interval has the candidate at most bench.CLOSE_MARGIN thresholds faster (what keeping it
 out may cost), else "low". A measurement contention spoiled decides nothing alone: it is
-measured again for as long as it takes, after pauses that double up to RETRY_CAP_S, and the
+measured again for as long as it takes, after pauses that double up to RETRY_CAP_S (the
+ladder measures a CPU graph's again at once where it kept clean rounds: ladder.py), and the
 tier with the faster median serves meanwhile (a candidate on trial while it is ahead at all:
 ``_meanwhile``); the graph is not final until then. Its clean rounds count: with the earlier
 contended measurements' they give an interval (``pooled``), which decides as a clean
@@ -69,7 +70,8 @@ HELD_SUFFIX = "/vs-eager"
 # measure on (a compile of another tier, a caller using every core) is measured on again, as
 # long as it takes: after RETRY_AFTER_S while each measurement keeps some clean rounds (they
 # add up: ``pooled``), and waited out where one kept none, each such pause twice the last,
-# none longer than RETRY_CAP_S.
+# none longer than RETRY_CAP_S. (The ladder skips the pause of a CPU graph's measurement that
+# kept clean rounds: its benchmark takes only CPU the caller leaves.)
 MAX_ATTEMPTS = 3
 RETRY_AFTER_S = 1.0
 RETRY_CAP_S = 30.0
@@ -303,7 +305,8 @@ def _retry(pair: Paired, attempt: int, so_far: Retry, threshold: float) -> Retry
     a caller that keeps the machine busy leaves each measurement a few, and waiting does not
     change that), else after a pause that doubles with each measurement that kept none, up to
     RETRY_CAP_S. An interval across the threshold: longer, after a pause that grows with the
-    attempt."""
+    attempt. (``after_s`` is the gate's; the ladder measures a CPU graph's pair again at once
+    where this one kept clean rounds.)"""
     if pair.clean < MIN_CLEAN:
         way = direction(pair, threshold)
         streak = so_far.streak + way if way and so_far.streak * way >= 0 else way

@@ -270,11 +270,14 @@ class Ladder:
         bump("gate_undecided")
         self._serve_meanwhile(journey, candidate, serving, decision.meanwhile)
         why = decision.reason.removeprefix("gate: ")
-        # A CPU graph's benchmark gets only CPU the caller leaves (the workers' priority), so
-        # it is measured again at once: after a pause the pool's worker had taken a queued
-        # compile and the measurement waited behind it (9.6 s in the demo beside a test run).
-        # A GPU's shares the device with the caller's kernels: the gate's pauses.
-        after_s = 0.0 if _device(journey) == "cpu" else retry.after_s
+        # A CPU graph's benchmark gets only CPU the caller leaves (the workers' priority): one
+        # that kept clean rounds is measured again at once (after the gate's pause the pool's
+        # worker had taken a queued compile, and the measurement waited behind it). One that
+        # kept none waits out the pause: a benchmark starved that long is raised to the
+        # caller's priority (starvation.py), and back to back they would take the caller's
+        # cores. A GPU's benchmark shares the device with the caller's kernels: its pauses.
+        blind = retry.blind > _so_far(candidate).blind
+        after_s = 0.0 if _device(journey) == "cpu" and not blind else retry.after_s
         when = f"in {after_s:g} s" if after_s else "at once"
         journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
                            f"measuring again {when}, "

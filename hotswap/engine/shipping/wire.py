@@ -76,6 +76,17 @@ class InputMeta:
         return cls(**values)
 
 
+# Scheduling hints for the caller's pool (CompileRequest.measured, BenchRequest.again): no
+# worker reads them, so one of an older hotswap (a cluster's) takes a request without them.
+_HINTS = frozenset({"measured", "again"})
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the hints ``cls`` lacks (any other key it lacks still fails)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names or k not in _HINTS}
+
+
 def _metas_to_wire(metas: tuple[InputMeta, ...]) -> list[dict[str, Any]]:
     return [m.to_wire() for m in metas]
 
@@ -115,7 +126,7 @@ class CompileRequest:
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> CompileRequest:
-        return cls(**{**data, "inputs": _metas_from_wire(data["inputs"])})
+        return cls(**{**_known(cls, data), "inputs": _metas_from_wire(data["inputs"])})
 
 
 @dataclass(frozen=True)
@@ -173,7 +184,8 @@ class BenchRequest:
     def from_wire(cls, data: dict[str, Any]) -> BenchRequest:
         entries = {t: e if isinstance(e, bytes | bytearray) else CachedEntry(**e)
                    for t, e in data["entries"].items()}
-        return cls(**{**data, "entries": entries, "inputs": _metas_from_wire(data["inputs"]),
+        return cls(**{**_known(cls, data), "entries": entries,
+                      "inputs": _metas_from_wire(data["inputs"]),
                       "pair": tuple(data.get("pair", ()))})
 
 

@@ -84,13 +84,16 @@ class TierSource(Protocol):
 
 class TierLifecycle:
     def __init__(self, cache: CacheAccess, compile: Compile, load: Load, on_loader: OnLoader,
-                 recorder: Recorder, *, store_first: bool = False) -> None:
+                 recorder: Recorder, *, store_first: bool = False,
+                 forced: str | None = None) -> None:
         self._cache, self._compile_fn, self._load = cache, compile, load
         self._on_loader, self._recorder = on_loader, recorder
         # A compiled tier's entry is stored before it arrives where a gate will measure it
         # (the benchmark job then reads it from the cache, its bytes do not travel); else
-        # after it serves. Its compile then says that a measurement follows.
+        # after it serves. Its compile then says that a measurement follows, but for the
+        # tier ``forced`` (force_tier), which serves unmeasured.
         self._store_first = store_first
+        self._forced = forced
         self.stores = PendingStores()
 
     def start(self, journey: GraphJourney, tier: Tier, *, cached: Buffer | None = None,
@@ -165,7 +168,7 @@ class TierLifecycle:
             self._cache.release(key)
             return
         submitted = time.monotonic()
-        future = self._compile_fn(journey, tier, self._store_first)
+        future = self._compile_fn(journey, tier, self._store_first and tier.name != self._forced)
         future.add_done_callback(lambda f: self._on_loader(self._compiled, (
             journey, out, tier, f, submitted, time.monotonic(), key)))
 
