@@ -7,10 +7,10 @@
          (load thread)              gated: measure serving (eager too) vs tier (a worker) -->
                                     gate.decide, once per reply --> swap in, keep out (and
                                     store the verdict), or measure again (on a timer; a
-                                    CPU graph at once), the faster-looking of the two
-                                    serving meanwhile; one measurement at a time per
-                                    graph, the rest queue. With a fleet store, one replica
-                                    measures each decision (fleet_vote.py)
+                                    CPU graph mostly at once: _pause), the faster-looking
+                                    of the two serving meanwhile; one measurement at a
+                                    time per graph, the rest queue. With a fleet store,
+                                    one replica measures each decision (fleet_vote.py)
     compare(journey)             -> profiling runs, once the graph is final: every tier vs
                                     eager, and each tier's kernels, onto the timeline
 
@@ -56,6 +56,7 @@ from hotswap.engine.served import Window
 from hotswap.engine.shipping.wire import BenchReply, BenchRequest
 from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.errors import PoolClosed
+from hotswap.executors.base import MEASURED_AGAIN_HOLD_S
 from hotswap.profiles.records import GateDecision
 
 __all__ = ["Ladder", "Measure", "OnLoader"]
@@ -81,6 +82,22 @@ def _name(tier: str) -> str:
 def _device(journey: GraphJourney) -> str:
     """The device the graph's tensors are on ("cpu" where it has none)."""
     return next((m.device for m in journey.inputs or () if m.is_tensor), "cpu")
+
+
+def _pause(journey: GraphJourney, retry: Retry, *, blind: bool) -> float:
+    """How long an undecided pair waits before it is measured again. A CPU graph's benchmark
+    gets only CPU the caller leaves (the workers' priority): one that kept clean rounds is
+    measured again at once (after the gate's pause the pool's one worker had taken a queued
+    compile, and the measurement waited 9.6 s behind it in the demo beside a test run), and
+    so is the first without a clean round, within the worker's hold (MEASURED_AGAIN_HOLD_S);
+    later ones wait out the gate's doubling pauses: a benchmark starved that long is raised
+    to the caller's priority (starvation.py), and back to back they would take the caller's
+    cores. A GPU's benchmark shares the device with the caller's kernels: the gate's pauses."""
+    if _device(journey) != "cpu":
+        return retry.after_s
+    if not blind:
+        return 0.0
+    return MEASURED_AGAIN_HOLD_S / 2 if retry.blind == 1 else retry.after_s
 
 
 def _held(key: str | None) -> str | None:
@@ -270,14 +287,7 @@ class Ladder:
         bump("gate_undecided")
         self._serve_meanwhile(journey, candidate, serving, decision.meanwhile)
         why = decision.reason.removeprefix("gate: ")
-        # A CPU graph's benchmark gets only CPU the caller leaves (the workers' priority): one
-        # that kept clean rounds is measured again at once (after the gate's pause the pool's
-        # worker had taken a queued compile, and the measurement waited behind it). One that
-        # kept none waits out the pause: a benchmark starved that long is raised to the
-        # caller's priority (starvation.py), and back to back they would take the caller's
-        # cores. A GPU's benchmark shares the device with the caller's kernels: its pauses.
-        blind = retry.blind > _so_far(candidate).blind
-        after_s = 0.0 if _device(journey) == "cpu" and not blind else retry.after_s
+        after_s = _pause(journey, retry, blind=retry.blind > _so_far(candidate).blind)
         when = f"in {after_s:g} s" if after_s else "at once"
         journey.gate_doing(f"deciding {_name(candidate.tier)} against {_name(serving)}: {why}; "
                            f"measuring again {when}, "
