@@ -137,5 +137,6 @@ class Runtime:
 
 
 runtime = Runtime()
-# At exit, daemon threads are simply dropped: waiting for a load nobody will use is no use.
+# At exit the workers stop now; hotswap's threads get a moment (threads.py's exit handler,
+# which runs after this one).
 atexit.register(runtime.shutdown, wait=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,38 @@ def test_a_pending_timer_keeps_the_lane_past_its_idle_time_and_drain_waits_for_t
     slow_done: list[bool] = []
     lane.submit(lambda: (threading.Event().wait(0.3), slow_done.append(True)))
     assert lane.drain(10) and slow_done == [True]
+
+
+_EXIT_SCRIPT = """
+import sys, time
+import hotswap
+from hotswap.engine import threads
+
+def task(seconds, marker):
+    time.sleep(seconds)  # as a load inside one of torch's calls, the GIL let go
+    open(marker, "w").write("done")
+
+threads.scheduler.submit(task, float(sys.argv[1]), sys.argv[2])
+time.sleep(0.2)  # the task is under way; the script ends
+"""
+
+
+@pytest.mark.parametrize(("task_s", "finished"), [(0.5, True), (30.0, False)])
+def test_exit_waits_briefly_for_the_task_in_hand(task_s: float, finished: bool,
+                                                 tmp_path: Path) -> None:
+    """Interpreter exit gives a task under way on hotswap's threads up to EXIT_JOIN_S (a
+    daemon thread inside one of torch's calls at finalization can abort the process), and
+    no longer: exit never waits for a long one."""
+    import subprocess
+    import time
+
+    from hotswap.engine.threads import EXIT_JOIN_S
+
+    marker = tmp_path / "done"
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(task_s), str(marker)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert marker.exists() is finished
+    if not finished:  # it waited out EXIT_JOIN_S, not the 30 s task
+        assert time.monotonic() - start < task_s - EXIT_JOIN_S
