@@ -28,7 +28,8 @@ compiles share the machine too: that figure is shown as well) next to 2x eager +
 
 Targets: regret <= 2 % in at least 95 % of decisions, none above 10 %; from the last tier's
 arrival to final <= 30 s with an idle caller, <= 120 s with a busy one (--caller picks which
-is held); every model decides; the largest serving call beside a gate measurement <= 2x
+is held); every model decides, and its process exits cleanly (one that failed at its exit
+keeps the results it printed, and misses); the largest serving call beside a gate measurement <= 2x
 eager + 10 ms. The last line sums up: each target PASS or MISS, and by how much. --check
 exits 1 when one is missed.
 """
@@ -157,9 +158,13 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             return {"model": model, "error": f"no result within {limit:g} s"}
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        return {"model": model, "error": (out.stderr.strip().splitlines() or ["?"])[-1][:300]}
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    last = (out.stderr.strip().splitlines() or ["?"])[-1][:300]
+    if not lines:
+        return {"model": model, "error": last}
+    result: dict[str, Any] = json.loads(lines[-1])
+    if out.returncode != 0:  # its results came, then its exit failed: both are shown
+        result["exit"] = f"exit status {out.returncode}: {last}"
+    return result
 
 
 def _pct(x: float | None) -> str:
@@ -230,6 +235,9 @@ def _model_lines(result: dict[str, Any], caller: str = "busy") -> tuple[list[str
                  f"largest serving call beside a gate measurement "
                  f"{result['largest_gate_ms']:.1f} ms (while the tiers climbed "
                  f"{result['largest_ms']:.1f} ms) vs 2x eager + 10 ms = {limit:.1f} ms")
+    if "exit" in result:
+        lines.append(f"{model:<18} the audited process failed at its exit ({result['exit']})")
+        missed.append(f"{model}: failed at its exit")
     if not result["final"]:
         missed.append(f"{model}: never decided within the timeout")
     if slowest is not None and slowest[1] > limit_s:
@@ -295,6 +303,7 @@ def verdicts(results: list[dict[str, Any]], caller: str = "busy") -> list[Verdic
         found.append(Verdict(target, "no graph final with a tier arrived", None))
     undecided = [f"{r['model']} {'failed' if 'error' in r else 'not final'}"
                  for r in results if "error" in r or not r["final"]]
+    undecided += [f"{r['model']} failed at its exit" for r in results if "exit" in r]
     found.append(Verdict("every model final", f"{len(results) - len(undecided)} of "
                          f"{len(results)} models final", not undecided,
                          ", ".join(undecided)))

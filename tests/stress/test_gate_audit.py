@@ -78,3 +78,14 @@ def test_a_graph_not_final_or_without_decisions_is_not_held_to_what_it_lacks() -
         ("no decisions", None), ("no worst regret", None),
         ("no graph final with a tier arrived", None), ("0 of 1 models final", False),
         ("largest call beside a gate measurement", True)]
+
+
+def test_a_process_that_fails_at_its_exit_keeps_its_results_and_misses() -> None:
+    graphs = {"g1": _graph({"default": 1.0, "max-autotune": 3.0}, 4.0)}
+    failed = _model([_row(0.0)], graphs, exit="exit status 134: terminate called without an "
+                                               "active exception")
+    lines, missed = summarize([failed])
+    assert ("mlp                the audited process failed at its exit (exit status 134: "
+            "terminate called without an active exception)") in lines
+    assert missed == ["mlp: failed at its exit"]
+    assert "0 of 1 models final (every model final): MISS, mlp failed at its exit" in lines[-1]
