@@ -137,6 +137,28 @@ class Runtime:
 
 
 runtime = Runtime()
-# At exit the workers stop now; hotswap's threads get a moment (threads.py's exit handler,
-# which runs after this one).
-atexit.register(runtime.shutdown, wait=False)
+
+# How long interpreter exit waits for hotswap's threads to finish the task in hand.
+EXIT_JOIN_S = 2.0
+
+
+def _at_exit() -> None:
+    """Interpreter exit: the workers stop now, and hotswap's threads get up to EXIT_JOIN_S to
+    finish the task in hand (and those queued, where they fit): not longer, since a load
+    nobody will use is no use. A daemon thread still inside one of torch's calls that let go
+    of the GIL when the interpreter finalizes is ended by Python with a forced unwind, which
+    pybind11's frames turn into std::terminate (pytorch#38228): a GPU audit process aborted
+    at its exit with "terminate called without an active exception" (rc 134), a compile
+    still under way and its results printed. Registered as the runtime is imported, after
+    the modules it imports, so it runs before their exit handlers (pending stores, temporary
+    files, the profile's timeline)."""
+    runtime.shutdown(wait=False)
+    deadline = time.monotonic() + EXIT_JOIN_S
+    while True:  # again each round: the pools' failed jobs queue their last steps
+        threads.stop_lanes()
+        if not threads.join_all(min(0.1, max(0.0, deadline - time.monotonic()))) or (
+                time.monotonic() >= deadline):
+            return
+
+
+atexit.register(_at_exit)

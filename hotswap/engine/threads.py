@@ -27,7 +27,6 @@ within that, and puts the user's value back once the scheduler is idle.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import heapq
 import itertools
@@ -450,23 +449,3 @@ def stop_lanes() -> None:
     """End both lanes' threads once their queued tasks are done (``hotswap.shutdown()``)."""
     for lane in (scheduler, io):
         lane.stop()
-
-
-# How long interpreter exit waits for hotswap's threads to finish the task in hand.
-EXIT_JOIN_S = 2.0
-
-
-def _at_exit() -> None:
-    """Interpreter exit: hotswap's threads get up to EXIT_JOIN_S to finish the task in hand
-    (and those queued, where they fit): not longer, since a load nobody will use is no use.
-    A daemon thread still inside one of torch's calls that let go of the GIL when the
-    interpreter finalizes is ended by Python with a forced unwind, which pybind11's frames
-    turn into std::terminate (pytorch#38228): a GPU audit process aborted at its exit with
-    "terminate called without an active exception" (rc 134), a compile still under way and
-    its results printed. Registered on import, before the runtime's (which stops the
-    workers), so it runs after it."""
-    stop_lanes()
-    join_all(EXIT_JOIN_S)
-
-
-atexit.register(_at_exit)

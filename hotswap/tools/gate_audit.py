@@ -161,7 +161,10 @@ def _spawn(model: str, args: argparse.Namespace) -> dict[str, Any]:
     last = (out.stderr.strip().splitlines() or ["?"])[-1][:300]
     if not lines:
         return {"model": model, "error": last}
-    result: dict[str, Any] = json.loads(lines[-1])
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except ValueError:  # cut short
+        return {"model": model, "error": last}
     if out.returncode != 0:  # its results came, then its exit failed: both are shown
         result["exit"] = f"exit status {out.returncode}: {last}"
     return result
@@ -301,12 +304,12 @@ def verdicts(results: list[dict[str, Any]], caller: str = "busy") -> list[Verdic
                              f"{worst_s - limit_s:.1f} s over"))
     else:
         found.append(Verdict(target, "no graph final with a tier arrived", None))
+    final = sum("error" not in r and r["final"] for r in results)
     undecided = [f"{r['model']} {'failed' if 'error' in r else 'not final'}"
                  for r in results if "error" in r or not r["final"]]
     undecided += [f"{r['model']} failed at its exit" for r in results if "exit" in r]
-    found.append(Verdict("every model final", f"{len(results) - len(undecided)} of "
-                         f"{len(results)} models final", not undecided,
-                         ", ".join(undecided)))
+    found.append(Verdict("every model final", f"{final} of {len(results)} models final",
+                         not undecided, ", ".join(undecided)))
     stalled = [f"{r['model']} {r['largest_gate_ms']:.1f} ms > "
                f"{2 * r['eager_ms'] + 10:.1f} ms" for r in ok
                if r["largest_gate_ms"] > 2 * r["eager_ms"] + 10]
@@ -336,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval_ms is None:
         args.interval_ms = INTERVAL_MS[args.caller]
     if args.model:
-        print(json.dumps(_child(args)))
+        print(json.dumps(_child(args)), flush=True)  # before anything at exit can fail
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     from hotswap.tools.bench.row import is_bench_model

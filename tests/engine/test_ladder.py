@@ -437,11 +437,11 @@ def test_an_undecided_cpu_measurement_is_measured_again_at_once(
     assert [r.again for r in fake.benches] == [True] * 3  # the pool may hold the worker
 
 
-@pytest.mark.parametrize(("device", "pairs"), [
-    ("cpu", [BLIND, BLIND]), ("cuda:0", [BLIND]), ("cuda:0", [CONTENDED]),
-    ("cuda:0", [STRADDLES])])
+@pytest.mark.parametrize(("device", "pairs", "pause"), [
+    ("cpu", [BLIND, BLIND], "20 s"), ("cuda:0", [BLIND], "10 s"), ("cuda:0", [CONTENDED], "10 s"),
+    ("cuda:0", [STRADDLES], "10 s")])
 def test_a_measurement_waits_out_the_pause_on_a_gpu_or_without_a_clean_round(
-        device: str, pairs: list[Paired], monkeypatch: pytest.MonkeyPatch) -> None:
+        device: str, pairs: list[Paired], pause: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU's benchmark shares the device with the caller's kernels, and one without a clean
     round would be raised to the caller's priority if it starved (starvation.py): the gate's
     pause is waited out (on the CPU from the second such measurement on: the first is
@@ -452,7 +452,7 @@ def test_a_measurement_waits_out_the_pause_on_a_gpu_or_without_a_clean_round(
     backend = _called_once(fake)
     fake.release()
     deadline = time.monotonic() + 30
-    while "measuring again in " not in (backend.status()[0].gate or ""):
+    while f"measuring again in {pause}" not in (backend.status()[0].gate or ""):
         assert time.monotonic() < deadline, backend.status()[0].gate
         time.sleep(0.01)
     assert backend.wait(timeout_s=0.5)[0].final is False

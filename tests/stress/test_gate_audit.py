@@ -88,4 +88,4 @@ def test_a_process_that_fails_at_its_exit_keeps_its_results_and_misses() -> None
     assert ("mlp                the audited process failed at its exit (exit status 134: "
             "terminate called without an active exception)") in lines
     assert missed == ["mlp: failed at its exit"]
-    assert "0 of 1 models final (every model final): MISS, mlp failed at its exit" in lines[-1]
+    assert "1 of 1 models final (every model final): MISS, mlp failed at its exit" in lines[-1]

@@ -97,7 +97,7 @@ def _pause(journey: GraphJourney, retry: Retry, *, blind: bool) -> float:
         return retry.after_s
     if not blind:
         return 0.0
-    return MEASURED_AGAIN_HOLD_S / 2 if retry.blind == 1 else retry.after_s
+    return min(MEASURED_AGAIN_HOLD_S / 2, retry.after_s) if retry.blind == 1 else retry.after_s
 
 
 def _held(key: str | None) -> str | None:
