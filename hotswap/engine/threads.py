@@ -31,6 +31,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -341,10 +342,15 @@ class Lane:
                  busy: contextlib.AbstractContextManager[Any] | None = None) -> None:
         self.name, self._idle_exit_s = name, idle_exit_s
         self._busy = busy or contextlib.nullcontext()
+        self._order = itertools.count()
+        self._start_fresh()
+
+    def _start_fresh(self) -> None:
+        """No thread, no task, no timer: a new lane, and in a forked child the lane it
+        inherited (its thread is not there, and its lock may have been held at the fork)."""
         self._cond = threading.Condition()
         self._tasks: deque[_Task] = deque()
         self._timers: list[tuple[float, int, Timer]] = []
-        self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._running = False
@@ -449,3 +455,16 @@ def stop_lanes() -> None:
     """End both lanes' threads once their queued tasks are done (``hotswap.shutdown()``)."""
     for lane in (scheduler, io):
         lane.stop()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of hotswap's threads, and a lock one of them held at the fork
+    would stay held for good: its exit (which stops the lanes) would hang on it."""
+    global _lock
+    _lock = threading.Lock()
+    _live.clear()
+    for lane in (scheduler, io):
+        lane._start_fresh()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -140,3 +140,37 @@ def test_exit_waits_briefly_for_the_task_in_hand(task_s: float, finished: bool,
     assert marker.exists() is finished
     if not finished:  # it waited out EXIT_JOIN_S, not the 30 s task
         assert EXIT_JOIN_S - 0.5 <= exit_s < EXIT_JOIN_S + 5.0
+
+
+def test_a_forked_child_starts_with_fresh_lanes() -> None:
+    """A lock a lane held at the fork stays held in the child for good: its exit, which
+    stops the lanes, would hang on it."""
+    import os
+    import time
+
+    from hotswap.engine import threads
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a lane thread inside the lane's lock
+        with threads.scheduler._cond:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: what its exit does
+        threads.stop_lanes()
+        os._exit(0 if not threads.join_all(1.0) else 1)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung stopping its lanes")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
