@@ -122,18 +122,24 @@ class Runtime:
         registry.shutdown(wait=wait)
         if not wait:
             return []
-        deadline = time.monotonic() + timeout_s
-        while True:
-            # Again each round: the pools' failed jobs queue their last steps on the
-            # scheduler (which then starts its thread again).
-            threads.stop_lanes()
-            running = threads.join_all(min(0.2, max(0.0, deadline - time.monotonic())))
-            if not running or time.monotonic() >= deadline:
-                break
+        running = _join_threads(timeout_s)
         if running:
             log.warning("hotswap: shutdown() left %d thread(s) running after %.0f s: %s",
                         len(running), timeout_s, ", ".join(running))
         return running
+
+
+def _join_threads(timeout_s: float) -> list[str]:
+    """Stop hotswap's lanes and wait up to ``timeout_s`` for its threads to end; the names of
+    those still running then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # Again each round: the pools' failed jobs queue their last steps on the scheduler
+        # (which then starts its thread again).
+        threads.stop_lanes()
+        running = threads.join_all(min(0.2, max(0.0, deadline - time.monotonic())))
+        if not running or time.monotonic() >= deadline:
+            return running
 
 
 runtime = Runtime()
@@ -153,12 +159,7 @@ def _at_exit() -> None:
     the modules it imports, so it runs before their exit handlers (pending stores, temporary
     files, the profile's timeline)."""
     runtime.shutdown(wait=False)
-    deadline = time.monotonic() + EXIT_JOIN_S
-    while True:  # again each round: the pools' failed jobs queue their last steps
-        threads.stop_lanes()
-        if not threads.join_all(min(0.1, max(0.0, deadline - time.monotonic()))) or (
-                time.monotonic() >= deadline):
-            return
+    _join_threads(EXIT_JOIN_S)
 
 
 atexit.register(_at_exit)

@@ -24,6 +24,7 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
 
+
 def descendants(pid: int) -> list[psutil.Process]:
     try:
         return list(psutil.Process(pid).children(recursive=True))
