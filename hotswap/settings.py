@@ -30,6 +30,10 @@ on them at once rather than in a worker or a background thread.
                                                             GPU each local worker uses, cycled
     HOTSWAP_WORKER_NICE             19                      compile workers' niceness, 0 to 19
     HOTSWAP_WORKER_IDLE             1                       compile workers under SCHED_IDLE, 0 or 1
+    HOTSWAP_WORKER_YIELD            caller                  whom lowered local workers yield to:
+                                                            caller (this process; raised while
+                                                            other processes crowd them out) or
+                                                            all
     HOTSWAP_WORKER_RSS_LIMIT_BYTES  (no limit)              a worker past it is killed, bytes > 0
     HOTSWAP_WORKER_IDLE_EXIT_S      300                     idle workers stop after it, seconds
                                                             >= 0 (0: never)
@@ -73,7 +77,8 @@ __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check
            "claim_ttl_s", "env_number", "executor", "gate_threshold", "gc_freeze", "log_level", "mode",
            "profile_dir", "pycache", "service", "service_dir", "service_idle_exit_s",
            "switch_interval_s", "tiers", "timeout_s", "worker_devices",
-           "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes", "workers"]
+           "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes",
+           "worker_yield", "workers"]
 
 T = TypeVar("T", int, float)
 
@@ -184,6 +189,14 @@ def worker_idle() -> bool:
                       default=1) == 1
 
 
+def worker_yield() -> str:
+    """HOTSWAP_WORKER_YIELD: "caller" or "all" (WorkerPool's ``yield_to``)."""
+    setting = os.environ.get("HOTSWAP_WORKER_YIELD", "").strip().lower() or "caller"
+    if setting not in ("caller", "all"):
+        raise ValueError(f"HOTSWAP_WORKER_YIELD must be 'caller' or 'all', got {setting!r}")
+    return setting
+
+
 def worker_rss_limit_bytes() -> int | None:
     return env_number("HOTSWAP_WORKER_RSS_LIMIT_BYTES", int, lambda v: v > 0,
                       "a number of bytes > 0")
@@ -251,7 +264,8 @@ def check_all() -> None:
     """Read every variable no option of ``hotswap.compile`` reads (ValueError naming the first
     malformed one), so that it fails at compile(), not in the first call or a background
     thread."""
-    for read in (workers, worker_nice, worker_idle, worker_rss_limit_bytes, cache_max_bytes,
+    for read in (workers, worker_nice, worker_idle, worker_yield, worker_rss_limit_bytes,
+                 cache_max_bytes,
                  switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s, service,
                  service_idle_exit_s, pycache, gc_freeze):
         read()

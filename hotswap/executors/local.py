@@ -37,7 +37,9 @@ RESET_IDLE_EXIT_S = 5.0
 class LocalPools:
     """The process's worker pools. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, yield_to: str | None = None) -> None:
+        # Whom the workers yield to (WorkerPool's ``yield_to``; None: HOTSWAP_WORKER_YIELD).
+        self._yield_to = yield_to
         # One pool per (worker count, worker devices).
         self._pools: dict[PoolKey, WorkerPool] = {}
         self._lock = threading.Lock()
@@ -141,7 +143,8 @@ class LocalPools:
     def _pool_locked(self, size: PoolKey) -> WorkerPool:
         pool = self._pools.get(size)
         if pool is None:
-            pool = self._pools[size] = _start_pool(*size)
+            pool = self._pools[size] = _start_pool(
+                *size, yield_to=self._yield_to or settings.worker_yield())
         return pool
 
     def running(self, size: PoolKey) -> WorkerPool | None:
@@ -253,7 +256,8 @@ def trace_dirs(slot: int) -> dict[str, str]:
             for var in ("TORCH_TRACE", "TORCH_DTRACE") if os.environ.get(var)}
 
 
-def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
+def _start_pool(size: int, devices: tuple[str, ...] = (), *, yield_to: str = "caller"
+                ) -> WorkerPool:
     # Inductor's own parallel compile would put several processes per worker on a few cores;
     # share the cores out instead, unless the user chose.
     threads = str(max(1, (os.cpu_count() or 1) // size))
@@ -280,6 +284,6 @@ def _start_pool(size: int, devices: tuple[str, ...] = ()) -> WorkerPool:
     pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
                       warm_modules=("torch", "torch._inductor.compile_fx",
                                     WARM_DEVICE_JOB, WARM_COMPILE_JOB),
-                      measures=MEASURES)
+                      measures=MEASURES, yield_to=yield_to)
     pool.start()
     return pool

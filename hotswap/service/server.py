@@ -95,7 +95,8 @@ class Service:
         self.first_job_within_s = first_job_within_s
         self._had_job = False
         self._key = authkey(place, create=True)
-        self._pools = LocalPools()
+        # Its workers yield to every process: its callers are the other processes.
+        self._pools = LocalPools(yield_to="all")
         self._executor = LocalExecutor(workers, (), shared=self._pools)
         self._lock = threading.Lock()
         self._connections = 0  # being served (a job's among them)

@@ -36,6 +36,7 @@ class PoolConfig:
     nice: int = 0
     idle: bool = False
     measures: frozenset[str] = frozenset()  # WorkerPool's ``measures``
+    yield_to: str = "caller"  # WorkerPool's ``yield_to``
 
 
 @dataclass

@@ -84,7 +84,7 @@ class Manager:
         self._last_start_s: float | None = None  # how long the last worker's start took
         self._mean_job_s: float | None = None  # the recent jobs' time (a moving average)
         self._selector = selectors.DefaultSelector()
-        self.cpu = CpuWatch(config.nice, config.idle)  # starvation.py
+        self.cpu = CpuWatch(config.nice, config.idle, config.yield_to)  # starvation.py
         self.watchdog = Watchdog(config, self.cpu)       # watchdog.py
 
     def ready_count(self) -> int:

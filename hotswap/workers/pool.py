@@ -20,6 +20,7 @@ from typing import Any
 
 from hotswap import settings
 from hotswap.errors import PoolClosed, SerializationFailed
+from hotswap.system.starvation import YIELD_TO
 from hotswap.workers.child import resolve_job
 from hotswap.workers.future import JobFuture, WorkerInfo
 from hotswap.workers.inbox import Inbox, Job, PoolConfig, WorkerEnv
@@ -71,7 +72,11 @@ class WorkerPool:
     ``idle`` gives them only the CPU nothing else wants: on Linux in a cgroup of their own with
     ``cpu.idle=1`` where the caller may make one, else under the ``SCHED_IDLE`` policy
     (elsewhere it does nothing), so a thread of the caller that wakes takes their core at
-    once. ``priority_note()`` says which.
+    once. ``priority_note()`` says which. ``yield_to``: whom lowered workers yield to.
+    ``"caller"`` (this process): in the idle group they yield to every process, so one that
+    other processes crowd out of its share while it has a job is raised until the job ends,
+    as one the caller starves is (system/starvation.py). ``"all"``: only a starved one is
+    (the compile service's pool: its callers are other processes).
     ``warm_modules`` are imported by each worker before it reports ready; an entry
     ``"module:function"`` is a warm-up step beyond imports, called (with ``None``) after the
     worker reports ready, in order, until a job arrives: a job never waits for more than the
@@ -105,6 +110,7 @@ class WorkerPool:
         nice: int = 0,
         idle: bool = False,
         measures: Iterable[str] = (),
+        yield_to: str = "caller",
     ) -> None:
         if workers is None:
             workers = default_workers()
@@ -122,6 +128,9 @@ class WorkerPool:
                              f"got {nice!r}")
         if not isinstance(idle, bool):
             raise ValueError(f"idle must be a bool, got {idle!r}")
+        if yield_to not in YIELD_TO:
+            raise ValueError(f"yield_to must be one of {', '.join(map(repr, YIELD_TO))}, got "
+                             f"{yield_to!r}")
         if isinstance(measures, str):
             raise ValueError(f"measures must be a collection of job names, got the string "
                              f"{measures!r}; pass [{measures!r}]")
@@ -134,7 +143,7 @@ class WorkerPool:
         self.num_workers = workers
         self.rss_limit_bytes = rss_limit_bytes
         self._config = PoolConfig(workers, rss_limit_bytes, worker_env, list(warm_modules),
-                                  rss_poll_s, ready_timeout_s, nice, idle, measures)
+                                  rss_poll_s, ready_timeout_s, nice, idle, measures, yield_to)
         self._inbox: Inbox | None = None
         self._manager: Manager | None = None
         self._thread: threading.Thread | None = None

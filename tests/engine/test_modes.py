@@ -240,7 +240,7 @@ def test_invalid_options_raise_value_error_at_compile(kwargs: dict[str, Any], ne
     ("HOTSWAP_CACHE_MAX_BYTES", "-1"), ("HOTSWAP_WORKERS", "0"), ("HOTSWAP_WORKER_NICE", "25"),
     ("HOTSWAP_WORKER_IDLE", "yes"), ("HOTSWAP_WORKER_RSS_LIMIT_BYTES", "lots"),
     ("HOTSWAP_SWITCH_INTERVAL_S", "2"), ("HOTSWAP_LOG", "loud"),
-    ("HOTSWAP_WORKER_IDLE_EXIT_S", "-1")])
+    ("HOTSWAP_WORKER_IDLE_EXIT_S", "-1"), ("HOTSWAP_WORKER_YIELD", "nobody")])
 def test_every_hotswap_variable_is_checked_at_compile(monkeypatch: pytest.MonkeyPatch,
                                                       name: str, value: str) -> None:
     monkeypatch.setenv(name, value)

@@ -136,13 +136,14 @@ ENV = ["HOTSWAP_MODE", "HOTSWAP_TIERS", "HOTSWAP_WORKERS", "HOTSWAP_CACHE_DIR",
        "HOTSWAP_TIMEOUT_S", "HOTSWAP_GATE_THRESHOLD", "HOTSWAP_PROFILE_DIR", "HOTSWAP_EXECUTOR",
        "HOTSWAP_CACHE_URL", "HOTSWAP_WORKER_DEVICES", "HOTSWAP_WORKER_NICE", "HOTSWAP_WORKER_IDLE",
        "HOTSWAP_WORKER_RSS_LIMIT_BYTES", "HOTSWAP_CACHE_MAX_BYTES", "HOTSWAP_SWITCH_INTERVAL_S",
-       "HOTSWAP_LOG", "HOTSWAP_WORKER_IDLE_EXIT_S", "HOTSWAP_CLAIM_TTL_S", "HOTSWAP_GC_FREEZE"]
+       "HOTSWAP_LOG", "HOTSWAP_WORKER_IDLE_EXIT_S", "HOTSWAP_CLAIM_TTL_S", "HOTSWAP_GC_FREEZE",
+       "HOTSWAP_WORKER_YIELD"]
 # What an environment variable can hold: text without NUL (and without lone surrogates).
 env_text = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"),
                    max_size=24)
 env_values = env_text | st.sampled_from(
     ["1", "0", "-1", "1e999", "nan", "inf", " 2 ", "0x10", "1_000", "\u0661", "9" * 5000, "info", "off",
-     "default,max-autotune", "cuda:0", "0.5", "async"])
+     "default,max-autotune", "cuda:0", "0.5", "async", "caller", "all"])
 
 
 @contextlib.contextmanager

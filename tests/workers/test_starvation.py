@@ -16,7 +16,14 @@ import psutil
 import pytest
 
 from hotswap.system import proctree
-from hotswap.system.starvation import STARVED_SHARE, CpuWatch
+from hotswap.system.starvation import (
+    CROWDED_BY,
+    CROWDED_SHARE,
+    STARVED_AFTER_S,
+    STARVED_SHARE,
+    CpuWatch,
+    OtherLoad,
+)
 from hotswap.testing.load import Spinners
 from hotswap.workers import WorkerPool
 from hotswap.workers.future import JobFuture
@@ -65,7 +72,7 @@ def test_a_starved_job_is_raised_then_lowered_again(caplog: pytest.LogCaptureFix
         caplog.clear()  # what the busy spell did, alone
         with busy_cores():
             pid, how = pool.submit(J + "burn", 1.0).result(timeout=90)
-        hints = [r.getMessage() for r in caplog.records if "every core busy" in r.getMessage()]
+        hints = [r.getMessage() for r in caplog.records if "compile workers got" in r.getMessage()]
         if not hints:
             _not_starved(how)
         assert how == _raised()  # it finished raised
@@ -94,7 +101,7 @@ def test_where_the_os_refuses_the_job_restarts_at_normal_priority(
         caplog.clear()  # what the busy spell did, alone
         with busy_cores():
             pid, how = pool.submit(J + "burn", 1.0).result(timeout=120)
-        if "every core busy" not in caplog.text:
+        if "compile workers got" not in caplog.text:
             _not_starved(how)
         assert pid != first and how == _raised()
     assert "the OS refused to raise their priority" in caplog.text
@@ -106,7 +113,7 @@ def test_a_worker_starving_at_its_start_is_raised_for_a_caller_waiting_on_it(
     raised, and lowered again once it is ready (no job waits for it)."""
     with busy_cores(), WorkerPool(1, warm_modules=(), nice=19, idle=True) as pool:
         assert pool.wait_ready(60)
-        if "every core busy" not in caplog.text:
+        if "compile workers got" not in caplog.text:
             pytest.skip("the starting worker was not starved this time: nothing to raise")
         [worker] = pool.worker_pids()
         assert jobs.is_idle(jobs.lowered_pid(worker), os.getpid())
@@ -128,6 +135,106 @@ def test_an_idle_caller_leaves_the_workers_low() -> None:
             # theirs starved the worker now and then (1.3 to 1.6 cores on 2 seen raise it).
             pytest.skip(f"other processes used {others:.1f} cores while the job ran")
         assert how == lowered and jobs.is_idle(how, os.getpid()) and pool.cpu_note() == ""
+
+
+class _Load:
+    """A scripted ``OtherLoad``: the cores other processes used, whatever the window."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores = cores
+
+    def sample(self, now: float) -> None:
+        pass
+
+    def cores_since(self, start: float) -> float:
+        return self.cores
+
+
+def _polls(cpu: CpuWatch, monkeypatch: pytest.MonkeyPatch, share: float,
+           others: float) -> list[tuple[int, float]]:
+    """Poll ``cpu`` over STARVED_AFTER_S for one worker that gets ``share`` of a core while
+    other processes use ``others`` cores; what the last poll found starved."""
+    used = {"cpu": 0.0}
+    monkeypatch.setattr(proctree, "tree_cpu_s", lambda pid: used["cpu"])
+    if cpu.others is not None:
+        cpu.others = _Load(others)  # type: ignore[assignment]
+    found: list[tuple[int, float]] = []
+    now = 100.0
+    while now <= 100.0 + STARVED_AFTER_S + 0.5:
+        found = cpu.starved(now, {4242})
+        now += 0.5
+        used["cpu"] += 0.5 * share
+    return found
+
+
+@pytest.mark.parametrize(("share", "others", "raised"), [
+    (0.4, 1.2, True),    # crowded out by another job: raised
+    (0.4, 0.2, False),   # others nearly idle: the caller's load, and 0.4 is no starvation
+    (0.6, 1.9, False),   # a fair share beside the other job: left low
+    (0.1, 0.0, True),    # starved, whoever does it
+])
+def test_a_worker_other_processes_crowd_out_is_raised_when_it_yields_to_the_caller(
+        monkeypatch: pytest.MonkeyPatch, share: float, others: float, raised: bool) -> None:
+    """yield_to="caller": a worker under CROWDED_SHARE of a core while processes other than
+    the caller's tree use CROWDED_BY cores or more is raised, and says why; "all" raises only
+    a starved one."""
+    assert STARVED_SHARE < CROWDED_SHARE and CROWDED_BY <= 1.0
+    cpu = CpuWatch(19, True, "caller")
+    found = _polls(cpu, monkeypatch, share, others)
+    assert [pid for pid, _ in found] == ([4242] if raised else [])
+    if raised:
+        [(_, got)] = found
+        assert got == pytest.approx(share)
+        monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: True)
+        assert cpu.raise_worker(4242, got, STARVED_AFTER_S)
+        crowded = others >= CROWDED_BY
+        assert (f"other processes used {others:.1f} cores" in cpu.note) == crowded
+        assert ("share the cores with that work" in cpu.note) == crowded
+        assert ("the cores were busy" in cpu.note) != crowded
+    everyone = CpuWatch(19, True, "all")
+    assert everyone.others is None
+    assert bool(_polls(everyone, monkeypatch, share, others)) == (share < STARVED_SHARE)
+
+
+def test_a_worker_crowded_out_says_so_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = CpuWatch(19, True, "caller")
+    monkeypatch.setattr(proctree, "tree_cpu_s", lambda pid: 0.0 if cpu.next_poll_s < 100.6
+                        else 0.4)
+    cpu.others = _Load(1.5)  # type: ignore[assignment]
+    assert cpu.starved(100.0, {7}) == [] and cpu.starved(101.0, {7}) == []
+    assert cpu.note == (f"waiting on CPU: compile workers got under {CROWDED_SHARE:.0%} of a "
+                        "core for 1.0 s while other processes used 1.5 cores")
+
+
+def test_other_load_counts_other_processes_not_this_one_or_its_children() -> None:
+    """Another process's spinning counts; this process's own threads and children do not."""
+    spin = "import time\nend = time.monotonic() + 20.0\nwhile time.monotonic() < end: pass\n"
+    # A child of ours (our tree) and an orphan (another process's, once its parent exits).
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    launcher = subprocess.run(
+        [sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
+         f"[sys.executable, '-c', {spin!r}], start_new_session=True, "
+         "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
+        capture_output=True, text=True, check=True)
+    orphan = psutil.Process(int(launcher.stdout))
+    try:
+        load, before = OtherLoad(), sum(orphan.cpu_times()[:2])
+        start = time.monotonic()
+        load.sample(start)
+        time.sleep(1.5)
+        load.sample(time.monotonic())
+        others = load.cores_since(start)
+        orphan_share = (sum(orphan.cpu_times()[:2]) - before) / (time.monotonic() - start)
+        child_share = _cpu_share(child.pid, 0.5)
+    finally:
+        child.kill()
+        child.wait()
+        orphan.kill()
+    # On 2 cores the two spinners split them: the orphan's share counts (other processes of
+    # the machine add to it), our child's does not.
+    assert orphan_share > 0.3 and child_share > 0.3
+    assert others >= 0.8 * orphan_share
+    assert others <= len(os.sched_getaffinity(0)) - 0.8 * child_share
 
 
 def _not_starved(how: tuple[int, int, str]) -> None:
@@ -245,3 +352,32 @@ def test_the_local_pool_and_the_service_queue_benchmark_jobs_as_measurements() -
         pool.shutdown()
     assert server.runner_for(BENCH_JOB) == MEASURE_PICKLED
     assert server.runner_for("hotswap.jobs.compile:compile_graph") == server.RUN_PICKLED
+
+
+def test_local_workers_yield_to_their_caller_and_the_services_to_every_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whom lowered workers yield to: the local pool's, to the process they compile for
+    (HOTSWAP_WORKER_YIELD, default "caller"); the compile service's, whose callers are other
+    processes, to all."""
+    from hotswap.executors import local
+    from hotswap.service import server
+    from hotswap.service.place import Place
+
+    monkeypatch.delenv("HOTSWAP_WORKER_YIELD", raising=False)
+    for setting, expected in ((None, "caller"), ("all", "all"), ("caller", "caller")):
+        if setting is not None:
+            monkeypatch.setenv("HOTSWAP_WORKER_YIELD", setting)
+        pools = local.LocalPools()
+        try:
+            pool = pools.pool(local.key(1, ()))
+            assert pool._config.yield_to == expected
+            assert (pool._manager is not None
+                    and (pool._manager.cpu.others is not None) == (expected == "caller"))
+        finally:
+            pools.shutdown()
+    folder = tmp_path / "svc"
+    folder.mkdir(mode=0o700)
+    service = server.Service(Place(folder, "stamp"), idle_exit_s=10.0)
+    assert service._pools._yield_to == "all"
+    with pytest.raises(ValueError, match="yield_to must be one of 'caller', 'all'"):
+        WorkerPool(1, yield_to="everyone")
