@@ -47,15 +47,16 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import resource
 import threading
-
-import psutil
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from hotswap.system import proctree
 from hotswap.system.priority import WorkerPriority
 
 __all__ = ["CROWDED_BY", "CROWDED_SHARE", "POLL_S", "STARVED_AFTER_S", "STARVED_SHARE",
-           "STOPPED_GRACE_S", "YIELD_TO", "CpuWatch", "OtherLoad"]
+           "STOPPED_GRACE_S", "YIELD_TO", "CpuWatch", "MachineLoad"]
 
 log = logging.getLogger("hotswap")
 
@@ -84,10 +85,10 @@ class CpuWatch:
         self.next_poll_s = 0.0
         self._samples: dict[int, tuple[float, float]] = {}  # pid -> (time, cpu seconds)
         self._starved_since: dict[int, float] = {}
-        # yield_to="caller": what other processes use, and the cores they used while a
-        # worker now under its share was (None: under CROWDED_BY).
-        self.others = OtherLoad() if yield_to == "caller" else None
-        self._crowded_by: dict[int, float | None] = {}
+        # yield_to="caller" on lowered workers: the machine's load over the polls, and why a
+        # worker about to be raised was crowded out ((others' cores, this process's cores)).
+        self.load = MachineLoad.here() if yield_to == "caller" and self.lowered else None
+        self._crowded_by: dict[int, tuple[float, float]] = {}
         self._raised: set[int] = set()
         self._lock = threading.Lock()
         self._note = ""
@@ -99,70 +100,76 @@ class CpuWatch:
             return self._note
 
     def starved(self, now: float, needed: set[int]) -> list[tuple[int, float]]:
-        """Poll: the needed workers starved for ``STARVED_AFTER_S`` (raised ones too), with
-        their share of a core over that time. Workers no longer needed are forgotten."""
+        """Poll: the needed workers starved for ``STARVED_AFTER_S`` (raised ones too), or
+        crowded out by other processes over the last ``STARVED_AFTER_S`` (``yield_to=
+        "caller"``; not raised ones), with their share of a core over that time. Workers no
+        longer needed are forgotten."""
         self.next_poll_s = now + POLL_S
         for pid in set(self._samples) - needed:
             self._samples.pop(pid, None)
             self._starved_since.pop(pid, None)
-            self._crowded_by.pop(pid, None)
-        if self.others is not None and needed:
-            self.others.sample(now)
         found = []
-        for pid in needed:
-            cpu = proctree.tree_cpu_s(pid)
+        used = {pid: proctree.tree_cpu_s(pid) for pid in needed}
+        if self.load is not None and needed:
+            self.load.sample(now, used)
+        for pid, cpu in used.items():
             before = self._samples.get(pid)
             if before is None or now - before[0] <= 0:
                 self._samples[pid] = (now, cpu)
                 continue
             share = (cpu - before[1]) / (now - before[0])
-            others = self.others.cores_since(before[0]) if self.others is not None else 0.0
-            crowded = others >= CROWDED_BY and share < CROWDED_SHARE
-            if share >= STARVED_SHARE and not crowded:
+            crowded = (self.load.crowded(pid) if self.load is not None and pid not in self._raised
+                       else None)
+            if crowded is not None:
+                share, others, own = crowded
+                self._crowded_by[pid] = (others, own)
+                found.append((pid, share))
+                continue
+            if share >= STARVED_SHARE:
                 self._samples[pid] = (now, cpu)
                 self._starved_since.pop(pid, None)
-                self._crowded_by.pop(pid, None)
                 continue
             since = self._starved_since.setdefault(pid, before[0])
-            self._crowded_by[pid] = others if others >= CROWDED_BY else None
             if now - since >= STARVED_AFTER_S:
                 found.append((pid, share))
         if not self._raised and not self._starved_since:
             self._set_note("")
         elif self._starved_since and not self._raised:
             waited = max(now - s for s in self._starved_since.values())
-            crowded_by = [c for c in self._crowded_by.values() if c is not None]
-            self._set_note(
-                f"waiting on CPU: compile workers got under {CROWDED_SHARE:.0%} of a core for "
-                f"{waited:.1f} s while other processes used {max(crowded_by):.1f} cores"
-                if crowded_by and len(crowded_by) == len(self._crowded_by) else
-                f"waiting on CPU: compile workers got under {STARVED_SHARE:.0%} of a core for "
-                f"{waited:.1f} s (the cores are busy)")
+            self._set_note(f"waiting on CPU: compile workers got under {STARVED_SHARE:.0%} of a "
+                           f"core for {waited:.1f} s (the cores are busy)")
         return found
 
     def raise_worker(self, pid: int, share: float, waited_s: float) -> bool:
-        """Raise a starved worker to normal priority; False where the OS refused (the caller
-        then restarts its job on a worker started at normal priority)."""
+        """Raise a starved or crowded-out worker to normal priority; False where the OS refused
+        a starved one (the caller then restarts its job on a worker started at normal
+        priority). A crowded-out one the OS will not raise keeps its job, lowered: it still
+        gets a share, and restarting would lose its work."""
         raised = self.priority.raise_tree(pid)
-        crowded_by = self._crowded_by.get(pid)
+        crowded_by = self._crowded_by.pop(pid, None)
         if raised:
             self._raised.add(pid)
             action = "raised them to the caller's priority until their job ends"
             if crowded_by is not None:
                 action += ", to share the cores with that work as a compile in this process would"
+        elif crowded_by is not None:
+            self.load = None  # not again: the OS refuses
+            action = ("the OS refused to raise their priority (CAP_SYS_NICE or RLIMIT_NICE); "
+                      "they stay lowered")
         else:
             self.priority.normal_start = True
             action = ("the OS refused to raise their priority (CAP_SYS_NICE or RLIMIT_NICE); "
                       "restarting the job on a worker at normal priority")
-        why = (f"other processes used {crowded_by:.1f} cores" if crowded_by is not None
-               else "the cores were busy")
-        message = f"compile workers got {share:.0%} of a core for {waited_s:.1f} s while {why}; {action}"
+        why = (f"other processes kept the cores busy ({crowded_by[0]:.1f} cores; this process "
+               f"{crowded_by[1]:.1f})" if crowded_by is not None else "the cores were busy")
+        message = (f"compile workers got {share:.0%} of a core for {waited_s:.1f} s while {why}; "
+                   f"{action}")
         self._set_note(f"waiting on CPU: {message}")
         if not self._warned:
             self._warned = True
-            log.warning("hotswap: %s (HOTSWAP_WORKER_NICE / HOTSWAP_WORKER_IDLE set the "
-                        "workers' priority)", message)
-        return raised
+            log.warning("hotswap: %s (HOTSWAP_WORKER_NICE, HOTSWAP_WORKER_IDLE and "
+                        "HOTSWAP_WORKER_YIELD set the workers' priority)", message)
+        return raised or crowded_by is not None
 
     def is_raised(self, pid: int) -> bool:
         return pid in self._raised
@@ -171,15 +178,18 @@ class CpuWatch:
         """Lower a raised worker again once its job is over (never refused)."""
         if pid in self._raised:
             self.priority.lower_tree(pid)
-        self.forget(pid)
+        self.forget(pid, exited=False)
 
-    def forget(self, pid: int) -> None:
+    def forget(self, pid: int, *, exited: bool = True) -> None:
         """The worker exited (a raised one too, before its job or readiness ended): a pid
-        the OS reuses for a new worker starts afresh."""
+        the OS reuses for a new worker starts afresh. (``exited=False``: its job ended; the
+        load's window keeps what it used, the caller's work.)"""
         self._raised.discard(pid)
         self._samples.pop(pid, None)
         self._starved_since.pop(pid, None)
         self._crowded_by.pop(pid, None)
+        if self.load is not None and exited:
+            self.load.forget(pid)
         if not self._raised and not self._starved_since:
             self._set_note("")
 
@@ -191,39 +201,111 @@ class CpuWatch:
             self._note = note
 
 
-class OtherLoad:
-    """The CPU that processes other than this one and its descendants (the caller, its
-    workers, their compilers) use on the cores this process may run on, from the polls'
-    samples: ``sample(now)`` on each poll, ``cores_since(t)`` over the polls since ``t``."""
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    time: float
+    busy_s: float    # this process's cores, not idle (user, nice, system)
+    idle_s: float    # this process's cores, idle (idle, iowait)
+    own_s: float     # this process's threads (not its children)
+    workers: dict[int, float]  # watched worker pid -> its tree's CPU seconds
 
-    def __init__(self) -> None:
-        # (time, busy CPU seconds of those cores, this process tree's CPU seconds), one per poll
-        self._samples: collections.deque[tuple[float, float, float]] = collections.deque(
-            maxlen=64)
 
-    def sample(self, now: float) -> None:
+class MachineLoad:
+    """The load of the cores this process may run on, one sample per poll, and who made it:
+    this process's own threads (the caller), its watched workers' trees, everyone else.
+
+    ``crowded(pid)``: over the last ``STARVED_AFTER_S`` (the same window for every worker),
+    worker ``pid`` got under ``CROWDED_SHARE`` of a core, the cores had no idle time it could
+    have used, and processes other than this one and its watched workers used ``CROWDED_BY``
+    cores or more. Children of this process that are not its workers count as other
+    processes. Linux only (``/proc/stat``): ``here()`` is None elsewhere."""
+
+    def __init__(self, read_cores: Callable[[], tuple[float, float]],
+                 read_own: Callable[[], float] | None = None) -> None:
+        self._read_cores = read_cores
+        self._read_own = read_own or _own_cpu_s
+        self._samples: collections.deque[_Sample] = collections.deque()
+
+    @classmethod
+    def here(cls) -> MachineLoad | None:
         try:
-            per_core = psutil.cpu_times(percpu=True)
-            cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        except OSError:
+            cores = frozenset(os.sched_getaffinity(0))
+            _proc_stat(cores)
+        except (AttributeError, OSError, ValueError):
+            return None
+        return cls(lambda: _proc_stat(cores))
+
+    def sample(self, now: float, workers: dict[int, float]) -> None:
+        try:
+            busy, idle = self._read_cores()
+        except (OSError, ValueError):
             return
-        busy = sum(_busy_s(times) for core, times in enumerate(per_core)
-                   if cores is None or core in cores)
-        self._samples.append((now, busy, proctree.tree_cpu_s(os.getpid())))
+        if self._samples and now - self._samples[-1].time > STARVED_AFTER_S / 2:
+            self._samples.clear()  # polls stopped meanwhile (no job): a new window
+        self._samples.append(_Sample(now, busy, idle, self._read_own(), dict(workers)))
+        # Keep the newest sample at least a window old, and none older.
+        while len(self._samples) > 2 and self._samples[1].time <= now - STARVED_AFTER_S:
+            self._samples.popleft()
 
-    def cores_since(self, start: float) -> float:
-        """Cores the others used from the last sample at or before ``start`` (else the first)
-        to the last one; 0 without two samples."""
+    def crowded(self, pid: int) -> tuple[float, float, float] | None:
+        """(its share of a core, others' cores, this process's cores) over the window where
+        other processes crowded worker ``pid`` out (see the class), else None."""
+        window = self.window(pid)
+        if window is None:
+            return None
+        share, idle, others, own = window
+        if share >= CROWDED_SHARE or idle >= CROWDED_SHARE - share or others < CROWDED_BY:
+            return None
+        return share, others, own
+
+    def window(self, pid: int) -> tuple[float, float, float, float] | None:
+        """Over the last ``STARVED_AFTER_S``, in cores: (worker ``pid``'s share, the idle
+        time, other processes', this process's own); None unless it was watched (had a job,
+        or started while one waited) the whole window."""
         if len(self._samples) < 2:
-            return 0.0
-        first = next((s for s in reversed(self._samples) if s[0] <= start), self._samples[0])
-        last = self._samples[-1]
-        if last[0] <= first[0]:
-            return 0.0
-        return max(0.0, ((last[1] - first[1]) - (last[2] - first[2])) / (last[0] - first[0]))
+            return None
+        first, last = self._samples[0], self._samples[-1]
+        elapsed = last.time - first.time
+        if elapsed < STARVED_AFTER_S or any(pid not in s.workers for s in self._samples):
+            return None  # not a whole window, or not watched all along (between two jobs)
+        # Every watched worker's CPU in the window, to its last sample (a job that ended
+        # meanwhile counts as the caller's work, not as others').
+        workers = sum(next(s.workers[p] for s in reversed(self._samples) if p in s.workers)
+                      - first.workers[p] for p in first.workers)
+        own = (last.own_s - first.own_s) / elapsed
+        return ((last.workers[pid] - first.workers[pid]) / elapsed,
+                (last.idle_s - first.idle_s) / elapsed,
+                (last.busy_s - first.busy_s - workers) / elapsed - own, own)
+
+    def forget(self, pid: int) -> None:
+        """A worker that exited or was killed: a reused pid must not pair with its samples."""
+        for sample in self._samples:
+            sample.workers.pop(pid, None)
 
 
-def _busy_s(times: object) -> float:
-    """A core's CPU seconds not idle (iowait is idle; steal is another machine's)."""
-    return float(sum(getattr(times, name, 0.0)
-                     for name in ("user", "nice", "system", "irq", "softirq")))
+def _own_cpu_s() -> float:
+    """This process's CPU seconds, all its threads (not its children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _proc_stat(cores: frozenset[int]) -> tuple[float, float]:
+    """(busy, idle) CPU seconds of ``cores`` since boot, from /proc/stat's ``cpuN`` lines
+    (interrupt and steal time in neither)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = idle = 0.0
+    found = False
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if not line.startswith(b"cpu") or line.startswith(b"cpu "):
+                continue
+            name, *fields = line.split()
+            if int(name[3:]) not in cores:
+                continue
+            values = [int(v) for v in fields[:5]]  # user nice system idle iowait
+            busy += values[0] + values[1] + values[2]
+            idle += values[3] + values[4]
+            found = True
+    if not found:
+        raise ValueError("/proc/stat names none of this process's cores")
+    return busy / tick, idle / tick

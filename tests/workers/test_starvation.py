@@ -18,11 +18,12 @@ import pytest
 from hotswap.system import proctree
 from hotswap.system.starvation import (
     CROWDED_BY,
-    CROWDED_SHARE,
+    POLL_S,
     STARVED_AFTER_S,
     STARVED_SHARE,
+    YIELD_TO,
     CpuWatch,
-    OtherLoad,
+    MachineLoad,
 )
 from hotswap.testing.load import Spinners
 from hotswap.workers import WorkerPool
@@ -137,104 +138,210 @@ def test_an_idle_caller_leaves_the_workers_low() -> None:
         assert how == lowered and jobs.is_idle(how, os.getpid()) and pool.cpu_note() == ""
 
 
-class _Load:
-    """A scripted ``OtherLoad``: the cores other processes used, whatever the window."""
+class _Machine:
+    """A scripted 2-core machine for ``MachineLoad``: each ``tick`` adds ``dt`` seconds of
+    busy and idle core time and of this process's own CPU time."""
 
-    def __init__(self, cores: float) -> None:
-        self.cores = cores
+    def __init__(self) -> None:
+        self.busy = self.idle = self.own = 0.0
 
-    def sample(self, now: float) -> None:
-        pass
+    def load(self) -> MachineLoad:
+        return MachineLoad(lambda: (self.busy, self.idle), lambda: self.own)
 
-    def cores_since(self, start: float) -> float:
-        return self.cores
+    def tick(self, dt: float, *, idle: float, own: float) -> None:
+        self.busy += (2.0 - idle) * dt
+        self.idle += idle * dt
+        self.own += own * dt
 
 
-def _polls(cpu: CpuWatch, monkeypatch: pytest.MonkeyPatch, share: float,
-           others: float) -> list[tuple[int, float]]:
-    """Poll ``cpu`` over STARVED_AFTER_S for one worker that gets ``share`` of a core while
-    other processes use ``others`` cores; what the last poll found starved."""
+def _run(load: MachineLoad, machine: _Machine, seconds: float, shares: dict[int, float], *,
+         idle: float, own: float, start: float = 100.0) -> float:
+    """Poll ``load`` every POLL_S for ``seconds``, the workers getting ``shares``; the time
+    of the last poll."""
+    used = dict.fromkeys(shares, 0.0)
+    now = start
+    while True:
+        load.sample(now, used)
+        if now - start >= seconds - 1e-9:
+            return now
+        now += POLL_S
+        machine.tick(POLL_S, idle=idle, own=own)
+        used = {pid: cpu + shares[pid] * POLL_S for pid, cpu in used.items()}
+
+
+@pytest.mark.parametrize(("share", "idle", "own", "crowded"), [
+    (0.4, 0.0, 0.5, True),    # others use 2 - 0.5 - 0.4 = 1.1 cores, nothing idle: crowded out
+    (0.4, 0.3, 0.5, False),   # idle time it did not take: not CPU-bound, nothing to raise
+    (0.4, 0.0, 1.5, False),   # the caller's own threads took the cores (the starved rule's)
+    (0.6, 0.0, 0.2, False),   # a fair share beside the others
+])
+def test_a_worker_is_crowded_out_only_by_other_processes_on_saturated_cores(
+        share: float, idle: float, own: float, crowded: bool) -> None:
+    machine = _Machine()
+    load = machine.load()
+    _run(load, machine, STARVED_AFTER_S, {7: share}, idle=idle, own=own)
+    got = load.crowded(7)
+    if not crowded:
+        assert got is None
+        return
+    assert got is not None
+    assert got[0] == pytest.approx(share) and got[2] == pytest.approx(own)
+    assert got[1] == pytest.approx(2.0 - idle - own - share) and got[1] >= CROWDED_BY
+
+
+def test_crowding_is_judged_over_a_whole_window_and_counts_every_worker_as_ours() -> None:
+    machine = _Machine()
+    load = machine.load()
+    # Not a whole window yet: nothing is judged.
+    last = _run(load, machine, STARVED_AFTER_S - POLL_S, {7: 0.0}, idle=0.0, own=0.0)
+    assert load.crowded(7) is None
+    # A worker that started mid-window is not judged either; one judged has its whole window.
+    _run(load, machine, STARVED_AFTER_S, {7: 0.0, 8: 0.0}, idle=0.0, own=0.0,
+         start=last + POLL_S)
+    assert load.crowded(7) is not None
+    # Two workers of the pool split the cores with the caller: neither crowds the other out.
+    machine = _Machine()
+    load = machine.load()
+    _run(load, machine, 2 * STARVED_AFTER_S, {7: 0.4, 8: 0.6}, idle=0.0, own=1.0)
+    assert load.crowded(7) is None
+    # A worker forgotten (exited; its pid may come back) is judged no more.
+    load.forget(8)
+    assert load.crowded(8) is None
+    # Between two jobs (one poll not watched), a worker's window starts again; so it does
+    # after polls stopped (no job anywhere).
+    for gap, watched in ((POLL_S, {}), (STARVED_AFTER_S, {7: 0.0})):
+        machine = _Machine()
+        load = machine.load()
+        last = _run(load, machine, STARVED_AFTER_S, {7: 0.0}, idle=0.0, own=0.0)
+        assert load.crowded(7) is not None
+        machine.tick(gap, idle=0.0, own=0.0)
+        load.sample(last + gap, watched)
+        assert load.crowded(7) is None
+        machine.tick(POLL_S, idle=0.0, own=0.0)
+        _run(load, machine, STARVED_AFTER_S - 2 * POLL_S, {7: 0.0}, idle=0.0, own=0.0,
+             start=last + gap + POLL_S)
+        assert load.crowded(7) is None
+
+
+def test_a_job_that_ended_in_the_window_counts_as_the_callers_work() -> None:
+    """Worker 8 used 1.1 cores until its last sample, half the window; then the caller took
+    that core. Counted to its last sample, the others used 0.1 cores; left out, 0.65 (its
+    time would be theirs) and worker 7 would look crowded out."""
+    machine = _Machine()
+    load = machine.load()
+    used = {7: 0.0, 8: 0.0}
+    steps = round(STARVED_AFTER_S / POLL_S)
+    for step in range(steps + 1):
+        load.sample(100.0 + step * POLL_S, used if step <= steps // 2 else {7: used[7]})
+        first_half = step < steps // 2
+        machine.tick(POLL_S, idle=0.0, own=0.4 if first_half else 1.5)
+        used = {7: used[7] + 0.4 * POLL_S, 8: used[8] + (1.1 if first_half else 0.0) * POLL_S}
+    assert load.window(7) == pytest.approx((0.4, 0.0, 0.1, 0.95))
+    assert load.crowded(7) is None
+
+
+def _watch(machine: _Machine, share: float, *, idle: float, own: float,
+           monkeypatch: pytest.MonkeyPatch, yield_to: str = "caller"
+           ) -> tuple[CpuWatch, list[tuple[int, float]]]:
+    """A CpuWatch of lowered workers polled over a window: one worker getting ``share``."""
+    cpu = CpuWatch(19, True, yield_to)
+    if cpu.load is not None:
+        cpu.load = machine.load()
     used = {"cpu": 0.0}
     monkeypatch.setattr(proctree, "tree_cpu_s", lambda pid: used["cpu"])
-    if cpu.others is not None:
-        cpu.others = _Load(others)  # type: ignore[assignment]
     found: list[tuple[int, float]] = []
     now = 100.0
-    while now <= 100.0 + STARVED_AFTER_S + 0.5:
+    while now <= 100.0 + STARVED_AFTER_S + 1e-9:
         found = cpu.starved(now, {4242})
-        now += 0.5
-        used["cpu"] += 0.5 * share
-    return found
+        now += POLL_S
+        machine.tick(POLL_S, idle=idle, own=own)
+        used["cpu"] += share * POLL_S
+    return cpu, found
 
 
-@pytest.mark.parametrize(("share", "others", "raised"), [
-    (0.4, 1.2, True),    # crowded out by another job: raised
-    (0.4, 0.2, False),   # others nearly idle: the caller's load, and 0.4 is no starvation
-    (0.6, 1.9, False),   # a fair share beside the other job: left low
-    (0.1, 0.0, True),    # starved, whoever does it
-])
-def test_a_worker_other_processes_crowd_out_is_raised_when_it_yields_to_the_caller(
-        monkeypatch: pytest.MonkeyPatch, share: float, others: float, raised: bool) -> None:
-    """yield_to="caller": a worker under CROWDED_SHARE of a core while processes other than
-    the caller's tree use CROWDED_BY cores or more is raised, and says why; "all" raises only
-    a starved one."""
-    assert STARVED_SHARE < CROWDED_SHARE and CROWDED_BY <= 1.0
-    cpu = CpuWatch(19, True, "caller")
-    found = _polls(cpu, monkeypatch, share, others)
-    assert [pid for pid, _ in found] == ([4242] if raised else [])
-    if raised:
-        [(_, got)] = found
-        assert got == pytest.approx(share)
-        monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: True)
-        assert cpu.raise_worker(4242, got, STARVED_AFTER_S)
-        crowded = others >= CROWDED_BY
-        assert (f"other processes used {others:.1f} cores" in cpu.note) == crowded
-        assert ("share the cores with that work" in cpu.note) == crowded
-        assert ("the cores were busy" in cpu.note) != crowded
-    everyone = CpuWatch(19, True, "all")
-    assert everyone.others is None
-    assert bool(_polls(everyone, monkeypatch, share, others)) == (share < STARVED_SHARE)
+def test_a_crowded_out_worker_is_raised_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, found = _watch(_Machine(), 0.4, idle=0.0, own=0.5, monkeypatch=monkeypatch)
+    [(pid, share)] = found
+    assert pid == 4242 and share == pytest.approx(0.4)
+    monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: True)
+    assert cpu.raise_worker(pid, share, STARVED_AFTER_S) and cpu.is_raised(pid)
+    assert "other processes kept the cores busy (1.1 cores; this process 0.5)" in cpu.note
+    assert "share the cores with that work" in cpu.note
+    # Raised, it is not found crowded again on the next poll.
+    assert cpu.starved(100.0 + STARVED_AFTER_S + POLL_S, {4242}) == []
+    # yield_to="all" (the compile service's workers) leaves it: 0.4 of a core is no starvation.
+    everyone, found = _watch(_Machine(), 0.4, idle=0.0, own=0.5, monkeypatch=monkeypatch,
+                             yield_to="all")
+    assert everyone.load is None and found == []
+    # As before, a starved one is raised whoever starves it, in both ways.
+    for way in YIELD_TO:
+        _, found = _watch(_Machine(), 0.1, idle=0.0, own=1.9, monkeypatch=monkeypatch,
+                          yield_to=way)
+        assert [pid for pid, _ in found] == [4242]
 
 
-def test_a_worker_crowded_out_says_so_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    cpu = CpuWatch(19, True, "caller")
-    monkeypatch.setattr(proctree, "tree_cpu_s", lambda pid: 0.0 if cpu.next_poll_s < 100.6
-                        else 0.4)
-    cpu.others = _Load(1.5)  # type: ignore[assignment]
-    assert cpu.starved(100.0, {7}) == [] and cpu.starved(101.0, {7}) == []
-    assert cpu.note == (f"waiting on CPU: compile workers got under {CROWDED_SHARE:.0%} of a "
-                        "core for 1.0 s while other processes used 1.5 cores")
+def test_a_crowded_out_worker_the_os_will_not_raise_keeps_its_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unlike a starved one, whose job starts over on a worker at normal priority: it still
+    gets a share, and restarting would lose its work. The watch stops asking."""
+    cpu, [(pid, share)] = _watch(_Machine(), 0.4, idle=0.0, own=0.5, monkeypatch=monkeypatch)
+    monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: False)
+    assert cpu.raise_worker(pid, share, STARVED_AFTER_S)  # keep it: not killed
+    assert not cpu.is_raised(pid) and not cpu.priority.normal_start and cpu.load is None
+    assert "they stay lowered" in cpu.note
 
 
-def test_other_load_counts_other_processes_not_this_one_or_its_children() -> None:
-    """Another process's spinning counts; this process's own threads and children do not."""
-    spin = "import time\nend = time.monotonic() + 20.0\nwhile time.monotonic() < end: pass\n"
-    # A child of ours (our tree) and an orphan (another process's, once its parent exits).
-    child = subprocess.Popen([sys.executable, "-c", spin])
-    launcher = subprocess.run(
-        [sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
-         f"[sys.executable, '-c', {spin!r}], start_new_session=True, "
-         "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
-        capture_output=True, text=True, check=True)
-    orphan = psutil.Process(int(launcher.stdout))
+def test_machine_load_counts_other_processes_and_not_this_ones_workers() -> None:
+    """On the real machine: spinners outside this process's tree crowd a sleeping worker out;
+    the same spinners as this process's watched workers do not."""
+    load = MachineLoad.here()
+    assert load is not None
+    cores = len(os.sched_getaffinity(0))
+    spin = "import time\nend = time.monotonic() + 30.0\nwhile time.monotonic() < end: pass\n"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    orphans = []
     try:
-        load, before = OtherLoad(), sum(orphan.cpu_times()[:2])
-        start = time.monotonic()
-        load.sample(start)
-        time.sleep(1.5)
-        load.sample(time.monotonic())
-        others = load.cores_since(start)
-        orphan_share = (sum(orphan.cpu_times()[:2]) - before) / (time.monotonic() - start)
-        child_share = _cpu_share(child.pid, 0.5)
+        for _ in range(cores):  # another process's, once their launcher exits
+            launched = subprocess.run(
+                [sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
+                 f"[sys.executable, '-c', {spin!r}], start_new_session=True, "
+                 "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
+                capture_output=True, text=True, check=True)
+            orphans.append(psutil.Process(int(launched.stdout)))
+        before = sum(sum(p.cpu_times()[:2]) for p in orphans)
+        mine = MachineLoad.here()  # the same polls, the spinners watched as its workers
+        assert mine is not None
+        windows = _sampled((load, mine), sleeper.pid, orphans)
+        spun = (sum(sum(p.cpu_times()[:2]) for p in orphans) - before) / STARVED_AFTER_S
+        [theirs, ours] = windows
+        assert theirs is not None and ours is not None
+        # The sleeper got nothing, the cores had no idle time to give it, and the spinners
+        # (most of the cores; whatever else runs on the machine adds to it) count as others'.
+        assert theirs[0] < 0.05 and theirs[1] < 0.45 and theirs[2] >= 0.9 * spun
+        assert load.crowded(sleeper.pid) is not None
+        # Watched as this process's workers, the same spinners are not others'.
+        assert ours[2] == pytest.approx(theirs[2] - spun, abs=0.25)
     finally:
-        child.kill()
-        child.wait()
-        orphan.kill()
-    # On 2 cores the two spinners split them: the orphan's share counts (other processes of
-    # the machine add to it), our child's does not.
-    assert orphan_share > 0.3 and child_share > 0.3
-    assert others >= 0.8 * orphan_share
-    assert others <= len(os.sched_getaffinity(0)) - 0.8 * child_share
+        sleeper.kill()
+        sleeper.wait()
+        for orphan in orphans:
+            with contextlib.suppress(psutil.Error):
+                orphan.kill()
+
+
+def _sampled(loads: tuple[MachineLoad, MachineLoad], pid: int, orphans: list[psutil.Process]
+             ) -> list[tuple[float, float, float, float] | None]:
+    """The window of worker ``pid`` after real polls over STARVED_AFTER_S, in both loads:
+    the first watches ``pid`` alone, the second the ``orphans`` too."""
+    start = time.monotonic()
+    while True:
+        now = time.monotonic()
+        cpu = {p.pid: sum(p.cpu_times()[:2]) for p in [psutil.Process(pid), *orphans]}
+        loads[0].sample(now, {pid: cpu[pid]})
+        loads[1].sample(now, cpu)
+        if now - start >= STARVED_AFTER_S:
+            return [load.window(pid) for load in loads]
+        time.sleep(POLL_S)
 
 
 def _not_starved(how: tuple[int, int, str]) -> None:
@@ -372,7 +479,7 @@ def test_local_workers_yield_to_their_caller_and_the_services_to_every_process(
             pool = pools.pool(local.key(1, ()))
             assert pool._config.yield_to == expected
             assert (pool._manager is not None
-                    and (pool._manager.cpu.others is not None) == (expected == "caller"))
+                    and (pool._manager.cpu.load is not None) == (expected == "caller"))
         finally:
             pools.shutdown()
     folder = tmp_path / "svc"
