@@ -47,7 +47,8 @@ def _doctor(args: argparse.Namespace) -> int:
     source_bytes = None
     t = time.monotonic()
     nice, idle = hotswap.runtime().worker_priority  # as compile workers run
-    with hotswap.WorkerPool(args.workers, nice=nice, idle=idle) as pool:
+    with hotswap.WorkerPool(args.workers, nice=nice, idle=idle,
+                            yield_to=settings.worker_yield()) as pool:
         ok = pool.wait_ready(timeout_s=args.timeout_s)
         pids = pool.worker_pids()
         if ok and plan.recompiles:  # what a start compiles: the sources a worker imported

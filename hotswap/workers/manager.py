@@ -100,7 +100,10 @@ class Manager:
         return self.cpu.note
 
     def priority_note(self) -> str:
-        return self.cpu.priority.note
+        note = self.cpu.priority.note
+        if note and self.cpu.load is not None:
+            note += "; raised while other processes crowd them out"
+        return note
 
     def reset_start_failures(self) -> None:
         """New demand gets a fresh round of start attempts (called under inbox.lock)."""

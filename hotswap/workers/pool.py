@@ -160,7 +160,9 @@ class WorkerPool:
     def priority_note(self) -> str:
         """How the workers yield the CPU to the caller, e.g. "cgroup v1 cpu.idle" (in a cgroup
         of their own), "autogroup + SCHED_IDLE" (where no cpu cgroup is ours to make; see
-        hotswap/system/priority.py); "" before a worker started."""
+        hotswap/system/priority.py), with "; raised while other processes crowd them out"
+        where they yield to the caller only (``yield_to="caller"``); "" before a worker
+        started."""
         return self._manager.priority_note() if self._manager is not None else ""
 
     @property

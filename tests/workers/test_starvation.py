@@ -480,6 +480,9 @@ def test_local_workers_yield_to_their_caller_and_the_services_to_every_process(
             assert pool._config.yield_to == expected
             assert (pool._manager is not None
                     and (pool._manager.cpu.load is not None) == (expected == "caller"))
+            pool.wait_ready(60)
+            assert pool.priority_note().endswith(
+                "; raised while other processes crowd them out") == (expected == "caller")
         finally:
             pools.shutdown()
     folder = tmp_path / "svc"
