@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Iterable
 
 import psutil
 
 __all__ = ["descendants", "is_stopped", "kill_tree", "set_tree_priority", "stopped",
-           "tree_cpu_s", "tree_rss_bytes", "usable_cores"]
+           "tree_cpu_s", "tree_rss_bytes", "trees_cpu_s", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -77,6 +78,35 @@ def tree_cpu_s(pid: int) -> float:
             times = proc.cpu_times()
             total += times.user + times.system + times.children_user + times.children_system
     return total
+
+
+def trees_cpu_s(pids: Iterable[int]) -> dict[int, float]:
+    """``tree_cpu_s`` of each of ``pids`` (0 for one that is gone), from one pass over the
+    machine's processes: each tree walk reads every process's parent."""
+    pids = set(pids)
+    if not pids:
+        return {}
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for proc in psutil.process_iter(["ppid", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is None or proc.info["ppid"] is None:
+            continue
+        parent[proc.pid] = proc.info["ppid"]
+        cpu[proc.pid] = (times.user + times.system + times.children_user
+                         + times.children_system)
+    children: dict[int, list[int]] = {}
+    for child, ppid in parent.items():
+        children.setdefault(ppid, []).append(child)
+    totals = {}
+    for pid in pids:
+        total, stack = 0.0, [pid] if pid in cpu else []
+        while stack:
+            node = stack.pop()
+            total += cpu.get(node, 0.0)
+            stack.extend(children.get(node, ()))
+        totals[pid] = total
+    return totals
 
 
 def is_stopped(proc: psutil.Process | int) -> bool:

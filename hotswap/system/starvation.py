@@ -31,10 +31,12 @@ beside another job (a test run on the 2-core box) the demo's worker got 0.2-0.5 
 its compile took 25.6 s instead of 10.5 s, and compiled code served 57.1 s from process start
 where plain torch.compile's first call, at normal priority beside the same job, returned
 after 21.9 s. So a pool that yields to the caller only (``yield_to="caller"``, the local
-pool's default) also raises a worker that got under ``CROWDED_SHARE`` of a core for
-``STARVED_AFTER_S`` while processes other than this one and its descendants used at least
-``CROWDED_BY`` of this process's cores: the compile then competes with that other work as
-one in this process would (in a session of its own, one more equal beside the caller's).
+pool's default) also raises a worker that got under ``CROWDED_SHARE`` of a core over the
+last ``STARVED_AFTER_S``, while this process's cores had less idle time than it could have
+taken and processes other than this one's own threads and its workers (its other children
+count as other processes) used at least ``CROWDED_BY`` of them (``MachineLoad``): the compile
+then competes with that other work as one in this process would (in a session of its own, one
+more equal beside the caller's). Where the OS will not raise it, it keeps its job, lowered.
 The compile service's pool yields to all (``yield_to="all"``): its callers are the other
 processes.
 
@@ -49,14 +51,16 @@ import logging
 import os
 import resource
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hotswap.system import proctree
 from hotswap.system.priority import WorkerPriority
 
 __all__ = ["CROWDED_BY", "CROWDED_SHARE", "POLL_S", "STARVED_AFTER_S", "STARVED_SHARE",
-           "STOPPED_GRACE_S", "YIELD_TO", "CpuWatch", "MachineLoad"]
+           "STOPPED_GRACE_S", "YIELD_TO", "CpuWatch", "Found", "MachineLoad"]
 
 log = logging.getLogger("hotswap")
 
@@ -73,6 +77,15 @@ POLL_S = 0.5
 STOPPED_GRACE_S = 2.0
 
 
+class Found(NamedTuple):
+    """A worker to raise: its share of a core over ``over_s`` seconds, and, where other
+    processes crowded it out (rather than it starving), (their cores, this process's)."""
+    pid: int
+    share: float
+    over_s: float
+    crowded_by: tuple[float, float] | None
+
+
 class CpuWatch:
     """The manager thread's view of its workers' CPU share. ``note`` may be read anywhere."""
 
@@ -85,53 +98,52 @@ class CpuWatch:
         self.next_poll_s = 0.0
         self._samples: dict[int, tuple[float, float]] = {}  # pid -> (time, cpu seconds)
         self._starved_since: dict[int, float] = {}
-        # yield_to="caller" on lowered workers: the machine's load over the polls, and why a
-        # worker about to be raised was crowded out ((others' cores, this process's cores)).
+        # yield_to="caller" on lowered workers: the machine's load over the polls.
         self.load = MachineLoad.here() if yield_to == "caller" and self.lowered else None
-        self._crowded_by: dict[int, tuple[float, float]] = {}
         self._raised: set[int] = set()
         self._lock = threading.Lock()
         self._note = ""
-        self._warned = False
+        self._warned: set[str] = set()
 
     @property
     def note(self) -> str:
         with self._lock:
             return self._note
 
-    def starved(self, now: float, needed: set[int]) -> list[tuple[int, float]]:
+    def starved(self, now: float, needed: AbstractSet[int],
+                watched: AbstractSet[int] = frozenset()) -> list[Found]:
         """Poll: the needed workers starved for ``STARVED_AFTER_S`` (raised ones too), or
-        crowded out by other processes over the last ``STARVED_AFTER_S`` (``yield_to=
-        "caller"``; not raised ones), with their share of a core over that time. Workers no
-        longer needed are forgotten."""
+        else crowded out by other processes over the last ``STARVED_AFTER_S`` (``yield_to=
+        "caller"``; not raised ones). ``watched``: every live worker, whose CPU is the pool's
+        own work, not other processes'. Workers no longer needed are forgotten."""
         self.next_poll_s = now + POLL_S
         for pid in set(self._samples) - needed:
             self._samples.pop(pid, None)
             self._starved_since.pop(pid, None)
         found = []
-        used = {pid: proctree.tree_cpu_s(pid) for pid in needed}
+        used = proctree.trees_cpu_s(set(needed) | set(watched) if self.load is not None
+                                    else needed)
         if self.load is not None and needed:
             self.load.sample(now, used)
-        for pid, cpu in used.items():
+        for pid in needed:
+            cpu = used.get(pid, 0.0)
             before = self._samples.get(pid)
             if before is None or now - before[0] <= 0:
                 self._samples[pid] = (now, cpu)
                 continue
             share = (cpu - before[1]) / (now - before[0])
+            if share < STARVED_SHARE:
+                since = self._starved_since.setdefault(pid, before[0])
+                if now - since >= STARVED_AFTER_S:
+                    found.append(Found(pid, share, now - since, None))
+                continue
+            self._samples[pid] = (now, cpu)
+            self._starved_since.pop(pid, None)
             crowded = (self.load.crowded(pid) if self.load is not None and pid not in self._raised
                        else None)
             if crowded is not None:
-                share, others, own = crowded
-                self._crowded_by[pid] = (others, own)
-                found.append((pid, share))
-                continue
-            if share >= STARVED_SHARE:
-                self._samples[pid] = (now, cpu)
-                self._starved_since.pop(pid, None)
-                continue
-            since = self._starved_since.setdefault(pid, before[0])
-            if now - since >= STARVED_AFTER_S:
-                found.append((pid, share))
+                crowded_share, others, own = crowded
+                found.append(Found(pid, crowded_share, STARVED_AFTER_S, (others, own)))
         if not self._raised and not self._starved_since:
             self._set_note("")
         elif self._starved_since and not self._raised:
@@ -140,33 +152,39 @@ class CpuWatch:
                            f"core for {waited:.1f} s (the cores are busy)")
         return found
 
-    def raise_worker(self, pid: int, share: float, waited_s: float) -> bool:
+    def raise_worker(self, found: Found) -> bool:
         """Raise a starved or crowded-out worker to normal priority; False where the OS refused
         a starved one (the caller then restarts its job on a worker started at normal
-        priority). A crowded-out one the OS will not raise keeps its job, lowered: it still
-        gets a share, and restarting would lose its work."""
+        priority). A crowded-out one the OS will not raise keeps its job, put back where it
+        was (a refused raise may have done part of its work): it still gets a share, and
+        restarting would lose its work."""
+        pid, crowded_by = found.pid, found.crowded_by
         raised = self.priority.raise_tree(pid)
-        crowded_by = self._crowded_by.pop(pid, None)
         if raised:
             self._raised.add(pid)
+            kind = "raised"
             action = "raised them to the caller's priority until their job ends"
             if crowded_by is not None:
                 action += ", to share the cores with that work as a compile in this process would"
         elif crowded_by is not None:
+            self.priority.lower_tree(pid)
             self.load = None  # not again: the OS refuses
+            kind = "kept"
             action = ("the OS refused to raise their priority (CAP_SYS_NICE or RLIMIT_NICE); "
                       "they stay lowered")
         else:
             self.priority.normal_start = True
+            self.load = None  # new workers start at normal priority: nothing to raise
+            kind = "restarted"
             action = ("the OS refused to raise their priority (CAP_SYS_NICE or RLIMIT_NICE); "
                       "restarting the job on a worker at normal priority")
         why = (f"other processes kept the cores busy ({crowded_by[0]:.1f} cores; this process "
                f"{crowded_by[1]:.1f})" if crowded_by is not None else "the cores were busy")
-        message = (f"compile workers got {share:.0%} of a core for {waited_s:.1f} s while {why}; "
-                   f"{action}")
+        message = (f"compile workers got {found.share:.0%} of a core for {found.over_s:.1f} s "
+                   f"while {why}; {action}")
         self._set_note(f"waiting on CPU: {message}")
-        if not self._warned:
-            self._warned = True
+        if kind not in self._warned:  # once per pool for each thing done
+            self._warned.add(kind)
             log.warning("hotswap: %s (HOTSWAP_WORKER_NICE, HOTSWAP_WORKER_IDLE and "
                         "HOTSWAP_WORKER_YIELD set the workers' priority)", message)
         return raised or crowded_by is not None
@@ -187,14 +205,10 @@ class CpuWatch:
         self._raised.discard(pid)
         self._samples.pop(pid, None)
         self._starved_since.pop(pid, None)
-        self._crowded_by.pop(pid, None)
         if self.load is not None and exited:
             self.load.forget(pid)
         if not self._raised and not self._starved_since:
             self._set_note("")
-
-    def starved_for(self, pid: int, now: float) -> float:
-        return now - self._starved_since.get(pid, now)
 
     def _set_note(self, note: str) -> None:
         with self._lock:
@@ -207,7 +221,8 @@ class _Sample:
     busy_s: float    # this process's cores, not idle (user, nice, system)
     idle_s: float    # this process's cores, idle (idle, iowait)
     own_s: float     # this process's threads (not its children)
-    workers: dict[int, float]  # watched worker pid -> its tree's CPU seconds
+    # live worker pid (or a forgotten one's ("gone", pid, n)) -> its tree's CPU seconds
+    workers: dict[object, float]
 
 
 class MachineLoad:
@@ -225,6 +240,7 @@ class MachineLoad:
         self._read_cores = read_cores
         self._read_own = read_own or _own_cpu_s
         self._samples: collections.deque[_Sample] = collections.deque()
+        self._gone = 0
 
     @classmethod
     def here(cls) -> MachineLoad | None:
@@ -235,14 +251,15 @@ class MachineLoad:
             return None
         return cls(lambda: _proc_stat(cores))
 
-    def sample(self, now: float, workers: dict[int, float]) -> None:
+    def sample(self, now: float, workers: Mapping[int, float]) -> None:
         try:
             busy, idle = self._read_cores()
         except (OSError, ValueError):
             return
-        if self._samples and now - self._samples[-1].time > STARVED_AFTER_S / 2:
+        if self._samples and now - self._samples[-1].time > 3 * POLL_S:
             self._samples.clear()  # polls stopped meanwhile (no job): a new window
-        self._samples.append(_Sample(now, busy, idle, self._read_own(), dict(workers)))
+        cpu: dict[object, float] = {pid: seconds for pid, seconds in workers.items()}
+        self._samples.append(_Sample(now, busy, idle, self._read_own(), cpu))
         # Keep the newest sample at least a window old, and none older.
         while len(self._samples) > 2 and self._samples[1].time <= now - STARVED_AFTER_S:
             self._samples.popleft()
@@ -268,19 +285,26 @@ class MachineLoad:
         elapsed = last.time - first.time
         if elapsed < STARVED_AFTER_S or any(pid not in s.workers for s in self._samples):
             return None  # not a whole window, or not watched all along (between two jobs)
-        # Every watched worker's CPU in the window, to its last sample (a job that ended
-        # meanwhile counts as the caller's work, not as others').
-        workers = sum(next(s.workers[p] for s in reversed(self._samples) if p in s.workers)
-                      - first.workers[p] for p in first.workers)
+        # Every worker's CPU in the window, to its last sample in it: one that ended its
+        # job or exited meanwhile is the pool's work, not others'; so is all of one that
+        # started meanwhile (every live worker is sampled on each poll, so a worker missing
+        # from the first sample had not started).
+        last_seen: dict[object, float] = {}
+        for sample in self._samples:
+            last_seen.update(sample.workers)
+        workers = sum(cpu - first.workers.get(key, 0.0) for key, cpu in last_seen.items())
         own = (last.own_s - first.own_s) / elapsed
         return ((last.workers[pid] - first.workers[pid]) / elapsed,
                 (last.idle_s - first.idle_s) / elapsed,
                 (last.busy_s - first.busy_s - workers) / elapsed - own, own)
 
     def forget(self, pid: int) -> None:
-        """A worker that exited or was killed: a reused pid must not pair with its samples."""
+        """A worker that exited or was killed: its CPU in the window stays the pool's, under
+        a name of its own, so that a new worker the OS gives its pid is not paired with it."""
+        self._gone += 1
         for sample in self._samples:
-            sample.workers.pop(pid, None)
+            if pid in sample.workers:
+                sample.workers[("gone", pid, self._gone)] = sample.workers.pop(pid)
 
 
 def _own_cpu_s() -> float:

@@ -91,7 +91,8 @@ class Watchdog:
             return []
         by_pid = {w.pid: w for w in workers}
         kills = self._watch_stopped([by_pid[pid] for pid in needed], now)
-        for pid, share in self.cpu.starved(now, needed):
+        for found in self.cpu.starved(now, needed, set(by_pid)):
+            pid = found.pid
             worker = by_pid.get(pid)
             if worker is None or pid in self._stopped_since:
                 continue  # a stopped worker is not starved: raising it would not help
@@ -102,8 +103,8 @@ class Watchdog:
                 # it again (idempotent; a raised worker that merely shares busy cores stays so).
                 self.cpu.priority.raise_tree(pid)
                 continue
-            if not self.cpu.raise_worker(pid, share, self.cpu.starved_for(pid, now)):
-                kills.append((worker, ("starved", share)))
+            if not self.cpu.raise_worker(found):
+                kills.append((worker, ("starved", found.share)))
         return kills
 
     def _watch_stopped(self, workers: list[WorkerProcess], now: float) -> list[Kill]:

@@ -23,6 +23,7 @@ from hotswap.system.starvation import (
     STARVED_SHARE,
     YIELD_TO,
     CpuWatch,
+    Found,
     MachineLoad,
 )
 from hotswap.testing.load import Spinners
@@ -195,21 +196,42 @@ def test_crowding_is_judged_over_a_whole_window_and_counts_every_worker_as_ours(
     # Not a whole window yet: nothing is judged.
     last = _run(load, machine, STARVED_AFTER_S - POLL_S, {7: 0.0}, idle=0.0, own=0.0)
     assert load.crowded(7) is None
-    # A worker that started mid-window is not judged either; one judged has its whole window.
-    _run(load, machine, STARVED_AFTER_S, {7: 0.0, 8: 0.0}, idle=0.0, own=0.0,
-         start=last + POLL_S)
-    assert load.crowded(7) is not None
+    # A worker that joined mid-window is not judged until it has a whole window.
+    last = _run(load, machine, 2 * POLL_S, {7: 0.0, 8: 0.0}, idle=0.0, own=0.0,
+                start=last + POLL_S)
+    assert load.crowded(7) is not None and load.crowded(8) is None
     # Two workers of the pool split the cores with the caller: neither crowds the other out.
     machine = _Machine()
     load = machine.load()
-    _run(load, machine, 2 * STARVED_AFTER_S, {7: 0.4, 8: 0.6}, idle=0.0, own=1.0)
-    assert load.crowded(7) is None
-    # A worker forgotten (exited; its pid may come back) is judged no more.
+    _run(load, machine, 2 * STARVED_AFTER_S, {7: 0.4, 8: 1.0}, idle=0.0, own=0.6)
+    assert load.window(7) == pytest.approx((0.4, 0.0, 0.0, 0.6)) and load.crowded(7) is None
+    # A worker that started within the window counts from nothing: all its CPU is the
+    # pool's (its first poll found it 0.3 s into its start).
+    machine = _Machine()
+    load = machine.load()
+    for step in range(round(STARVED_AFTER_S / POLL_S) + 1):
+        workers = {7: 0.4 * POLL_S * step}
+        if step >= 2:
+            workers[8] = 0.3 + 1.0 * POLL_S * (step - 2)
+        load.sample(100.0 + step * POLL_S, workers)
+        machine.tick(POLL_S, idle=0.0, own=0.6)
+    # busy 2 cores, the caller 0.6, worker 7 0.4, worker 8 (0.3 + 1.0) / 2 s = 0.65: others
+    # 0.35, under CROWDED_BY (counted from its first poll instead: 0.5, and 7 "crowded out").
+    assert load.window(7) == pytest.approx((0.4, 0.0, 0.35, 0.6)) and load.crowded(7) is None
+    # A worker that exits (or is killed) stays the pool's work in the window: the others are
+    # not charged for it, and a new worker given its pid is not paired with its samples.
+    machine = _Machine()
+    load = machine.load()
+    last = _run(load, machine, 2 * STARVED_AFTER_S, {7: 0.4, 8: 1.0}, idle=0.0, own=0.6)
     load.forget(8)
-    assert load.crowded(8) is None
+    window = load.window(7)
+    assert window is not None and window[2] == pytest.approx(0.0, abs=1e-9)
+    assert load.crowded(7) is None and load.window(8) is None
+    load.sample(last + POLL_S, {7: 0.4 * (2 * STARVED_AFTER_S + POLL_S), 8: 0.0})
+    assert load.window(8) is None  # the new worker 8 has no whole window of its own yet
     # Between two jobs (one poll not watched), a worker's window starts again; so it does
-    # after polls stopped (no job anywhere).
-    for gap, watched in ((POLL_S, {}), (STARVED_AFTER_S, {7: 0.0})):
+    # after polls stopped (no job anywhere) for longer than three polls.
+    for gap, watched in ((POLL_S, {}), (4 * POLL_S, {7: 0.0})):
         machine = _Machine()
         load = machine.load()
         last = _run(load, machine, STARVED_AFTER_S, {7: 0.0}, idle=0.0, own=0.0)
@@ -242,53 +264,87 @@ def test_a_job_that_ended_in_the_window_counts_as_the_callers_work() -> None:
 
 def _watch(machine: _Machine, share: float, *, idle: float, own: float,
            monkeypatch: pytest.MonkeyPatch, yield_to: str = "caller"
-           ) -> tuple[CpuWatch, list[tuple[int, float]]]:
+           ) -> tuple[CpuWatch, list[Found]]:
     """A CpuWatch of lowered workers polled over a window: one worker getting ``share``."""
     cpu = CpuWatch(19, True, yield_to)
     if cpu.load is not None:
         cpu.load = machine.load()
     used = {"cpu": 0.0}
-    monkeypatch.setattr(proctree, "tree_cpu_s", lambda pid: used["cpu"])
-    found: list[tuple[int, float]] = []
+    monkeypatch.setattr(proctree, "trees_cpu_s", lambda pids: dict.fromkeys(pids, used["cpu"]))
+    found: list[Found] = []
     now = 100.0
     while now <= 100.0 + STARVED_AFTER_S + 1e-9:
-        found = cpu.starved(now, {4242})
+        found = cpu.starved(now, {4242}, {4242})
         now += POLL_S
         machine.tick(POLL_S, idle=idle, own=own)
         used["cpu"] += share * POLL_S
     return cpu, found
 
 
-def test_a_crowded_out_worker_is_raised_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crowded_out_worker_is_raised_and_says_why(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Through the watchdog, as the manager runs it: raised, the note and the log line say
+    what crowded it out and over how long."""
     cpu, found = _watch(_Machine(), 0.4, idle=0.0, own=0.5, monkeypatch=monkeypatch)
-    [(pid, share)] = found
-    assert pid == 4242 and share == pytest.approx(0.4)
-    monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: True)
-    assert cpu.raise_worker(pid, share, STARVED_AFTER_S) and cpu.is_raised(pid)
-    assert "other processes kept the cores busy (1.1 cores; this process 0.5)" in cpu.note
-    assert "share the cores with that work" in cpu.note
+    [(pid, share, over_s, crowded_by)] = found
+    assert pid == 4242 and share == pytest.approx(0.4) and over_s == STARVED_AFTER_S
+    assert crowded_by == pytest.approx((1.1, 0.5))
+    raised: list[int] = []
+    monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: raised.append(pid) or True)
+    monkeypatch.setattr(cpu, "starved", lambda now, needed, watched: found)
+    watchdog = Watchdog(PoolConfig(1, None, None, [], 1.0, 60.0, nice=19, idle=True), cpu)
+    worker = SimpleNamespace(pid=pid, job=object(), ready=True, kill_reason=None,
+                             started_s=0.0, deadline_s=None)
+    monkeypatch.setattr(proctree, "stopped", lambda pid: None)
+    assert watchdog.overdue([worker], False, 200.0) == []  # type: ignore[list-item]
+    assert raised == [pid] and cpu.is_raised(pid)
+    expected = ("compile workers got 40% of a core for 2.0 s while other processes kept the "
+                "cores busy (1.1 cores; this process 0.5); raised them to the caller's priority "
+                "until their job ends, to share the cores with that work")
+    assert expected in cpu.note and expected in caplog.text
     # Raised, it is not found crowded again on the next poll.
-    assert cpu.starved(100.0 + STARVED_AFTER_S + POLL_S, {4242}) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(proctree, "trees_cpu_s", lambda pids: dict.fromkeys(pids, 0.8))
+    assert cpu.starved(100.0 + STARVED_AFTER_S + POLL_S, {4242}, {4242}) == []
     # yield_to="all" (the compile service's workers) leaves it: 0.4 of a core is no starvation.
     everyone, found = _watch(_Machine(), 0.4, idle=0.0, own=0.5, monkeypatch=monkeypatch,
                              yield_to="all")
     assert everyone.load is None and found == []
-    # As before, a starved one is raised whoever starves it, in both ways.
+
+
+def test_a_starved_worker_is_raised_as_starved_whoever_starves_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a quarter of a core, the starved rule decides (its job starts over where the OS
+    will not raise it), in both ways and whether or not others crowd the cores."""
     for way in YIELD_TO:
-        _, found = _watch(_Machine(), 0.1, idle=0.0, own=1.9, monkeypatch=monkeypatch,
-                          yield_to=way)
-        assert [pid for pid, _ in found] == [4242]
+        for own in (1.9, 0.2):
+            _, found = _watch(_Machine(), 0.1, idle=0.0, own=own, monkeypatch=monkeypatch,
+                              yield_to=way)
+            assert [(f.pid, f.crowded_by) for f in found] == [(4242, None)]
 
 
 def test_a_crowded_out_worker_the_os_will_not_raise_keeps_its_job(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Unlike a starved one, whose job starts over on a worker at normal priority: it still
-    gets a share, and restarting would lose its work. The watch stops asking."""
-    cpu, [(pid, share)] = _watch(_Machine(), 0.4, idle=0.0, own=0.5, monkeypatch=monkeypatch)
+    gets a share, and restarting would lose its work. Put back where it was (a refused raise
+    may have moved it out of the idle group), and the watch stops asking."""
+    cpu, [found] = _watch(_Machine(), 0.4, idle=0.0, own=0.5, monkeypatch=monkeypatch)
+    lowered: list[int] = []
     monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: False)
-    assert cpu.raise_worker(pid, share, STARVED_AFTER_S)  # keep it: not killed
-    assert not cpu.is_raised(pid) and not cpu.priority.normal_start and cpu.load is None
+    monkeypatch.setattr(cpu.priority, "lower_tree", lambda pid: lowered.append(pid))
+    assert cpu.raise_worker(found)  # keep it: not killed
+    assert lowered == [found.pid] and not cpu.is_raised(found.pid)
+    assert not cpu.priority.normal_start and cpu.load is None
     assert "they stay lowered" in cpu.note
+
+
+def test_once_workers_start_at_normal_priority_crowding_is_not_watched(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, [found] = _watch(_Machine(), 0.1, idle=0.0, own=0.5, monkeypatch=monkeypatch)
+    monkeypatch.setattr(cpu.priority, "raise_tree", lambda pid: False)
+    assert not cpu.raise_worker(found)  # starved and refused: its job starts over
+    assert cpu.priority.normal_start and cpu.load is None
+    assert "restarting the job on a worker at normal priority" in cpu.note
 
 
 def test_machine_load_counts_other_processes_and_not_this_ones_workers() -> None:
@@ -327,6 +383,26 @@ def test_machine_load_counts_other_processes_and_not_this_ones_workers() -> None
         for orphan in orphans:
             with contextlib.suppress(psutil.Error):
                 orphan.kill()
+
+
+def test_the_trees_cpu_time_from_one_pass_is_each_trees_own() -> None:
+    """trees_cpu_s (one read of the machine's processes per poll) agrees with tree_cpu_s:
+    a spinning grandchild counts in its grandparent's tree, and a pid that is gone is 0."""
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\n"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run("
+                               f"[sys.executable, '-c', {spin!r}])"])
+    try:
+        time.sleep(0.8)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        both = proctree.trees_cpu_s({parent.pid, os.getpid(), gone.pid})
+        alone = proctree.tree_cpu_s(parent.pid)
+        assert both[gone.pid] == 0.0 and both[parent.pid] >= 0.3
+        assert both[parent.pid] == pytest.approx(alone, abs=0.1)
+        assert both[os.getpid()] >= both[parent.pid]  # the parent is in this process's tree
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def _sampled(loads: tuple[MachineLoad, MachineLoad], pid: int, orphans: list[psutil.Process]
@@ -385,7 +461,8 @@ def test_a_raised_worker_that_lowered_itself_again_is_raised_again_and_forgotten
     watchdog = Watchdog(config, cpu)
     starting = SimpleNamespace(pid=os.getpid(), job=None, ready=False, kill_reason=None,
                                started_s=9.0, deadline_s=None)
-    monkeypatch.setattr(cpu, "starved", lambda now, needed: [(os.getpid(), 0.0)])
+    monkeypatch.setattr(cpu, "starved", lambda now, needed, watched: [
+        Found(os.getpid(), 0.0, STARVED_AFTER_S, None)])
     for now in (10.0, 11.0):
         assert watchdog.overdue([starting], True, now) == []  # type: ignore[list-item]
     assert raised == [os.getpid(), os.getpid()] and cpu.is_raised(os.getpid())
@@ -480,8 +557,9 @@ def test_local_workers_yield_to_their_caller_and_the_services_to_every_process(
             assert pool._config.yield_to == expected
             assert (pool._manager is not None
                     and (pool._manager.cpu.load is not None) == (expected == "caller"))
-            pool.wait_ready(60)
-            assert pool.priority_note().endswith(
+            assert pool.wait_ready(60)
+            note = pool.priority_note()
+            assert note != "" and note.endswith(
                 "; raised while other processes crowd them out") == (expected == "caller")
         finally:
             pools.shutdown()
