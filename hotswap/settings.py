@@ -102,6 +102,16 @@ def env_number(name: str, kind: Callable[[str], T], ok: Callable[[T], bool], exp
     return value
 
 
+def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The word in ``name``, one of ``choices`` (any case; ``default`` when unset or blank);
+    another raises ``ValueError`` naming the variable and the choices."""
+    setting = os.environ.get(name, "").strip().lower() or default
+    if setting not in choices:
+        *first, last = [repr(c) for c in choices]
+        raise ValueError(f"{name} must be {', '.join(first)} or {last}, got {setting!r}")
+    return setting
+
+
 def _text(name: str) -> str | None:
     """The variable as set (None when unset or empty); its option checks the value."""
     value = os.environ.get(name)
@@ -191,10 +201,7 @@ def worker_idle() -> bool:
 
 def worker_yield() -> str:
     """HOTSWAP_WORKER_YIELD: "caller" or "all" (WorkerPool's ``yield_to``)."""
-    setting = os.environ.get("HOTSWAP_WORKER_YIELD", "").strip().lower() or "caller"
-    if setting not in ("caller", "all"):
-        raise ValueError(f"HOTSWAP_WORKER_YIELD must be 'caller' or 'all', got {setting!r}")
-    return setting
+    return _choice("HOTSWAP_WORKER_YIELD", ("caller", "all"), "caller")
 
 
 def worker_rss_limit_bytes() -> int | None:
@@ -211,10 +218,7 @@ def worker_idle_exit_s() -> float | None:
 
 def service() -> bool:
     """HOTSWAP_SERVICE: whether the compile service is the default executor."""
-    setting = os.environ.get("HOTSWAP_SERVICE", "").strip().lower() or "off"
-    if setting not in ("on", "off"):
-        raise ValueError(f"HOTSWAP_SERVICE must be 'on' or 'off', got {setting!r}")
-    return setting == "on"
+    return _choice("HOTSWAP_SERVICE", ("on", "off"), "off") == "on"
 
 
 def service_dir() -> str | None:
@@ -231,18 +235,12 @@ def service_idle_exit_s() -> float:
 
 def pycache() -> str:
     """HOTSWAP_PYCACHE: "auto", "on" or "off" (hotswap.system.bytecode)."""
-    setting = os.environ.get("HOTSWAP_PYCACHE", "").strip().lower() or "auto"
-    if setting not in ("auto", "on", "off"):
-        raise ValueError(f"HOTSWAP_PYCACHE must be 'auto', 'on' or 'off', got {setting!r}")
-    return setting
+    return _choice("HOTSWAP_PYCACHE", ("auto", "on", "off"), "auto")
 
 
 def gc_freeze() -> bool:
     """HOTSWAP_GC_FREEZE: whether the warm-up freezes the heap (hotswap.system.heap)."""
-    setting = os.environ.get("HOTSWAP_GC_FREEZE", "").strip().lower() or "on"
-    if setting not in ("on", "off"):
-        raise ValueError(f"HOTSWAP_GC_FREEZE must be 'on' or 'off', got {setting!r}")
-    return setting == "on"
+    return _choice("HOTSWAP_GC_FREEZE", ("on", "off"), "on") == "on"
 
 
 def switch_interval_s() -> float:

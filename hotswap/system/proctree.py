@@ -67,22 +67,13 @@ def tree_rss_bytes(pid: int) -> int:
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds used by ``pid`` and its descendants (living ones, and those it waited
     for); 0 when it is gone."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    total = 0.0
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            times = proc.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
+    return trees_cpu_s((pid,))[pid]
 
 
 def trees_cpu_s(pids: Iterable[int]) -> dict[int, float]:
-    """``tree_cpu_s`` of each of ``pids`` (0 for one that is gone), from one pass over the
-    machine's processes: each tree walk reads every process's parent."""
+    """CPU seconds used by each of ``pids`` and its descendants (living ones, and those it
+    waited for; 0 for one that is gone), from one pass over the machine's processes (a tree
+    walk reads every process's parent anyway)."""
     pids = set(pids)
     if not pids:
         return {}
