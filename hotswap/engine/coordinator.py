@@ -230,9 +230,12 @@ class Coordinator:
         """Once its ladder is final, nothing will ship or measure a graph again: profiling
         runs compare its tiers; then it lets go of its shipped form and artifacts (its eager
         fallback stays with the runner)."""
-        if journey.final:
-            self.ladder.compare(journey)
+        if not journey.final:
+            return
+        if not self.recorder.profiling:
             journey.let_go()
+        elif journey.claim_comparison():
+            self.ladder.compare_soon(journey)
 
     def measure(self, request: BenchRequest) -> Future[BenchReply]:
         """Run a benchmark request where this coordinator's gate runs them."""

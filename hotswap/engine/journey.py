@@ -252,6 +252,7 @@ class GraphJourney:
         self._arrived: list[tuple[str, float]] = []
         self._final_after: float | None = None  # since born, while final (status())
         self._entries: dict[str, Entry] = {}     # what a later benchmark of a tier loads
+        self._compared = False                   # a profiling run compared its tiers
         self._waiting: list[Candidate] = []      # loaded tiers queued for the gate
         self._measuring = False
         self._gate = ""                          # what the gate does now (status().gate)
@@ -545,6 +546,12 @@ class GraphJourney:
     def forgotten(self) -> bool:
         with self._lock:
             return self._forgotten
+
+    def claim_comparison(self) -> bool:
+        """True once only: the caller compares this final graph's tiers (profiling runs)."""
+        with self._lock:
+            claimed, self._compared = self._compared, True
+        return not claimed
 
     def let_go(self) -> None:
         """The ladder is final: nothing will ship or measure this graph again."""

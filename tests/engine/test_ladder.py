@@ -663,3 +663,25 @@ def test_a_profiling_comparison_cut_short_by_shutdown_is_no_failure(
         time.sleep(0.01)
     assert status.final and "tiers not compared: the worker pool closed first" in caplog.text
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("mode", ["async", "progressive"])
+def test_a_profiling_comparison_carries_where_the_cache_holds_each_tier(
+        mode: str, tmp_path: Path) -> None:
+    """The comparison of a final graph runs after the store of the tier that made it final,
+    so it names the cache's entry instead of carrying the artifact's bytes (a fresh
+    process's first CPU entry carries inductor's precompiled header: copying it beside the
+    swap held the GIL through a user's call); and ``wait()`` returns only once it ran."""
+    fake = FakeCompiler(medians=FAST_TOP)
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode=mode, tiers=list(LADDER),
+                                             cache_dir=str(tmp_path / "cache"),
+                                             profile_dir=str(tmp_path / "profile")),
+                              compiler=fake, measure=fake.measure)
+    compiled = torch.compile(model, backend=coordinator)
+    torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    [status] = coordinator.wait(timeout_s=60)
+    assert status.final
+    [compare] = [b for b in fake.benches if b.purpose == "compare"]
+    assert compare.entries and all(isinstance(e, CachedEntry) for e in compare.entries.values())
+    assert compare.graph_bytes  # eager compared too

@@ -11,8 +11,9 @@
                                     of the two serving meanwhile; one measurement at a
                                     time per graph, the rest queue. With a fleet store,
                                     one replica measures each decision (fleet_vote.py)
-    compare(journey)             -> profiling runs, once the graph is final: every tier vs
-                                    eager, and each tier's kernels, onto the timeline
+    compare_soon(journey)        -> profiling runs, once the graph is final: every tier vs
+                                    eager, and each tier's kernels, onto the timeline (a
+                                    step of its own, after the tier's store)
 
 ``progressive`` is a gated ladder of every tier; ``async`` and the blocking modes climb to the
 top tier alone (``Ladder.of(options)``). Measurements run elsewhere (``measure``: a worker
@@ -404,6 +405,27 @@ class Ladder:
         self._store_verdict(journey, journey.keys.get(tier), decision)
 
     # ------------------------------------------------------------------ profiling comparison
+
+    def compare_soon(self, journey: GraphJourney) -> None:
+        """``compare`` in a step of its own on the scheduler's thread, counted in flight
+        (``idle``) from now; then the journey lets go. The step is queued behind the store of
+        the tier whose arrival made the graph final (queued before that step ran), so the
+        comparison carries where the cache holds the artifact, not a copy of its bytes: a
+        fresh process's first CPU entry carries inductor's precompiled header (about 150 MB),
+        whose copy and pickle beside the swap held the GIL for 164 ms of a user's call (the
+        zoo's MLP, the 2-core box)."""
+        with self._lock:
+            self._comparisons += 1
+        self._on_loader(self._compare_then_let_go, (journey,))
+
+    def _compare_then_let_go(self, journey: GraphJourney) -> None:
+        try:
+            self.compare(journey)
+        finally:
+            journey.let_go()
+            with self._lock:
+                self._comparisons -= 1
+            self._notify()
 
     def compare(self, journey: GraphJourney) -> None:
         """Profiling runs, once the graph is final: compare every loaded tier with eager and
