@@ -55,19 +55,42 @@ def test_the_copies_keep_strides_and_parameters_are_not_copied(cpu_runs: None) -
     assert run.run(lambda a, b: a @ b) >= 0.0
 
 
-@pytest.mark.parametrize("case", ["in place", "grad enabled", "input needs grad", "too large",
-                                  "symbolic"])
+@pytest.mark.parametrize("case", ["in place", "grad enabled, a parameter needs grad",
+                                  "input needs grad", "too large", "symbolic"])
 def test_no_run_where_it_would_not_be_safe(case: str, cpu_runs: None,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     x, w = torch.randn(3, 4), torch.randn(4, 4)
     gm = _graph(_in_place if case == "in place" else _linear)
     if case == "input needs grad":
         x.requires_grad_(True)
+    if case.startswith("grad enabled"):
+        w = torch.nn.Parameter(w)  # requires grad: the user's calls build autograd graphs
     if case == "too large":
         monkeypatch.setattr(first_run, "MAX_COPY_BYTES", 16)
     inputs: list[object] = [x, w] if case != "symbolic" else [x, object()]
-    with torch.set_grad_enabled(case == "grad enabled"):
+    with torch.set_grad_enabled(case.startswith("grad enabled")):
         assert FirstRun.capture(gm, inputs) is None
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_model_served_without_no_grad_still_gets_its_run(grad: bool, cpu_runs: None) -> None:
+    """A model called with grad enabled whose parameters need no grad (served without
+    ``torch.no_grad()``: the corpus's models in the bench) builds no autograd graph in its
+    calls, and gets its run; a parameter that needs grad gets a run only with grad disabled,
+    and the run records nothing for autograd even where the thread that runs it has grad on."""
+    x = torch.randn(3, 4)
+    frozen = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)
+    trained = torch.nn.Parameter(torch.randn(4, 4))
+    with torch.set_grad_enabled(grad):
+        run = FirstRun.capture(_graph(_linear), [x, frozen])
+        assert run is not None and run._inputs[1] is frozen
+        trained_run = FirstRun.capture(_graph(_linear), [x, trained])
+    assert (trained_run is None) == grad
+    if trained_run is not None:
+        out: list[torch.Tensor] = []
+        with torch.enable_grad():
+            trained_run.run(lambda a, b: out.append(a @ b))
+        assert out[0].grad_fn is None
 
 
 def test_a_loaded_tier_runs_once_on_the_copies_before_it_serves(cpu_runs: None) -> None:
