@@ -198,11 +198,11 @@ def read_for_imports(modules: Sequence[str] = ()) -> Iterator[Path | None]:
 
     ``modules``: what the block imports. Where their bytecode is not in the cache yet (the
     first process ever), the compile service's folder serves if it has it (``offer``: its
-    workers wrote it); else a child process imports them first, writing it (``child_env``),
-    and this thread waits for it: compiling a large module holds the GIL for its whole
-    compile (inductor's imports from source stalled the serving process's calls by 400-750 ms
-    on the GPU machine), a child holds none of this process's. A child still running at exit
-    is killed."""
+    workers wrote it; waited for while they are still writing it); else a child process
+    imports them first, writing it (``child_env``), and this thread waits for it: compiling a
+    large module holds the GIL for its whole compile (inductor's imports from source stalled
+    the serving process's calls by 400-750 ms on the GPU machine), a child holds none of this
+    process's. A child still running at exit is killed."""
     global _readers
     with _readers_lock:  # blocks on several threads at once (the warm-up's and triton's)
         joined = Path(sys.pycache_prefix) if _readers and sys.pycache_prefix else None
@@ -245,7 +245,8 @@ def _with_bytecode(folder: Path, modules: Sequence[str]) -> Path:
     with _compiling:  # a block beside this one may be writing it now
         if _has_bytecode(folder):
             return folder
-        served = next((f for f in list(_offered) if _trusted(f) and _has_bytecode(f)), None)
+        served = next((f for f in list(_offered) if _trusted(f) and _written_through(f)),
+                      None)
         if served is not None:
             return served  # the compile service's: already written, and checked
         _compile_in_a_child(modules)
@@ -277,8 +278,54 @@ def _trusted(folder: Path) -> bool:
     return True
 
 
+# Inductor's largest modules, all imported by compile_fx (ir.py alone is 350-410 KB of source).
+# A folder another process is filling (the compile service's workers, starting beside this
+# process) holds compile_fx's bytecode before theirs: Python writes a module's bytecode before
+# it runs the module's imports. Read that early, ir.py was compiled from source in the serving
+# process, a 55 ms stall beside the user's calls (GPT-2, the first process ever, H100).
+_LARGEST = ("ir.py", "lowering.py", "scheduler.py", "graph.py", "select_algorithm.py",
+            "codegen/triton.py")
+
+
+def _complete_sources() -> list[Path]:
+    """The sources whose bytecode says a folder is written through: the probed ones, and
+    inductor's largest modules where this torch has them."""
+    probed = probe_sources()
+    inductor = next((p.parent for p in probed if p.name == "compile_fx.py"), None)
+    largest = [inductor / name for name in _LARGEST] if inductor is not None else []
+    return probed + [p for p in largest if p.is_file()]
+
+
 def _has_bytecode(folder: Path) -> bool:
-    return all(_current(s, _bytecode_path(s, str(folder))) for s in probe_sources())
+    return all(_current(s, _bytecode_path(s, str(folder))) for s in _complete_sources())
+
+
+# How long the load path waits for an offered folder that is still being written, at most, and
+# without a module's bytecode appearing in it (then a child writes this process's own).
+SERVED_WAIT_S = 30.0
+SERVED_STALL_S = 5.0
+
+
+def _written_through(folder: Path) -> bool:
+    """Whether an offered folder has the bytecode ``_has_bytecode`` asks for: where it has
+    begun (the probed modules are there) but not all of it, the compile service's workers are
+    writing it now, and this waits while they make progress."""
+    sources = _complete_sources()
+    probed = len(probe_sources())
+    start = since = time.monotonic()
+    seen = -1
+    while True:
+        there = [_current(s, _bytecode_path(s, str(folder))) for s in sources]
+        if all(there):
+            return True
+        now = time.monotonic()
+        if not all(there[:probed]) or now - start >= SERVED_WAIT_S:
+            return False
+        if sum(there) > seen:
+            seen, since = sum(there), now
+        elif now - since >= SERVED_STALL_S:
+            return False
+        time.sleep(0.1)
 
 
 def _reading_folder() -> Path | None:

@@ -9,6 +9,7 @@ import py_compile
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,33 @@ def test_the_compile_services_bytecode_serves_where_this_process_has_none(
     with bytecode.read_for_imports(["json"]) as folder:
         assert folder == served and sys.pycache_prefix == str(served)
     assert children == [] and sys.pycache_prefix is None
+
+
+@pytest.mark.parametrize("written", ["meanwhile", "never"])
+def test_a_compile_services_folder_still_being_written_is_read_once_written_through(
+        written: str, served: Path, sources: list[Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's workers write compile_fx's bytecode before that of the modules it
+    imports: the folder is read once inductor's largest ones are there too (this process
+    would compile them from source), waited for while they appear; where they stop
+    appearing, a child writes this process's own."""
+    ir = sources[1].parent / "ir.py"
+    ir.write_text("Y = 2\n")
+    monkeypatch.setattr(bytecode, "SERVED_STALL_S", 1.0)
+    children: list[object] = []
+    monkeypatch.setattr(bytecode, "_compile_in_a_child", children.append)
+    writer = threading.Timer(0.3, py_compile.compile, args=(str(ir),), kwargs={
+        "cfile": str(bytecode._bytecode_path(ir, str(served)))})
+    if written == "meanwhile":
+        writer.start()
+    start = time.monotonic()
+    with bytecode.read_for_imports(["json"]) as folder:
+        waited = time.monotonic() - start
+        if written == "meanwhile":
+            assert folder == served and 0.3 <= waited < 1.0
+        else:
+            assert folder == bytecode.cache_folder() and waited >= 1.0
+    assert children == ([] if written == "meanwhile" else [["json"]])
 
 
 @pytest.mark.parametrize("attack", [
