@@ -234,7 +234,7 @@ class Coordinator:
             return
         if not self.recorder.profiling:
             journey.let_go()
-        elif journey.claim_comparison():
+        else:
             self.ladder.compare_soon(journey)
 
     def measure(self, request: BenchRequest) -> Future[BenchReply]:
@@ -301,13 +301,19 @@ class Coordinator:
 
     def wait(self, timeout_s: float | None = None) -> list[GraphStatus]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self.graphs.wait(timeout_s, lambda: self.ladder.idle)
+        self.graphs.wait(timeout_s, self._settled)
         stores = self.composition.stores
         # Entries are stored once their tier serves (sources/tiers.py), by the scheduler's
         # thread: a wait on it would wait for itself.
         if stores is not None and not threads.scheduler.here():
             stores.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.status()
+
+    def _settled(self) -> bool:
+        """Nothing measures or compares: in profiling runs, every final graph's comparison
+        was queued (at the end of the step that made it final), and has run."""
+        return self.ladder.idle and (not self.recorder.profiling or all(
+            j.comparison_claimed for j in self.graphs.journeys() if j.final))
 
     def entries_written(self) -> bool:
         """Whether no cache entry of this coordinator's is still to be written."""

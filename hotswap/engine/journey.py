@@ -553,6 +553,11 @@ class GraphJourney:
             claimed, self._compared = self._compared, True
         return not claimed
 
+    @property
+    def comparison_claimed(self) -> bool:
+        with self._lock:
+            return self._compared
+
     def let_go(self) -> None:
         """The ladder is final: nothing will ship or measure this graph again."""
         self.first_run = None  # no tier loads any more

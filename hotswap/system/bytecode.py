@@ -278,18 +278,18 @@ def _trusted(folder: Path) -> bool:
     return True
 
 
-# Inductor's largest modules, all imported by compile_fx (ir.py alone is 350-410 KB of source).
-# A folder another process is filling (the compile service's workers, starting beside this
-# process) holds compile_fx's bytecode before theirs: Python writes a module's bytecode before
-# it runs the module's imports. Read that early, ir.py was compiled from source in the serving
-# process, a 55 ms stall beside the user's calls (GPT-2, the first process ever, H100).
-_LARGEST = ("ir.py", "lowering.py", "scheduler.py", "graph.py", "select_algorithm.py",
-            "codegen/triton.py")
+# Inductor's modules that compile_fx imports as it starts (compile_fx -> graph -> ir,
+# lowering; ir.py alone is 350-410 KB of source). A folder another process is filling (the
+# compile service's workers, starting beside this process) holds compile_fx's bytecode before
+# theirs: Python writes a module's bytecode before it runs the module's imports. Read that
+# early, ir.py was compiled from source in the serving process, a 55 ms stall beside the
+# user's calls (GPT-2, the first process ever, H100).
+_LARGEST = ("graph.py", "ir.py", "lowering.py")
 
 
 def _complete_sources() -> list[Path]:
-    """The sources whose bytecode says a folder is written through: the probed ones, and
-    inductor's largest modules where this torch has them."""
+    """The sources whose bytecode says an offered folder is written through: the probed
+    ones, and those of ``_LARGEST`` this torch has."""
     probed = probe_sources()
     inductor = next((p.parent for p in probed if p.name == "compile_fx.py"), None)
     largest = [inductor / name for name in _LARGEST] if inductor is not None else []
@@ -297,7 +297,8 @@ def _complete_sources() -> list[Path]:
 
 
 def _has_bytecode(folder: Path) -> bool:
-    return all(_current(s, _bytecode_path(s, str(folder))) for s in _complete_sources())
+    """This process's own folder: a child it waited for wrote it through."""
+    return all(_current(s, _bytecode_path(s, str(folder))) for s in probe_sources())
 
 
 # How long the load path waits for an offered folder that is still being written, at most, and
@@ -307,7 +308,7 @@ SERVED_STALL_S = 5.0
 
 
 def _written_through(folder: Path) -> bool:
-    """Whether an offered folder has the bytecode ``_has_bytecode`` asks for: where it has
+    """Whether an offered folder has the bytecode ``_complete_sources`` names: where it has
     begun (the probed modules are there) but not all of it, the compile service's workers are
     writing it now, and this waits while they make progress."""
     sources = _complete_sources()

@@ -16,7 +16,7 @@ import torch
 
 import hotswap
 from hotswap.cache import VERDICT_TIER, ArtifactCache
-from hotswap.engine import served
+from hotswap.engine import served, threads
 from hotswap.engine.coordinator import Coordinator
 from hotswap.engine.options import Options, Plan
 from hotswap.engine.shipping.wire import BenchReply, BenchRequest, CachedEntry
@@ -685,3 +685,28 @@ def test_a_profiling_comparison_carries_where_the_cache_holds_each_tier(
     [compare] = [b for b in fake.benches if b.purpose == "compare"]
     assert compare.entries and all(isinstance(e, CachedEntry) for e in compare.entries.values())
     assert compare.graph_bytes  # eager compared too
+
+
+def test_wait_returns_after_the_comparison_even_when_the_step_that_queues_it_is_slow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph is final before the end of the step that queues its comparison, and the
+    gate's decision wakes the waits in between: a wait() still waits for the comparison
+    (``hotswap profile`` writes the profile right after it)."""
+    slow = Coordinator._finish_if_final
+
+    def finish_slowly(self: Coordinator, journey: Any) -> None:
+        if threads.scheduler.here():  # the step that made it final, not the user's call
+            time.sleep(0.3)
+        slow(self, journey)
+
+    monkeypatch.setattr(Coordinator, "_finish_if_final", finish_slowly)
+    fake = FakeCompiler(medians=FAST_TOP, delay_s={"max-autotune": 0.3})
+    model, inputs = _model()
+    coordinator = Coordinator(Options.create(mode="progressive", tiers=list(LADDER),
+                                             profile_dir=str(tmp_path / "profile")),
+                              compiler=fake, measure=fake.measure)
+    torch.compile(model, backend=coordinator)(*inputs)
+    [status] = coordinator.wait(timeout_s=60)
+    assert status.final
+    assert [b.purpose for b in fake.benches].count("compare") == 1
+

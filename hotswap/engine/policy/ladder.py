@@ -414,13 +414,18 @@ class Ladder:
         fresh process's first CPU entry carries inductor's precompiled header (about 150 MB),
         whose copy and pickle beside the swap held the GIL for 164 ms of a user's call (the
         zoo's MLP, the 2-core box)."""
-        with self._lock:
+        with self._lock:  # in flight before it is claimed: a wait sees one or the other
             self._comparisons += 1
+        if not journey.claim_comparison():  # queued once per graph
+            with self._lock:
+                self._comparisons -= 1
+            return
         self._on_loader(self._compare_then_let_go, (journey,))
 
     def _compare_then_let_go(self, journey: GraphJourney) -> None:
         try:
-            self.compare(journey)
+            if not journey.forgotten:  # a reset since: nothing to compare for anyone
+                self.compare(journey)
         finally:
             journey.let_go()
             with self._lock:
@@ -434,10 +439,15 @@ class Ladder:
         if not self._recorder.profiling or request is None or not entries:
             return
         gate = self.gate or Gate(0.0, {t.name: t.load_config for t in self.tiers})
+        try:
+            bench = gate.request(journey.graph_id, entries, request, purpose="compare",
+                                 with_graph=True)
+        except Exception as e:  # a profile without the comparison, not a stuck wait()
+            _log.warning("graph %s: comparing tiers failed: %s: %s", journey.graph_id,
+                         type(e).__name__, e)
+            return
         with self._lock:
             self._comparisons += 1
-        bench = gate.request(journey.graph_id, entries, request, purpose="compare",
-                             with_graph=True)
         self._submit(bench, self._compared, journey)
 
     def _compared(self, journey: GraphJourney, future: Future[BenchReply],
