@@ -252,7 +252,7 @@ class GraphJourney:
         self._arrived: list[tuple[str, float]] = []
         self._final_after: float | None = None  # since born, while final (status())
         self._entries: dict[str, Entry] = {}     # what a later benchmark of a tier loads
-        self._compared = False                   # a profiling run compared its tiers
+        self._compared = False                   # its tiers' comparison claimed (profiling)
         self._waiting: list[Candidate] = []      # loaded tiers queued for the gate
         self._measuring = False
         self._gate = ""                          # what the gate does now (status().gate)

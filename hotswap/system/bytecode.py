@@ -287,13 +287,11 @@ def _trusted(folder: Path) -> bool:
 _LARGEST = ("graph.py", "ir.py", "lowering.py")
 
 
-def _complete_sources() -> list[Path]:
-    """The sources whose bytecode says an offered folder is written through: the probed
-    ones, and those of ``_LARGEST`` this torch has."""
-    probed = probe_sources()
+def _largest_sources(probed: list[Path]) -> list[Path]:
+    """Those of ``_LARGEST`` this torch has, beside the probed compile_fx."""
     inductor = next((p.parent for p in probed if p.name == "compile_fx.py"), None)
     largest = [inductor / name for name in _LARGEST] if inductor is not None else []
-    return probed + [p for p in largest if p.is_file()]
+    return [p for p in largest if p.is_file()]
 
 
 def _has_bytecode(folder: Path) -> bool:
@@ -308,11 +306,12 @@ SERVED_STALL_S = 5.0
 
 
 def _written_through(folder: Path) -> bool:
-    """Whether an offered folder has the bytecode ``_complete_sources`` names: where it has
-    begun (the probed modules are there) but not all of it, the compile service's workers are
-    writing it now, and this waits while they make progress."""
-    sources = _complete_sources()
-    probed = len(probe_sources())
+    """Whether an offered folder has the probed modules' bytecode and that of
+    ``_largest_sources``: where it has begun (the probed modules are there) but not all of
+    it, the compile service's workers are writing it now, and this waits while they make
+    progress."""
+    probed = probe_sources()
+    sources = probed + _largest_sources(probed)
     start = since = time.monotonic()
     seen = -1
     while True:
@@ -320,10 +319,10 @@ def _written_through(folder: Path) -> bool:
         if all(there):
             return True
         now = time.monotonic()
-        if not all(there[:probed]) or now - start >= SERVED_WAIT_S:
+        if not all(there[:len(probed)]) or now - start >= SERVED_WAIT_S:
             return False
-        if sum(there) > seen:
-            seen, since = sum(there), now
+        if (count := sum(there)) > seen:
+            seen, since = count, now
         elif now - since >= SERVED_STALL_S:
             return False
         time.sleep(0.1)
