@@ -19,6 +19,9 @@ COUNTER_NAMES = (
     "remote_compiles",  # compile jobs that finished on the cluster (executor), with an artifact
     "fallbacks",        # a tier failed (compile error, crash, timeout, unserializable graph, bad artifact)
     "graphs",           # graphs dynamo handed to hotswap
+    "regional_loads",   # artifacts loaded that serve a graph as its regions' pieces (regions=)
+    "regional_pieces",  # ... the pieces they call per call, and of those, the distinct ones
+    "regional_compiled",  # compiled (GPT-2's embeddings, 6 blocks, head: 8 pieces, 3 distinct)
     "gate_benchmarks",  # a gate measurement of a ready tier against the compiled tier serving
     "gate_kept",        # a tier the gate kept out: not faster by its threshold than what served
                         # (a compiled tier, or eager)

@@ -11,6 +11,10 @@ on them at once rather than in a worker or a background thread.
                                                             progressive
     HOTSWAP_TIERS                   default,max-autotune    tiers=, as "a,b" (progressive; other
                                                             modes: default)
+    HOTSWAP_REGIONS                 on                      regions=: on (async and progressive
+                                                            first serve a graph that repeats a
+                                                            block with each distinct block
+                                                            compiled once) or off
     HOTSWAP_TIMEOUT_S               600 (x3 autotuning)     timeout_s=: limit on a compile or a
                                                             wait on one, seconds > 0
     HOTSWAP_GATE_THRESHOLD          0.02                    gate_threshold=: how much faster a
@@ -75,7 +79,7 @@ from typing import TypeVar
 
 __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check_all",
            "claim_ttl_s", "env_number", "executor", "gate_threshold", "gc_freeze", "log_level", "mode",
-           "profile_dir", "pycache", "service", "service_dir", "service_idle_exit_s",
+           "profile_dir", "pycache", "regions", "service", "service_dir", "service_idle_exit_s",
            "switch_interval_s", "tiers", "timeout_s", "worker_devices",
            "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes",
            "worker_yield", "workers"]
@@ -120,6 +124,10 @@ def _text(name: str) -> str | None:
 
 def mode() -> str | None:
     return _text("HOTSWAP_MODE")
+
+
+def regions() -> str | None:
+    return _text("HOTSWAP_REGIONS")
 
 
 def tiers() -> str | None:

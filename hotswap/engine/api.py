@@ -111,6 +111,7 @@ def compile(
     executor: Any = None,
     cache_url: str | None = None,
     worker_devices: Any = None,
+    regions: str | None = None,
     options: dict[str, Any] | None = None,
 ) -> Any:
     """Compile ``model`` (a module or function) like ``torch.compile``, without blocking.
@@ -134,6 +135,10 @@ def compile(
           signed with the key in HOTSWAP_CACHE_KEY_FILE; the local cache stays in front.
     worker_devices: the GPU each local worker compiles and benchmarks on (["cuda:1"]: off the
           serving GPU; HOTSWAP_WORKER_DEVICES).
+    regions: "on" (default; HOTSWAP_REGIONS): in async and progressive, a graph that
+          repeats a block (a transformer's layers) is first served region by region, each
+          distinct block compiled once, until the whole graph replaces it (a rung of its own,
+          "default-regions"); "off". docs/regions.md.
     options: inductor config patches, as ``torch.compile(options=...)`` takes them
           ({"max_autotune": True, "epilogue_fusion": False}): applied to every tier, over the
           tier's own config where both set a key, as torch applies them over its mode's;
@@ -147,7 +152,7 @@ def compile(
                           dynamic=dynamic, fullgraph=fullgraph, gate=gate,
                           gate_threshold=gate_threshold, force_tier=force_tier,
                           profile_dir=profile_dir, executor=executor, cache_url=cache_url,
-                          worker_devices=worker_devices, options=options)
+                          worker_devices=worker_devices, regions=regions, options=options)
     _watch_limits()
     coordinator = _shared_backend(made, model)
     compiled = torch.compile(model, backend=coordinator, dynamic=made.dynamic,

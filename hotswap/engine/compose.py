@@ -14,15 +14,18 @@ job through the executor, a load on the load thread, a store. ``InProcess`` is i
 backend call (sources/inprocess.py). A route that does not wait returns eager at once and swaps
 its tiers in as they arrive; one that waits serves its tier from the first call. Which tiers the
 ladder climbs (every tier, or the top one alone) and whether a gate weighs them is the plan's
-too. Nothing past this module reads the mode.
+too. A route that does not wait and ships its graphs starts, with ``regions="on"``, from a rung
+below the first: that tier compiled region by region, each distinct repeated block once
+(``Tier.regions``; jobs/regions.py), for the graphs that repeat one. Nothing past this module
+reads the mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from hotswap.engine.options import Options, Tier
+from hotswap.engine.options import REGIONS_SUFFIX, Options, Tier
 from hotswap.engine.policy.gate import Gate
 from hotswap.engine.recording import Recorder, profiled
 from hotswap.engine.shipping.request import Prepared
@@ -38,6 +41,16 @@ from hotswap.engine.sources.tiers import (
 )
 
 __all__ = ["Composition", "Route", "compose"]
+
+
+def _bridge(tiers: Sequence[Tier]) -> list[Tier]:
+    """The first tier compiled region by region: a rung of its own below it, named apart
+    (none where a tier of the ladder has its name already)."""
+    first = tiers[0]
+    name = first.name + REGIONS_SUFFIX
+    if any(t.name == name for t in tiers) or first.regions:
+        return []
+    return [replace(first, name=name, regions=True)]
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,8 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
             job: Compile, on_loader: OnLoader) -> Composition:
     plan = options.plan
     tiers: Sequence[Tier] = options.tiers if plan.climbs else options.tiers[-1:]
+    if options.regions == "on" and not plan.here and not plan.waits:
+        tiers = [*_bridge(tiers), *tiers]
     if recorder.profiling:  # kernels named for profilers
         tiers = [profiled(t) for t in tiers]
     gate = Gate(options.gate_threshold, {t.name: t.load_config for t in tiers})

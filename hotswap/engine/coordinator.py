@@ -123,7 +123,7 @@ class Coordinator:
         bump("graphs")
         compat.reset_with_dynamo(self)
         prepared = prepare(gm, example_inputs, keys=self._keys, ship=self.composition.remote,
-                           start_s=t0)
+                           start_s=t0, cut=any(t.regions for t in self.ladder.tiers))
         journey = self._journey(gm, prepared, FirstRun.capture(gm, example_inputs))
         if self.recorder.profiling:
             self.recorder.dynamo_trace(journey, t0)
@@ -164,7 +164,9 @@ class Coordinator:
         hold the GIL for a second or more, so not during the call dynamo is tracing; a load
         that comes first starts it (and waits for it) itself."""
         graph_id = f"g{next(_graph_ids)}"
-        tiers = self.ladder.tiers
+        # A rung compiled region by region, for the graphs that repeat a region alone.
+        cut = prepared.request is not None and bool(prepared.request.regions)
+        tiers = [t for t in self.ladder.tiers if cut or not t.regions]
         warm = (functools.partial(self.jobs.warm, prepared.devices)
                 if prepared.request is not None else None)
         runner = self.recorder.runner(graph_id, gm, [t.name for t in tiers],

@@ -16,13 +16,15 @@ import difflib
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from hotswap import settings
 from hotswap.executors import registry
 
-__all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "TIER_PRESETS", "Options",
+__all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "REGIONS", "REGIONS_KEY",
+           "REGIONS_SUFFIX",
+           "TIER_PRESETS", "Options",
            "Plan", "Tier", "apply_options", "parse_tiers", "split_torch_options"]
 
 MODES = ("inprocess", "subprocess", "async", "progressive")
@@ -39,6 +41,14 @@ TIER_PRESETS: dict[str, dict[str, Any]] = {
 CUDAGRAPH_PRESETS = ("reduce-overhead",)
 # The load config key that marks a tier to serve through CUDA graphs (never given to inductor).
 CUDAGRAPHS_KEY = "hotswap.cudagraphs"
+# The load config key that marks a tier compiled region by region (never given to inductor:
+# the entry itself says how it loads; the key keeps its cache entries apart).
+REGIONS_KEY = "hotswap.regions"
+# ``regions=``: "on", a background mode's ladder starts with its first tier compiled region
+# by region (a rung of its own, REGIONS_SUFFIX, for graphs that repeat a region), below the
+# same tier compiled whole; "off".
+REGIONS = ("on", "off")
+REGIONS_SUFFIX = "-regions"
 # torch's CUDA graphs switch (reduce-overhead's preset): inductor loads artifacts with CUDA
 # graphs off, so in options it marks every tier to serve through graphs captured after the
 # swap, as the reduce-overhead preset does, and is not given to inductor.
@@ -60,19 +70,26 @@ _AUTOTUNE_KEYS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
 
 @dataclass(frozen=True)
 class Tier:
-    """A rung of the ladder: a name, the inductor config patches it compiles under, and
-    whether it serves through CUDA graphs captured after the swap."""
+    """A rung of the ladder: a name, the inductor config patches it compiles under, whether
+    it serves through CUDA graphs captured after the swap, and whether a worker compiles
+    each distinct repeated region of a graph once (``regions``, jobs/regions.py)."""
 
     name: str
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
     cudagraphs: bool = False
+    regions: bool = False
 
     @property
     def load_config(self) -> dict[str, Any]:
         """What its artifact loads under (cudagraphs.py reads and drops its own key); also
-        what its cache key is made of, so that a tier with CUDA graphs has entries and
-        verdicts of its own."""
-        return {**self.config, CUDAGRAPHS_KEY: True} if self.cudagraphs else dict(self.config)
+        what its cache key is made of, so that a tier with CUDA graphs, or compiled region
+        by region, has entries and verdicts of its own."""
+        config = dict(self.config)
+        if self.cudagraphs:
+            config[CUDAGRAPHS_KEY] = True
+        if self.regions:
+            config[REGIONS_KEY] = True
+        return config
 
 
 def _fits(default: Any, value: Any) -> bool:
@@ -165,8 +182,9 @@ def apply_options(tiers: tuple[Tier, ...], patches: dict[str, Any]) -> tuple[Tie
         return tiers
     config = {k: v for k, v in patches.items() if k != TORCH_CUDAGRAPHS_KEY}
     graphs = patches.get(TORCH_CUDAGRAPHS_KEY)
-    return tuple(Tier(t.name, {**t.config, **config},
-                      t.cudagraphs if graphs is None else bool(graphs)) for t in tiers)
+    return tuple(replace(t, config={**t.config, **config},
+                         cudagraphs=t.cudagraphs if graphs is None else bool(graphs))
+                 for t in tiers)
 
 
 def parse_tiers(tiers: Any) -> tuple[Tier, ...]:
@@ -247,6 +265,7 @@ class Options:
     executor: Any = None
     cache_url: str | None = None
     worker_devices: tuple[str, ...] = ()
+    regions: str = "on"
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:  # one flat check per option: long on purpose
@@ -297,6 +316,10 @@ class Options:
             raise ValueError(f"gate_threshold must be a fraction between -1 and 1 (0.02: a tier "
                              f"must be 2% faster to replace the serving one), got {threshold!r}")
         force_tier = kwargs.get("force_tier")
+        regions = kwargs["regions"] if kwargs.get("regions") is not None else (
+            settings.regions() or "on")
+        if regions not in REGIONS:
+            raise ValueError(f"regions must be one of {list(REGIONS)}, got {regions!r}")
         parsed = apply_options(parse_tiers(tiers), check_options(kwargs.get("options")))
         names = [t.name for t in parsed]
         if force_tier is not None and force_tier not in names:
@@ -329,6 +352,7 @@ class Options:
             executor=executor,
             cache_url=cache_url,
             worker_devices=worker_devices,
+            regions=regions,
         )
 
     def limit_s(self, tier: Tier | None = None) -> float:

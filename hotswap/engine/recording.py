@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -44,7 +45,7 @@ def profiled(tier: Tier) -> Tier:
 
     known = inductor_config.get_config_copy()
     extra = {k: v for k, v in PROFILE_CONFIG.items() if k in known and k not in tier.config}
-    return Tier(tier.name, {**tier.config, **extra})
+    return replace(tier, config={**tier.config, **extra})
 
 
 _shared: dict[str, Timeline] = {}

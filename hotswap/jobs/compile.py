@@ -206,13 +206,37 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
           torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
           compat.intra_op_threads(request.num_threads),
           compat.under_compile_id(request.compile_id), precompiled.recording() as codes):
-        data = compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic)
+        data, plan = _compile(gm, inputs, request, dynamic)
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
         files = kernel_files.compile_outputs(sources, started, _files_since_s)
         reprobe_if_cut_short()  # a tier that read on probed during the compile
         entry = pack_entry(data, files, {**probes(), **source_key.record(),
-                                         **precompiled.record(codes)})
+                                         **precompiled.record(codes)}, plan)
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()
+
+
+def _compile(gm: Any, inputs: list[Any], request: CompileRequest,
+             dynamic: bool) -> tuple[bytes, dict[str, Any] | None]:
+    """The artifact, and its region plan where the tier compiles region by region and the
+    graph repeats one (jobs/regions.py: static inference graphs only); else the whole graph.
+    ``gm`` is donated to one compile or the other: the pieces are copies of its nodes."""
+    from hotswap import compat
+
+    if request.regions and not dynamic and not any(m.requires_grad for m in request.inputs):
+        from hotswap.jobs.regions import compile_regions
+
+        try:
+            made = compile_regions(
+                gm, inputs, [m.static for m in request.inputs], request.regions,
+                lambda piece, args: compat.compile_saveable(piece, args, request.config_patches))
+        except compat.UnsaveableArtifact:
+            # A piece inductor keeps nothing of (wav2vec2's feature encoder on the H100)
+            # where the whole graph saves: the tier is the whole graph, as a rung can be.
+            made = None
+        if made is not None:
+            artifacts, plan = made
+            return b"".join(artifacts), plan
+    return compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic), None

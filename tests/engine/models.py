@@ -58,9 +58,42 @@ class WithConstants(torch.nn.Module):
         return self.lin(x) * self.scale + torch.tensor([1.0] * 8)
 
 
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up, self.down = torch.nn.Linear(width, 2 * width), torch.nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Blocks(torch.nn.Module):
+    """A stack of alike blocks between two other layers: a transformer's shape, compiled
+    region by region (jobs/regions.py)."""
+
+    def __init__(self, depth: int = 4, width: int = 32) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(16, width)
+        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = torch.nn.Linear(width, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).softmax(-1)
+
+
+def blocks() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Served for inference (nothing needs grad), as a stack of blocks is cut."""
+    return Blocks().requires_grad_(False), (torch.randn(4, 16),)
+
+
 MODELS: dict[str, Callable[[], tuple[Any, tuple[torch.Tensor, ...]]]] = {
     "mlp": mlp,
     "convnet": convnet,
     "graph-break": lambda: (with_graph_break, (torch.randn(8, 8),)),
     "constants": lambda: (WithConstants(), (torch.randn(4, 8),)),
+    "blocks": blocks,
 }

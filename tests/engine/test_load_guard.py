@@ -120,7 +120,7 @@ def test_a_kill_storm_during_warmup_leaves_later_graphs_compiling(tmp_path: Path
 
 def test_an_entry_carries_the_probes_and_malformed_ones_are_refused() -> None:
     probes = {"vec_isa": [], "headers": [["h.h", "g++ -O3", "/nowhere/x.h"]]}
-    _, _, found = _unpack(pack_entry(b"artifact", {"a.so": b"1"}, probes))
+    _, _, found, _ = _unpack(pack_entry(b"artifact", {"a.so": b"1"}, probes))
     assert found == probes
     assert _unpack(pack_entry(b"artifact", {}))[2] == {}
     with pytest.raises(ValueError, match="vec_isa"):

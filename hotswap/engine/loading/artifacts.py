@@ -22,8 +22,10 @@ import msgpack
 
 from hotswap import compat
 from hotswap.compat import Buffer
+from hotswap.counting import bump
 from hotswap.engine.loading import kernel_files, load_guard, precompiled, source_key
 from hotswap.engine.loading.cudagraphs import CudaGraphed, split_cudagraphs
+from hotswap.engine.loading.regions import Regional, check_plan
 
 __all__ = ["entry_parts", "load_entry", "pack_entry", "shared_spans"]
 
@@ -37,20 +39,25 @@ _SHARED_MIN_BYTES = 64 * 1024
 
 
 def pack_entry(artifact: bytes, files: dict[str, bytes],
-               probes: dict[str, Any] | None = None) -> bytes:
+               probes: dict[str, Any] | None = None,
+               regions: dict[str, Any] | None = None) -> bytes:
     """The artifact plus the kernel files the compile produced, as one entry; ``probes`` is
-    what the compiling process's probes found (``load_guard.probes()``)."""
+    what the compiling process's probes found (``load_guard.probes()``). ``regions``: the
+    artifact is the distinct pieces of a graph compiled region by region, one after another,
+    and this the plan that serves the graph with them (loading/regions.py)."""
     fields: dict[str, Any] = {"artifact": len(artifact),
                               "files": [[path, len(data)] for path, data in files.items()]}
     if probes:
         fields["probes"] = probes
+    if regions is not None:
+        fields["regions"] = regions
     header = msgpack.packb(fields, use_bin_type=True)
     return b"".join([_HEAD.pack(_MAGIC, len(header)), header, artifact, *files.values()])
 
 
 def entry_parts(entry: Buffer) -> tuple[memoryview, dict[str, memoryview]]:
     """(artifact, {path: file}) of an entry, as views into it. ValueError if malformed."""
-    artifact, files, _ = _unpack(entry)
+    artifact, files, _, _ = _unpack(entry)
     return artifact, files
 
 
@@ -58,21 +65,23 @@ def shared_spans(entry: Buffer) -> list[tuple[int, int]]:
     """(offset, length) in ``entry`` of each kernel file many entries ship alike (inductor's
     precompiled headers): what ``ArtifactCache.put(shared=...)`` stores once. ValueError if
     ``entry`` is malformed."""
-    _, _, _, spans = _layout(memoryview(entry))
+    _, _, _, spans, _ = _layout(memoryview(entry))
     return [(offset, n) for path, offset, n in spans
             if path.startswith(_SHARED_DIR) and n >= _SHARED_MIN_BYTES]
 
 
-def _unpack(entry: Buffer) -> tuple[memoryview, dict[str, memoryview], dict[str, Any]]:
+def _unpack(entry: Buffer) -> tuple[memoryview, dict[str, memoryview], dict[str, Any],
+                                    dict[str, Any] | None]:
     view = memoryview(entry)
-    offset, artifact_size, probes, spans = _layout(view)
+    offset, artifact_size, probes, spans, plan = _layout(view)
     files = {path: view[at:at + n] for path, at, n in spans}
-    return view[offset:offset + artifact_size], files, probes
+    return view[offset:offset + artifact_size], files, probes, plan
 
 
-def _layout(view: memoryview) -> tuple[int, int, dict[str, Any], list[tuple[str, int, int]]]:
-    """Where an entry's artifact starts, its size, the probes, and (path, offset, size) of
-    each file; ValueError if malformed."""
+def _layout(view: memoryview) -> tuple[int, int, dict[str, Any], list[tuple[str, int, int]],
+                                       dict[str, Any] | None]:
+    """Where an entry's artifact starts, its size, the probes, (path, offset, size) of each
+    file, and the region plan if any; ValueError if malformed."""
     if len(view) < _HEAD.size:
         raise ValueError("not a hotswap artifact entry (too short)")
     magic, header_len = _HEAD.unpack_from(view)
@@ -88,13 +97,16 @@ def _layout(view: memoryview) -> tuple[int, int, dict[str, Any], list[tuple[str,
             raise TypeError(f"probes is a {type(probes).__name__}")
     except Exception as e:
         raise ValueError(f"artifact entry has an unreadable header: {e}") from e
+    plan = header.get("regions")
+    if plan is not None:
+        plan = check_plan(plan, artifact_size)
     if offset + artifact_size + sum(n for _, n in sizes) != len(view):
         raise ValueError("artifact entry is truncated or has trailing bytes")
     spans, at = [], offset + artifact_size
     for path, n in sizes:
         spans.append((path, at, n))
         at += n
-    return offset, artifact_size, probes, spans
+    return offset, artifact_size, probes, spans, plan
 
 
 def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -> Any:
@@ -110,7 +122,7 @@ def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -
     from torch._inductor import config
 
     config_patches, cudagraphs = split_cudagraphs(dict(config_patches or {}))
-    artifact, files, probes = _unpack(entry)
+    artifact, files, probes, plan = _unpack(entry)
     if files:
         kernel_files.restore(files)
     if probes:
@@ -118,5 +130,20 @@ def load_entry(entry: Buffer, config_patches: Mapping[str, Any] | None = None) -
         source_key.adopt(probes)  # torch's source hash: not computed here again
     with load_guard.count_compiler_runs(), precompiled.adopted(probes), config.patch(
             {**config_patches, **load_guard.load_config()}):
-        fn = compat.artifact_from_bytes(artifact)
+        if plan is None:
+            fn = compat.artifact_from_bytes(artifact)
+        else:
+            fn = Regional([compat.artifact_from_bytes(part) for part in _parts(artifact, plan)],
+                          plan)
+            bump("regional_loads")
+            bump("regional_pieces", len(plan["steps"]))
+            bump("regional_compiled", len(plan["sizes"]))
     return CudaGraphed(fn) if cudagraphs else fn
+
+
+def _parts(artifact: memoryview, plan: dict[str, Any]) -> list[memoryview]:
+    parts, at = [], 0
+    for n in plan["sizes"]:
+        parts.append(artifact[at:at + n])
+        at += n
+    return parts

@@ -137,13 +137,14 @@ class Ladder:
         below it are not needed at all; a tier the gate confidently kept out in an earlier run
         is neither loaded nor compiled again (one kept with low confidence is measured again),
         nor one an earlier run's probation sent back to eager."""
+        tiers = journey.tiers  # the ladder's, less a rung this graph skips (coordinator.py)
         best, cached = -1, None
         verdicts: dict[str, str] = {}
         again: dict[str, Buffer | None] = {}  # low-confidence verdicts: measured again
         names = {t.name for t in self.tiers}
         if self._cache.enabled:
-            for rank in range(len(self.tiers) - 1, -1, -1):
-                name = self.tiers[rank].name
+            for rank in range(len(tiers) - 1, -1, -1):
+                name = tiers[rank].name
                 key = journey.keys.get(name)
                 if key and (self.gate is not None or self.probation) and name != self.force:
                     data = self._cache.verdict(key)
@@ -164,13 +165,13 @@ class Ladder:
                     best = rank
                     break
         starts: list[tuple[Tier, Buffer | None]] = []
-        for rank, tier in enumerate(self.tiers):
+        for rank, tier in enumerate(tiers):
             if tier.name in verdicts:
                 journey.keep(tier.name, verdicts[tier.name], on_timeline=True)
             elif tier.name in again:
                 starts.append((tier, again[tier.name]))
             elif rank < best:
-                journey.keep(tier.name, f"tier {self.tiers[best].name!r} came from the cache")
+                journey.keep(tier.name, f"tier {tiers[best].name!r} came from the cache")
             else:
                 starts.append((tier, cached if rank == best else None))
         return starts

@@ -14,6 +14,7 @@ from hotswap import compat
 from hotswap.counting import bump
 from hotswap.engine.options import Tier
 from hotswap.engine.shipping.inputs import describe_inputs
+from hotswap.engine.shipping.regions import region_labels
 from hotswap.engine.shipping.transport import (
     mutated_attributes,
     origin_of,
@@ -40,12 +41,14 @@ class GraphRequest(NamedTuple):
     num_threads: int | None  # the caller's intra-op threads, for graphs that run on the CPU
 
     compile_id: str = ""     # dynamo's, of the frame the graph came from (wire.py says why)
+    regions: tuple[int, ...] = ()  # per node, its repeated region (shipping/regions.py)
 
     def compile_request(self, graph_id: str, tier: Tier, *,
                         measured: bool = False) -> CompileRequest:
         return CompileRequest(graph_id, tier.name, dict(tier.config), self.graph_bytes,
                               self.inputs, self.grad_enabled, self.num_threads,
-                              self.compile_id, measured)
+                              self.compile_id, measured,
+                              self.regions if tier.regions else ())
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,10 @@ class Prepared:
 
 
 def prepare(gm: torch.fx.GraphModule, example_inputs: list[object], *, keys: Keys,
-            ship: bool, start_s: float | None = None) -> Prepared:
+            ship: bool, start_s: float | None = None, cut: bool = False) -> Prepared:
     """The graph's cache keys and, when ``ship``, the form a worker compiles it from; or why
-    it compiles here. Reads the caller's grad mode and CPU threads, changes nothing."""
+    it compiles here. ``cut``: a tier compiles region by region, so label the graph's
+    regions (a few ms). Reads the caller's grad mode and CPU threads, changes nothing."""
     start_s = time.monotonic() if start_s is None else start_s
     origin = origin_of(gm)
     described = portable_inputs(gm, example_inputs)
@@ -93,7 +97,10 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: list[object], *, keys: Key
         return replace(made,
                        here_because=f"this graph cannot be pickled ({type(e).__name__}: {e})")
     # The caller's grad mode decides whether AOTAutograd builds a backward graph.
-    request = GraphRequest(graph_bytes, described, grad, threads, compat.current_compile_id())
+    # Cut where it may be: static sizes, and inference (jobs/regions.py compiles no backward).
+    cut = cut and not any(m.symbols or (grad and m.requires_grad) for m in described)
+    request = GraphRequest(graph_bytes, described, grad, threads, compat.current_compile_id(),
+                           region_labels(gm, [m.static for m in described]) if cut else ())
     return replace(made, request=request, shipped_s=(start_s, time.monotonic()))
 
 

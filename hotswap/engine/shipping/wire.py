@@ -119,14 +119,18 @@ class CompileRequest:
     # The gate measures the result as soon as it is loaded: the local pool holds the worker
     # for that measurement (executors.base.hold_for). Nothing in the worker reads it.
     measured: bool = False
+    # Per node of the graph, the repeated region it belongs to (-1: none), for a tier that
+    # compiles each distinct region once (shipping/regions.py); empty: the whole graph.
+    regions: tuple[int, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},
-                "inputs": _metas_to_wire(self.inputs)}
+                "inputs": _metas_to_wire(self.inputs), "regions": list(self.regions)}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> CompileRequest:
-        return cls(**{**_known(cls, data), "inputs": _metas_from_wire(data["inputs"])})
+        return cls(**{**_known(cls, data), "inputs": _metas_from_wire(data["inputs"]),
+                      "regions": tuple(int(r) for r in data.get("regions", ()))})
 
 
 @dataclass(frozen=True)

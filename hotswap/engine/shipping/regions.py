@@ -1,0 +1,227 @@
+"""Which of a graph's nodes belong to a repeated region (a transformer's blocks, any module in
+a ``ModuleList`` or ``Sequential`` beside others alike), and how the graph cuts into runs.
+
+Dynamo records, for each node, the stack of modules it was traced in
+(``node.meta["nn_module_stack"]``, outermost first: ``"L['self'].transformer.h.3"``). A module
+whose path ends in an index, with a sibling under the same parent, is a region. The graph cuts
+into *runs*: maximal stretches of nodes of one region, or of none (the glue between them).
+Runs alike (the same operations on inputs of the same layout, whatever their nodes are named)
+compile once (jobs/regions.py). The user's process labels the nodes (the shipped graph has no
+node meta) and sends labels only where cutting pays (``WORTH``); the worker cuts the graph it
+lands by them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.fx.node import map_aggregate
+from torch.multiprocessing.reductions import StorageWeakRef
+
+__all__ = ["WORTH", "Run", "example_value", "region_labels", "runs_of"]
+
+# A graph is cut where its distinct runs hold at most this share of its nodes (each compile
+# has costs of its own): GPT-2's six blocks leave about a quarter, ResNet-18's eight units
+# (six of them distinct) most of theirs.
+WORTH = 0.5
+
+_INDEXED = re.compile(r"^(.+?)(?:\.(\d+)|\[(\d+)\])$")
+# Nodes of no region however they were traced: the graph's inputs and outputs, and the
+# attributes it reads (each run that reads one holds its own reference).
+_OUTSIDE = ("placeholder", "output", "get_attr")
+# How deep in nested regions a graph is cut at most.
+_DEPTHS = 3
+# Calls that change the grad mode the rest of the graph runs under: a run would compile
+# under one. Autocast comes in pairs (the exit takes the enter): a pair within one run is fine.
+_GRAD_MODE = torch._C._set_grad_enabled
+_AUTOCAST_EXIT = torch.amp.autocast_mode._exit_autocast
+
+
+@dataclass
+class Run:
+    nodes: list[torch.fx.Node]
+    inputs: list[torch.fx.Node]   # made outside it (placeholders, earlier runs), first use first
+    outputs: list[torch.fx.Node]  # used after it (later runs, the graph's output)
+    signature: str
+
+
+def region_labels(gm: torch.fx.GraphModule,
+                  static: Sequence[bool] | None = None) -> tuple[int, ...]:
+    """Per node of ``gm``'s graph, in order: the region it belongs to (0, 1, ... in order of
+    appearance) or -1. A region is an indexed module beside a sibling that is itself made of
+    modules (a block, not a bare layer). A node in nested regions (a block in a stage) takes
+    the outermost, or the next where cutting there does not gain. Empty where the graph has
+    fewer than two regions, cannot be cut (``runs_of``) or would not gain (``WORTH``).
+    ``static``: the placeholders dynamo marked static. A few ms for a 700-node graph."""
+    nodes = list(gm.graph.nodes)
+    found: list[list[tuple[str, str]]] = []
+    siblings: dict[str, set[str]] = defaultdict(set)
+    containers: set[str] = set()  # indexed modules with nodes traced in a submodule of theirs
+    for node in nodes:
+        stack = node.meta.get("nn_module_stack") if node.op not in _OUTSIDE else None
+        paths = [str(v[0] if isinstance(v, tuple) else v) for v in (stack or {}).values()]
+        indexed = []
+        for depth, path in enumerate(paths):
+            match = _INDEXED.match(path)
+            if match is not None:
+                indexed.append((match.group(1), path))
+                siblings[match.group(1)].add(path)
+                if depth + 1 < len(paths):
+                    containers.add(path)
+        found.append(indexed)
+    for depth in range(_DEPTHS):  # stages of blocks: the blocks, where the stages differ
+        labels = _at_depth(found, depth, siblings, containers)
+        if labels is None:
+            return ()
+        runs = runs_of(gm, labels, static)
+        if runs is not None and worth(runs):
+            return labels
+    return ()
+
+
+def _at_depth(found: list[list[tuple[str, str]]], depth: int, siblings: dict[str, set[str]],
+              containers: set[str]) -> tuple[int, ...] | None:
+    """Labels by each node's ``depth``-th region (outermost: 0); None where fewer than two."""
+    named: dict[str, int] = {}
+    labels = []
+    for indexed in found:
+        # A block: beside a sibling, and made of modules of its own (a Sequential's bare
+        # Linear is one operation: a piece of its own would only cost a call).
+        blocks = [path for parent, path in indexed
+                  if len(siblings[parent]) >= 2 and path in containers]
+        labels.append(named.setdefault(blocks[depth], len(named))
+                      if len(blocks) > depth else -1)
+    return tuple(labels) if len(named) >= 2 else None
+
+
+def worth(runs: list[Run]) -> bool:
+    """Whether the distinct runs hold at most ``WORTH`` of the graph's nodes."""
+    firsts: dict[str, int] = {}
+    for run in runs:
+        firsts.setdefault(run.signature, len(run.nodes) + len(run.inputs))
+    return sum(firsts.values()) <= WORTH * sum(len(r.nodes) + len(r.inputs) for r in runs)
+
+
+def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
+            static: Sequence[bool] | None = None) -> list[Run] | None:
+    """The graph's runs, in order; None where it is not cut: fewer than two runs, or a graph
+    that switches grad mode inside, enters autocast in one run and leaves it in another,
+    calls a submodule, holds a subgraph, or
+    returns anything but a tuple of computed values, inputs and Nones."""
+    nodes = list(gm.graph.nodes)
+    if len(labels) != len(nodes) or not _cuttable(gm, nodes):
+        return None
+    labelled = [(n, label) for n, label in zip(nodes, _smoothed(nodes, labels), strict=True)
+                if n.op in ("call_function", "call_method")]
+    stretches = [[n for n, _ in group]
+                 for _, group in itertools.groupby(labelled, key=lambda pair: pair[1])]
+    if len(stretches) < 2:
+        return None
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    flags = dict(zip(placeholders, static or [False] * len(placeholders), strict=True))
+    run_of = {node: i for i, stretch in enumerate(stretches) for node in stretch}
+    for node in gm.graph.find_nodes(op="call_function", target=_AUTOCAST_EXIT):
+        enter = node.args[0] if node.args else None
+        if not isinstance(enter, torch.fx.Node) or run_of.get(enter) != run_of.get(node):
+            return None  # autocast entered in one run and left in another
+    last_use: dict[torch.fx.Node, int] = {}
+    for node in nodes:
+        for user in node.users:
+            at = len(stretches) if user.op == "output" else run_of.get(user, -1)
+            last_use[node] = max(last_use.get(node, -1), at)
+    runs = []
+    for i, stretch in enumerate(stretches):
+        inputs: list[torch.fx.Node] = []
+        for node in stretch:
+            for used in node.all_input_nodes:
+                if used.op != "get_attr" and run_of.get(used) != i and used not in inputs:
+                    inputs.append(used)
+        outputs = [node for node in stretch if last_use.get(node, -1) > i]
+        runs.append(Run(stretch, inputs, outputs,
+                        _signature(stretch, inputs, [flags.get(n, False) for n in inputs])))
+    return runs
+
+
+def example_value(node: torch.fx.Node) -> Any:
+    """The value a node was traced with (the worker's fake propagation, or dynamo's own)."""
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _cuttable(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
+    from hotswap.engine.shipping.transport import get_attr_value
+
+    for node in nodes:
+        if node.op == "call_module" or (node.op == "call_function"
+                                        and node.target is _GRAD_MODE):
+            return False
+        if node.op == "get_attr" and isinstance(get_attr_value(gm, str(node.target)),
+                                                torch.fx.GraphModule):
+            return False
+    results = nodes[-1].args[0] if nodes and nodes[-1].op == "output" else None
+    return isinstance(results, tuple | list) and all(
+        r is None or (isinstance(r, torch.fx.Node) and r.op != "get_attr") for r in results)
+
+
+def _smoothed(nodes: list[torch.fx.Node], labels: Sequence[int]) -> list[int]:
+    """A node outside every region, between two nodes of one region, joins it (a getitem
+    traced with no module on the stack must not cut a block in two); so does an autocast
+    pair around one region's nodes."""
+    out = list(labels)
+    known = [i for i, n in enumerate(nodes) if out[i] >= 0]
+    for before, after in itertools.pairwise(known):
+        if out[before] == out[after]:
+            for i in range(before + 1, after):
+                if out[i] < 0:
+                    out[i] = out[before]
+    # An autocast entered and left around one region's nodes alone (traced with no module on
+    # the stack: the block's own ``with``) belongs to that region.
+    at = {node: i for i, node in enumerate(nodes)}
+    for node in nodes:
+        if node.op == "call_function" and node.target is _AUTOCAST_EXIT and node.args \
+                and isinstance(node.args[0], torch.fx.Node):
+            enter, leave = at[node.args[0]], at[node]
+            inside = {out[i] for i in range(enter + 1, leave)} - {-1}
+            if len(inside) == 1:
+                label = inside.pop()
+                for i in range(enter, leave + 1):
+                    out[i] = label
+    return out
+
+
+def _signature(nodes: list[torch.fx.Node], inputs: list[torch.fx.Node],
+               static: list[bool]) -> str:
+    """Runs with one signature compile to one artifact: the same operations on inputs of
+    the same layout, dtype, static mark and sharing of storage, whatever the nodes' names."""
+    h = hashlib.sha256()
+    index = {node: f"%in{i}" for i, node in enumerate(inputs)}
+    index.update({node: f"%{i}" for i, node in enumerate(nodes)})
+
+    def ref(a: Any) -> Any:
+        if not isinstance(a, torch.fx.Node):
+            return a
+        return index.get(a, f"@{a.target}")  # an attribute, by name
+
+    for node in nodes:
+        target = node.target if isinstance(node.target, str) else repr(node.target)
+        h.update(repr((node.op, target, map_aggregate(node.args, ref),
+                       map_aggregate(node.kwargs, ref))).encode())
+    storages: list[Any] = []
+    for node, flag in zip(inputs, static, strict=True):
+        value = example_value(node)
+        if isinstance(value, torch.Tensor):
+            storage = StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]
+            shared = storages.index(storage) if storage in storages else -1
+            storages.append(storage)
+            h.update(repr((tuple(value.shape), value.stride(), value.storage_offset(),
+                           value.dtype, value.device, value.requires_grad, flag,
+                           shared)).encode())
+        else:
+            h.update(repr((type(value).__name__, value)).encode())
+    return h.hexdigest()
