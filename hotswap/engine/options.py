@@ -44,10 +44,11 @@ CUDAGRAPHS_KEY = "hotswap.cudagraphs"
 # The load config key that marks a tier compiled region by region (never given to inductor:
 # the entry itself says how it loads; the key keeps its cache entries apart).
 REGIONS_KEY = "hotswap.regions"
-# ``regions=``: "on", a background mode's ladder starts with its first tier compiled region
-# by region (a rung of its own, REGIONS_SUFFIX, for graphs that repeat a region), below the
-# same tier compiled whole; "off".
-REGIONS = ("on", "off")
+# ``regions=``: where a ladder starts with its first tier compiled region by region (a rung of
+# its own, REGIONS_SUFFIX, for graphs that repeat a region), below the same tier compiled
+# whole: "auto", progressive's; "on", async's too (a worker busy with the pieces delays the
+# whole graph by their compile: compose.py); "off", none.
+REGIONS = ("auto", "on", "off")
 REGIONS_SUFFIX = "-regions"
 # torch's CUDA graphs switch (reduce-overhead's preset): inductor loads artifacts with CUDA
 # graphs off, so in options it marks every tier to serve through graphs captured after the
@@ -265,7 +266,7 @@ class Options:
     executor: Any = None
     cache_url: str | None = None
     worker_devices: tuple[str, ...] = ()
-    regions: str = "on"
+    regions: str = "auto"
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:  # one flat check per option: long on purpose
@@ -317,7 +318,7 @@ class Options:
                              f"must be 2% faster to replace the serving one), got {threshold!r}")
         force_tier = kwargs.get("force_tier")
         regions = kwargs["regions"] if kwargs.get("regions") is not None else (
-            settings.regions() or "on")
+            settings.regions() or "auto")
         if regions not in REGIONS:
             raise ValueError(f"regions must be one of {list(REGIONS)}, got {regions!r}")
         parsed = apply_options(parse_tiers(tiers), check_options(kwargs.get("options")))

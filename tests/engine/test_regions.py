@@ -101,11 +101,11 @@ def _served_regionally(model: Any, *inputs: Any) -> Any:
     return load_entry(pack_entry(b"".join(artifacts), {}, None, plan))
 
 
-def test_async_serves_the_pieces_then_the_whole_graph() -> None:
+def test_async_serves_the_pieces_then_the_whole_graph_when_asked() -> None:
     model, inputs = _inference(), (torch.randn(4, 16),)
     expected = model(*inputs)
     with hotswap.counters_delta() as d:
-        compiled = hotswap.compile(model, mode="async", workers=1)
+        compiled = hotswap.compile(model, mode="async", workers=1, regions="on")
         compiled(*inputs)
         (status,) = hotswap.wait(compiled, timeout_s=240)
         torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
@@ -124,10 +124,13 @@ def test_a_blocking_mode_compiles_the_whole_graph() -> None:
     assert d["worker_compiles"] == 1
 
 
-def test_regions_off_compiles_the_whole_graph_alone() -> None:
+@pytest.mark.parametrize("mode, regions", [("async", None), ("progressive", "off")])
+def test_the_whole_graph_alone_by_default_in_async_and_off(mode: str,
+                                                           regions: str | None) -> None:
     model, inputs = _inference(), (torch.randn(4, 16),)
     with hotswap.counters_delta() as d:
-        compiled = hotswap.compile(model, mode="async", workers=1, regions="off")
+        compiled = hotswap.compile(model, mode=mode, workers=1, regions=regions,
+                                   tiers=["default"], gate=False)
         compiled(*inputs)
         (status,) = hotswap.wait(compiled, timeout_s=240)
     assert [name for name, _ in status.states] == ["default"]
@@ -141,7 +144,8 @@ def test_a_restart_loads_the_whole_graph_from_the_cache(tmp_path: Any) -> None:
     for run in range(2):
         torch._dynamo.reset()
         with hotswap.counters_delta() as d:
-            compiled = hotswap.compile(model, mode="async", workers=1, cache_dir=str(tmp_path))
+            compiled = hotswap.compile(model, mode="async", workers=1, cache_dir=str(tmp_path),
+                                       regions="on")
             compiled(*inputs)
             (status,) = hotswap.wait(compiled, timeout_s=240)
             torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
@@ -171,7 +175,7 @@ def test_progressive_climbs_from_the_pieces_to_the_whole_graph() -> None:
 def test_a_graph_that_repeats_nothing_skips_the_rung() -> None:
     model, inputs = mlp()  # a Sequential's children are indexed, but none is alike
     with hotswap.counters_delta() as d:
-        compiled = hotswap.compile(model, mode="async", workers=1)
+        compiled = hotswap.compile(model, mode="async", workers=1, regions="on")
         compiled(*inputs)
         (status,) = hotswap.wait(compiled, timeout_s=240)
     assert [name for name, _ in status.states] == ["default"]
@@ -308,7 +312,7 @@ def test_pieces_that_read_views_of_one_tensor_match_eager() -> None:
 def test_a_training_graph_compiles_whole() -> None:
     model, x = Blocks(depth=4).requires_grad_(True), torch.randn(4, 16)
     with hotswap.counters_delta() as d:
-        compiled = hotswap.compile(model, mode="async", workers=1)
+        compiled = hotswap.compile(model, mode="async", workers=1, regions="on")
         compiled(x)
         (status,) = hotswap.wait(compiled, timeout_s=240)
         compiled(x).sum().backward()
@@ -340,5 +344,5 @@ def test_a_plan_is_msgpack_as_it_travels() -> None:
 def test_regions_option_is_checked() -> None:
     with pytest.raises(ValueError, match="regions must be one of"):
         Options.create(regions="first")
-    assert Options.create().regions == "on"
+    assert Options.create().regions == "auto"
     assert Options.create(regions="off").regions == "off"
