@@ -83,6 +83,8 @@ ROWS = {
                              "warm (it compiled another model first)",
     "hotswap:async@service-first": "async, the first process ever: it starts the compile "
                                    "service, which compiles its graph",
+    "hotswap:progressive@service": "progressive, compiled by the machine's compile service, "
+                                   "running and warm",
     "hotswap:progressive@gpu1": "progressive, workers compile and autotune on cuda:1",
     "hotswap:subprocess": "first call waits for the worker",
     "hotswap:inprocess": "inductor in this process",

@@ -138,7 +138,7 @@ def _largest_calls(by_row: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for row in ("hotswap:async", "hotswap:progressive", "hotswap:async@cluster",
                 "hotswap:async@service", "hotswap:async@service-first",
-                "hotswap:progressive@gpu1", "machine:busy-eager"):
+                "hotswap:progressive@service", "hotswap:progressive@gpu1", "machine:busy-eager"):
         r = by_row.get(row)
         if not r or "error" in r or r.get("calls", 0) <= 1:
             continue
