@@ -5,6 +5,7 @@ files it needs (wire.py says what travels). Also the workers' warm-up steps.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -12,6 +13,8 @@ from hotswap.engine.shipping.wire import CompileRequest, CompileResult, InputMet
 from hotswap.workers import emit_stage, stage
 
 __all__ = ["compile_graph", "landed", "real_inputs", "warm_compile", "warm_device"]
+
+log = logging.getLogger("hotswap")
 
 
 # Ship precompiled headers written after this time with the next result (set by warm_device).
@@ -225,16 +228,20 @@ def _compile(gm: Any, inputs: list[Any], request: CompileRequest,
     ``gm`` is donated to one compile or the other: the pieces are copies of its nodes."""
     from hotswap import compat
 
-    if request.regions and not dynamic and not any(m.requires_grad for m in request.inputs):
+    trains = request.grad_enabled and any(m.requires_grad for m in request.inputs)
+    if request.regions and not dynamic and not trains:  # as shipping/request.py labels them
         from hotswap.jobs.regions import compile_regions
 
         try:
             made = compile_regions(
                 gm, inputs, [m.static for m in request.inputs], request.regions,
                 lambda piece, args: compat.compile_saveable(piece, args, request.config_patches))
-        except compat.UnsaveableArtifact:
-            # A piece inductor keeps nothing of (wav2vec2's feature encoder on the H100)
-            # where the whole graph saves: the tier is the whole graph, as a rung can be.
+        except Exception as e:
+            # A piece inductor keeps nothing of (wav2vec2's feature encoder on the H100), or
+            # one it cannot compile alone, where the whole graph may compile: the tier is the
+            # whole graph then, as a rung can be.
+            log.warning("hotswap: compiled whole, not region by region: %s: %s",
+                        type(e).__name__, str(e)[:300])
             made = None
         if made is not None:
             artifacts, plan = made

@@ -233,12 +233,39 @@ class _UpdatesItsInput(torch.nn.Module):
 
 def test_a_graph_that_switches_grad_mode_is_not_cut() -> None:
     model = _TogglesGrad()
-    with torch.no_grad():
+    with torch.no_grad():  # labelled under the mode it is called under, as in the backend
         gm = _dynamo_graph(model, torch.randn(4, 16))
-    # It repeats blocks (they are labelled without the switches), but a piece would compile
-    # under one mode.
-    assert region_labels(_dynamo_graph(model.blocks, torch.randn(4, 16)))
-    assert region_labels(gm) == ()
+        # It repeats blocks (they are labelled without the switches), but pieces would start
+        # under another mode than the graph's.
+        assert region_labels(_dynamo_graph(model.blocks, torch.randn(4, 16)))
+        assert region_labels(gm) == ()
+
+
+class _NoGradGlue(Blocks):
+    """A ``no_grad`` step before the blocks, as LLaMA's rotary embedding: switched off and
+    back within the glue."""
+
+    @torch.no_grad()
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        return x.abs().mean() + 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        scale = self._scale(x)
+        for block in self.blocks:
+            x = block(x) * scale
+        return self.head(x)
+
+
+def test_a_grad_mode_switched_and_back_within_the_glue_is_cut() -> None:
+    model, x = _NoGradGlue().requires_grad_(False), torch.randn(4, 16)
+    gm = _dynamo_graph(model, x)
+    switches = gm.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled)
+    assert len(switches) == 2
+    assert region_labels(gm)
+    served = _served_regionally(model, x)
+    torch.testing.assert_close(served(*_dynamo_call(model, x)[1])[0], model(x), rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_autocast_is_cut_around_but_not_through() -> None:
@@ -309,6 +336,80 @@ def test_pieces_that_read_views_of_one_tensor_match_eager() -> None:
                                atol=1e-4)
 
 
+class _Exposing(Block):
+    def forward(self, x: torch.Tensor) -> Any:
+        h = self.norm(x)
+        d = self.down(torch.nn.functional.gelu(self.up(h)))
+        return x + d, h, d
+
+
+class _Skips(Blocks):
+    """Blocks alike, but later code keeps a different inner value of some of them: runs
+    that return different nodes are not alike."""
+
+    def __init__(self, keep: dict[int, str]) -> None:
+        super().__init__()
+        self.keep = keep
+        self.blocks = torch.nn.ModuleList(_Exposing(32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        kept = []
+        for i, block in enumerate(self.blocks):
+            x, h, d = block(x)
+            if self.keep.get(i) == "h":
+                kept.append(h)
+            elif self.keep.get(i) == "d":
+                kept.append(d)
+        return self.head(x) + sum(k.sum() for k in kept)
+
+
+@pytest.mark.parametrize("keep", [{0: "h", 1: "d"}, {3: "h"}, {0: "h", 1: "d", 2: "h", 3: "h"}])
+def test_blocks_whose_values_are_kept_differently_match_eager(keep: dict[int, str]) -> None:
+    model, x = _Skips(keep).requires_grad_(False), torch.randn(4, 16)
+    served = _served_regionally(model, x)
+    if served is not None:
+        torch.testing.assert_close(served(*_dynamo_call(model, x)[1])[0], model(x),
+                                   rtol=1e-4, atol=1e-4)
+
+
+class _InferenceAcross(Blocks):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        with torch.inference_mode():  # its handle would pass from the first glue to the last
+            for block in self.blocks:
+                x = block(x)
+        return self.head(x)
+
+
+class _KernelAcross(Blocks):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        x = self.embed(x)
+        with sdpa_kernel(SDPBackend.MATH):  # set, then restored: two calls for their effect
+            for block in self.blocks:
+                x = block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("model", [_InferenceAcross, _KernelAcross])
+def test_a_context_entered_before_the_blocks_and_left_after_is_not_cut(model: Any) -> None:
+    assert region_labels(_dynamo_graph(model().requires_grad_(False), torch.randn(4, 16))) == ()
+
+
+def test_parameters_that_need_grad_under_no_grad_are_cut() -> None:
+    model, inputs = Blocks(depth=4), (torch.randn(4, 16),)  # parameters need grad
+    with torch.no_grad(), hotswap.counters_delta() as d:
+        expected = model(*inputs)
+        compiled = hotswap.compile(model, mode="progressive", tiers=["default"], workers=1,
+                                   gate=False)
+        compiled(*inputs)
+        hotswap.wait(compiled, timeout_s=240)
+        torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
+    assert _regional_counts(d) == (1, 6, 3)  # the rung was pieces, not the whole graph again
+
+
 def test_a_training_graph_compiles_whole() -> None:
     model, x = Blocks(depth=4).requires_grad_(True), torch.randn(4, 16)
     with hotswap.counters_delta() as d:
@@ -324,6 +425,7 @@ def test_a_training_graph_compiles_whole() -> None:
 @pytest.mark.parametrize("damage", [
     {"steps": [[5, [0], [1]]]},                     # a piece that is not there
     {"steps": [[0, [7], [8]]]},                     # reads a value never made
+    {"steps": [[0, [0], [0]]]},                     # overwrites an input
     {"outputs": [9]},                               # returns a value never made
     {"sizes": [2]},                                 # sizes that do not add up
     {"inputs": "x"},

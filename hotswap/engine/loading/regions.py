@@ -29,6 +29,9 @@ def check_plan(plan: Any, artifact_size: int) -> dict[str, Any]:
         for piece, ins, outs in steps:
             if not 0 <= int(piece) < len(sizes) or any(int(i) not in made for i in ins):
                 raise ValueError(f"step {piece, ins, outs} reads a value not made before it")
+            if any(int(o) < n_inputs or int(o) in made for o in outs) or \
+                    len(set(outs)) != len(outs):
+                raise ValueError(f"step {piece, ins, outs} makes a value made before it")
             made.update(int(o) for o in outs)
         if any(o != -1 and o not in made for o in outputs):
             raise ValueError("an output is never made")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = ["WORTH", "Run", "example_value", "region_labels", "runs_of"]
 
+log = logging.getLogger("hotswap")
+
 # A graph is cut where its distinct runs hold at most this share of its nodes (each compile
 # has costs of its own): GPT-2's six blocks leave about a quarter, ResNet-18's eight units
 # (six of them distinct) most of theirs.
@@ -38,10 +41,12 @@ _INDEXED = re.compile(r"^(.+?)(?:\.(\d+)|\[(\d+)\])$")
 _OUTSIDE = ("placeholder", "output", "get_attr")
 # How deep in nested regions a graph is cut at most.
 _DEPTHS = 3
-# Calls that change the grad mode the rest of the graph runs under: a run would compile
-# under one. Autocast comes in pairs (the exit takes the enter): a pair within one run is fine.
+# The call that changes the grad mode for the rest of the graph: each run compiles under the
+# mode the graph is called under, so a switch and its way back stay within one run; so do
+# contexts (``_contexts_kept``).
 _GRAD_MODE = torch._C._set_grad_enabled
-_AUTOCAST_EXIT = torch.amp.autocast_mode._exit_autocast
+# Contexts traced as two calls of one function, to set and to restore (``sdpa_kernel``).
+_SET_AND_RESTORE = ("_sdpa_kernel",)
 
 
 @dataclass
@@ -54,6 +59,16 @@ class Run:
 
 def region_labels(gm: torch.fx.GraphModule,
                   static: Sequence[bool] | None = None) -> tuple[int, ...]:
+    """``_labels``, or empty (the whole graph) should anything in it raise: it runs in the
+    caller's first call."""
+    try:
+        return _labels(gm, static)
+    except Exception as e:  # a graph this code did not foresee: compiled whole
+        log.debug("hotswap: regions not labelled: %s: %s", type(e).__name__, e)
+        return ()
+
+
+def _labels(gm: torch.fx.GraphModule, static: Sequence[bool] | None) -> tuple[int, ...]:
     """Per node of ``gm``'s graph, in order: the region it belongs to (0, 1, ... in order of
     appearance) or -1. A region is an indexed module beside a sibling that is itself made of
     modules (a block, not a bare layer). A node in nested regions (a block in a stage) takes
@@ -112,9 +127,11 @@ def worth(runs: list[Run]) -> bool:
 def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
             static: Sequence[bool] | None = None) -> list[Run] | None:
     """The graph's runs, in order; None where it is not cut: fewer than two runs, or a graph
-    that switches grad mode inside, enters autocast in one run and leaves it in another,
+    that starts a run under another grad mode than this thread's (the caller's, or the
+    worker's as it compiles the graph), enters autocast in one run and leaves it in another,
     calls a submodule, holds a subgraph, or
-    returns anything but a tuple of computed values, inputs and Nones."""
+    returns anything but a tuple of computed values, inputs and Nones, or passes from one run
+    to the next a value that is not a plain tensor or number (``_travels``)."""
     nodes = list(gm.graph.nodes)
     if len(labels) != len(nodes) or not _cuttable(gm, nodes):
         return None
@@ -126,11 +143,11 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
         return None
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     flags = dict(zip(placeholders, static or [False] * len(placeholders), strict=True))
+    if not _grad_mode_kept(stretches):
+        return None
     run_of = {node: i for i, stretch in enumerate(stretches) for node in stretch}
-    for node in gm.graph.find_nodes(op="call_function", target=_AUTOCAST_EXIT):
-        enter = node.args[0] if node.args else None
-        if not isinstance(enter, torch.fx.Node) or run_of.get(enter) != run_of.get(node):
-            return None  # autocast entered in one run and left in another
+    if not _contexts_kept(nodes, run_of):
+        return None
     last_use: dict[torch.fx.Node, int] = {}
     for node in nodes:
         for user in node.users:
@@ -144,9 +161,49 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
                 if used.op != "get_attr" and run_of.get(used) != i and used not in inputs:
                     inputs.append(used)
         outputs = [node for node in stretch if last_use.get(node, -1) > i]
+        if not all(_travels(example_value(n)) for n in inputs):
+            return None
         runs.append(Run(stretch, inputs, outputs,
-                        _signature(stretch, inputs, [flags.get(n, False) for n in inputs])))
+                        _signature(stretch, inputs, [flags.get(n, False) for n in inputs],
+                                   outputs)))
     return runs
+
+
+def _contexts_kept(nodes: list[torch.fx.Node], run_of: dict[torch.fx.Node, int]) -> bool:
+    """Whether every context the graph enters (autocast, inference mode: an ``_exit_*`` call
+    that takes its ``_enter_*``; or ``_SET_AND_RESTORE``'s calls, one to set and one to
+    restore) is left in the run it was entered in."""
+    effects: dict[Any, list[torch.fx.Node]] = defaultdict(list)
+    for node in nodes:
+        if node.op != "call_function" or node.target is _GRAD_MODE:
+            continue
+        name = getattr(node.target, "__name__", "")
+        if name.startswith("_enter_"):
+            if not any(getattr(u.target, "__name__", "").startswith("_exit_") for u in node.users):
+                return False
+        elif name.startswith("_exit_"):
+            enter = node.args[0] if node.args else None
+            if not isinstance(enter, torch.fx.Node) or run_of.get(enter) != run_of.get(node):
+                return False
+        elif name in _SET_AND_RESTORE:
+            effects[node.target].append(node)
+    return all(len(calls) % 2 == 0 and all(run_of.get(a) == run_of.get(b)
+                                           for a, b in zip(calls[::2], calls[1::2], strict=True))
+               for calls in effects.values())
+
+
+def _grad_mode_kept(stretches: list[list[torch.fx.Node]]) -> bool:
+    """Whether every run starts under the grad mode the graph is called (and each piece
+    compiled) under: a switch and its way back within one run are fine (LLaMA's rotary
+    embedding, a ``no_grad`` function, on torch 2.11)."""
+    ambient = state = torch.is_grad_enabled()
+    for stretch in stretches:
+        if state != ambient:
+            return False
+        for node in stretch:
+            if node.op == "call_function" and node.target is _GRAD_MODE and node.args:
+                state = bool(node.args[0])
+    return True
 
 
 def example_value(node: torch.fx.Node) -> Any:
@@ -158,8 +215,7 @@ def _cuttable(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
     from hotswap.engine.shipping.transport import get_attr_value
 
     for node in nodes:
-        if node.op == "call_module" or (node.op == "call_function"
-                                        and node.target is _GRAD_MODE):
+        if node.op == "call_module":
             return False
         if node.op == "get_attr" and isinstance(get_attr_value(gm, str(node.target)),
                                                 torch.fx.GraphModule):
@@ -169,10 +225,14 @@ def _cuttable(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
         r is None or (isinstance(r, torch.fx.Node) and r.op != "get_attr") for r in results)
 
 
+def _is_exit(node: torch.fx.Node) -> bool:
+    return getattr(node.target, "__name__", "").startswith("_exit_")
+
+
 def _smoothed(nodes: list[torch.fx.Node], labels: Sequence[int]) -> list[int]:
     """A node outside every region, between two nodes of one region, joins it (a getitem
-    traced with no module on the stack must not cut a block in two); so does an autocast
-    pair around one region's nodes."""
+    traced with no module on the stack must not cut a block in two); so does a context
+    entered and left around one region's nodes."""
     out = list(labels)
     known = [i for i, n in enumerate(nodes) if out[i] >= 0]
     for before, after in itertools.pairwise(known):
@@ -180,11 +240,11 @@ def _smoothed(nodes: list[torch.fx.Node], labels: Sequence[int]) -> list[int]:
             for i in range(before + 1, after):
                 if out[i] < 0:
                     out[i] = out[before]
-    # An autocast entered and left around one region's nodes alone (traced with no module on
-    # the stack: the block's own ``with``) belongs to that region.
+    # A context (autocast, inference mode) entered and left around one region's nodes alone
+    # (traced with no module on the stack: the block's own ``with``) belongs to that region.
     at = {node: i for i, node in enumerate(nodes)}
     for node in nodes:
-        if node.op == "call_function" and node.target is _AUTOCAST_EXIT and node.args \
+        if node.op == "call_function" and _is_exit(node) and node.args \
                 and isinstance(node.args[0], torch.fx.Node):
             enter, leave = at[node.args[0]], at[node]
             inside = {out[i] for i in range(enter + 1, leave)} - {-1}
@@ -195,13 +255,27 @@ def _smoothed(nodes: list[torch.fx.Node], labels: Sequence[int]) -> list[int]:
     return out
 
 
+def _travels(value: Any) -> bool:
+    """Whether a value may pass from one piece to the next: a plain strided tensor (no
+    subclass, no nested or sparse layout), or a bool, int or float. Context handles (None
+    as traced, or objects), symbolic sizes and the rest stay inside one run."""
+    if isinstance(value, torch.Tensor):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        plain = type(value) in (torch.Tensor, torch.nn.Parameter) or isinstance(value, FakeTensor)
+        return plain and value.layout == torch.strided and not value.is_nested
+    return type(value) in (bool, int, float)
+
+
 def _signature(nodes: list[torch.fx.Node], inputs: list[torch.fx.Node],
-               static: list[bool]) -> str:
+               static: list[bool], outputs: list[torch.fx.Node]) -> str:
     """Runs with one signature compile to one artifact: the same operations on inputs of
-    the same layout, dtype, static mark and sharing of storage, whatever the nodes' names."""
+    the same layout, dtype, static mark and sharing of storage, returning the same of their
+    nodes, whatever the nodes' names."""
     h = hashlib.sha256()
     index = {node: f"%in{i}" for i, node in enumerate(inputs)}
     index.update({node: f"%{i}" for i, node in enumerate(nodes)})
+    h.update(repr([index[n] for n in outputs]).encode())
 
     def ref(a: Any) -> Any:
         if not isinstance(a, torch.fx.Node):
