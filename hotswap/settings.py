@@ -11,7 +11,7 @@ on them at once rather than in a worker or a background thread.
                                                             progressive
     HOTSWAP_TIERS                   default,max-autotune    tiers=, as "a,b" (progressive; other
                                                             modes: default)
-    HOTSWAP_REGIONS                 auto                    regions=: auto (progressive first
+    HOTSWAP_REGIONS                 off                     regions=: auto (progressive first
                                                             serves a graph that repeats a block
                                                             with each distinct block compiled
                                                             once), on (async too) or off

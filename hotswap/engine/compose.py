@@ -14,8 +14,8 @@ job through the executor, a load on the load thread, a store. ``InProcess`` is i
 backend call (sources/inprocess.py). A route that does not wait returns eager at once and swaps
 its tiers in as they arrive; one that waits serves its tier from the first call. Which tiers the
 ladder climbs (every tier, or the top one alone) and whether a gate weighs them is the plan's
-too. A route that does not wait and ships its graphs starts (progressive by default, async with
-``regions="on"``) from a rung below the first: that tier compiled region by region, each
+too. A route that does not wait and ships its graphs starts (progressive with ``regions="auto"``,
+async too with ``"on"``) from a rung below the first: that tier compiled region by region, each
 distinct repeated block once (``Tier.regions``; jobs/regions.py), for the graphs that repeat
 one. Nothing past this module reads the mode.
 """

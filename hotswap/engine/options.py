@@ -47,7 +47,8 @@ REGIONS_KEY = "hotswap.regions"
 # ``regions=``: where a ladder starts with its first tier compiled region by region (a rung of
 # its own, REGIONS_SUFFIX, for graphs that repeat a region), below the same tier compiled
 # whole: "auto", progressive's; "on", async's too (a worker busy with the pieces delays the
-# whole graph by their compile: compose.py); "off", none.
+# whole graph by their compile: compose.py); "off" (the default: Mistral's pieces took a
+# minute to compile on the H100 where its whole graph took 5 s, docs/regions.md), none.
 REGIONS = ("auto", "on", "off")
 REGIONS_SUFFIX = "-regions"
 # torch's CUDA graphs switch (reduce-overhead's preset): inductor loads artifacts with CUDA
@@ -266,7 +267,7 @@ class Options:
     executor: Any = None
     cache_url: str | None = None
     worker_devices: tuple[str, ...] = ()
-    regions: str = "auto"
+    regions: str = "off"
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:  # one flat check per option: long on purpose
@@ -318,7 +319,7 @@ class Options:
                              f"must be 2% faster to replace the serving one), got {threshold!r}")
         force_tier = kwargs.get("force_tier")
         regions = kwargs["regions"] if kwargs.get("regions") is not None else (
-            settings.regions() or "auto")
+            settings.regions() or "off")
         if regions not in REGIONS:
             raise ValueError(f"regions must be one of {list(REGIONS)}, got {regions!r}")
         parsed = apply_options(parse_tiers(tiers), check_options(kwargs.get("options")))

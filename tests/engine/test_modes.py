@@ -62,10 +62,7 @@ def test_mode_matches_eager_with_exact_counters(mode: str, model_name: str) -> N
     # file, not swapped in. Every tier is either swapped in or kept, exactly once.
     kept = sum(len(s.kept) for s in statuses)
     assert all(why.endswith("already serves") for s in statuses for _, why in s.kept)
-    # A stack of blocks climbs one rung more in progressive: its pieces (regions.md).
-    pieces = model_name == "blocks" and mode == "progressive"
     for name, per_graph in EXPECTED[mode].items():
-        per_graph += 1 if pieces and name in ("swaps", "worker_compiles") else 0
         expected_delta = per_graph * graphs - (kept if name == "swaps" else 0)
         assert d[name] == expected_delta, (name, dict(d))
     if mode in ("async", "progressive"):

@@ -118,15 +118,15 @@ def test_async_serves_the_pieces_then_the_whole_graph_when_asked() -> None:
 def test_a_blocking_mode_compiles_the_whole_graph() -> None:
     model, inputs = _inference(), (torch.randn(4, 16),)
     with hotswap.counters_delta() as d:
-        compiled = hotswap.compile(model, mode="subprocess", workers=1)
+        compiled = hotswap.compile(model, mode="subprocess", workers=1, regions="on")
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
     assert _regional_counts(d) == (0, 0, 0)
     assert d["worker_compiles"] == 1
 
 
-@pytest.mark.parametrize("mode, regions", [("async", None), ("progressive", "off")])
-def test_the_whole_graph_alone_by_default_in_async_and_off(mode: str,
-                                                           regions: str | None) -> None:
+@pytest.mark.parametrize("mode, regions", [("async", "auto"), ("progressive", None)])
+def test_the_whole_graph_alone_in_async_under_auto_and_by_default(mode: str,
+                                                                  regions: str | None) -> None:
     model, inputs = _inference(), (torch.randn(4, 16),)
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(model, mode=mode, workers=1, regions=regions,
@@ -162,7 +162,7 @@ def test_progressive_climbs_from_the_pieces_to_the_whole_graph() -> None:
     ladder = ["default", {"name": "no-fusion", "config": {"max_fusion_size": 1}}]
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(model, mode="progressive", tiers=ladder, workers=1,
-                                   gate=False)
+                                   gate=False, regions="auto")
         compiled(*inputs)
         (status,) = hotswap.wait(compiled, timeout_s=240)
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
@@ -403,7 +403,7 @@ def test_parameters_that_need_grad_under_no_grad_are_cut() -> None:
     with torch.no_grad(), hotswap.counters_delta() as d:
         expected = model(*inputs)
         compiled = hotswap.compile(model, mode="progressive", tiers=["default"], workers=1,
-                                   gate=False)
+                                   gate=False, regions="auto")
         compiled(*inputs)
         hotswap.wait(compiled, timeout_s=240)
         torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
@@ -446,5 +446,5 @@ def test_a_plan_is_msgpack_as_it_travels() -> None:
 def test_regions_option_is_checked() -> None:
     with pytest.raises(ValueError, match="regions must be one of"):
         Options.create(regions="first")
-    assert Options.create().regions == "auto"
+    assert Options.create().regions == "off"
     assert Options.create(regions="off").regions == "off"
