@@ -5,7 +5,9 @@ files it needs (wire.py says what travels). Also the workers' warm-up steps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -198,18 +200,33 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
 
     request = CompileRequest.from_wire(wire)
     record_precompiled_headers()  # where warm_device did not run
-    with stage("graph_unpickle", tier=request.tier):
-        gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
     if _cpu_graph(request.inputs):  # a job that came before warm_device did: probe first
         with stage("vec_isa_probe", tier=request.tier):
             probe_vec_isa()  # answered from inductor's caches once probed
     global _files_since_s
     started = time.time() - 1.0  # mtime granularity
-    with (stage("inductor_compile", tier=request.tier), compat.inductor_events() as events,
-          torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
-          compat.intra_op_threads(request.num_threads),
-          compat.under_compile_id(request.compile_id), precompiled.recording() as codes):
-        data, plan = _compile(gm, inputs, request, dynamic)
+    for attempt in range(2):
+        with stage("graph_unpickle", tier=request.tier):
+            gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
+        try:
+            with (stage("inductor_compile", tier=request.tier),
+                  compat.inductor_events() as events,
+                  torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
+                  compat.intra_op_threads(request.num_threads),
+                  compat.under_compile_id(request.compile_id),
+                  precompiled.recording() as codes):
+                data, plan = _compile(gm, inputs, request, dynamic)
+            break
+        except Exception as e:
+            damaged = kernel_files.damaged_library(e)
+            if damaged is None or attempt:
+                raise
+            # A kernel library cut short (a compile killed while linking it: inductor links
+            # in place) that inductor's cache would serve to every later compile.
+            log.warning("hotswap: removed a damaged kernel library from inductor's cache, "
+                        "compiling again: %s", damaged)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(damaged)
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):

@@ -37,12 +37,16 @@ def test_files_written_since_and_restore(tmp_path: Path) -> None:
                      os.path.join(triton, "k.cubin"): b"cubin",
                      os.path.join(triton, "k.json"): b"json"}
     (dst / "ab").mkdir(parents=True)
-    (dst / "ab" / "kernel.cpp").write_text("// already here")
+    (dst / "ab" / "kernel.cpp").write_text("// SOURCE")  # there whole (as long as the entry's)
     escaping = {**files, os.path.join("..", "escape.so"): b"no"}
     assert kernel_files.restore_files(str(dst), escaping) == 4  # all but the one already there
     assert (dst / "ab" / "kernel.so").read_bytes() == b"\x7fELF kernel"
-    assert (dst / "ab" / "kernel.cpp").read_text() == "// already here"  # never overwritten
+    assert (dst / "ab" / "kernel.cpp").read_text() == "// SOURCE"  # never written again
     assert not (tmp_path / "escape.so").exists()  # never outside the cache dir
+    # A library cut short (a compile killed while linking it in place) is replaced.
+    (dst / "ab" / "kernel.so").write_bytes(b"\x7fE")
+    assert kernel_files.restore_files(str(dst), files) == 1
+    assert (dst / "ab" / "kernel.so").read_bytes() == b"\x7fELF kernel"
 
 
 def test_an_entry_reads_back_as_views_and_a_damaged_one_is_refused() -> None:
@@ -149,3 +153,27 @@ def test_nothing_another_user_could_have_written_rides_in_an_entry(
     monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(theirs / "below"))
     assert kernel_files.restore({os.path.join("cd", "new.so"): b"ours"}) == 0
     assert not (theirs / "below").exists()
+
+
+def test_a_damaged_library_is_named_only_inside_inductors_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotswap.engine.loading.kernel_files import damaged_library
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    inside = tmp_path / "inductor" / "ab" / "cab.main.so"
+    inside.parent.mkdir(parents=True)
+    inside.write_bytes(b"\x7fELF")
+    outside = tmp_path / "elsewhere.so"
+    outside.write_bytes(b"\x7fELF")
+    assert damaged_library(ImportError(f"{inside}: file too short")) == str(inside)
+    try:  # found where the loader's error is the cause of inductor's own
+        try:
+            raise OSError(f"{inside}: invalid ELF header")
+        except OSError as e:
+            raise RuntimeError("inductor raised") from e
+    except RuntimeError as wrapped:
+        assert damaged_library(wrapped) == str(inside)
+    assert damaged_library(ImportError(f"{outside}: file too short")) is None
+    assert damaged_library(ImportError(f"{inside}: undefined symbol: foo")) is None
+    inside.unlink()
+    assert damaged_library(ImportError(f"{inside}: file too short")) is None  # gone already

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import stat
 import subprocess
 import sys
@@ -344,3 +345,30 @@ def test_a_partial_answer_is_checked_and_never_replaces_a_fuller_one() -> None:
     with pytest.raises(ValueError, match="in order"):
         load_guard.adopt({"vec_isa": whole[-1:], "vec_isa_probed": 1} if len(whole) > 1
                          else {"vec_isa": whole * 2})
+
+
+def _cut_libraries_short(folder: Path) -> int:
+    """Every kernel library under ``folder`` cut to 16 bytes, as a compile killed while
+    linking leaves one (inductor links in place); how many."""
+    libraries = list(folder.rglob("*.so"))
+    for path in libraries:
+        with open(path, "r+b") as f:
+            f.truncate(16)
+    return len(libraries)
+
+
+def test_a_kernel_library_cut_short_is_mended_by_the_worker_and_the_load(tmp_path: Path) -> None:
+    cold = serve_fresh(tmp_path, "inductor")
+    assert cold["tiers"] == ["default"] and cold["paths"] == ["worker"], cold
+    # A later compile of the graph finds inductor's cache entry and its library cut short:
+    # it used to fail with "file too short" every time; the worker removes it and compiles.
+    assert _cut_libraries_short(tmp_path / "inductor") > 0
+    shutil.rmtree(tmp_path / "cache")
+    again = serve_fresh(tmp_path, "inductor")
+    assert again["tiers"] == ["default"] and again["paths"] == ["worker"], again
+    assert not again["failures"] and again["err"] <= again["tol"]
+    # A load from hotswap's cache replaces the cut library with the entry's own.
+    assert _cut_libraries_short(tmp_path / "inductor") > 0
+    warm = serve_fresh(tmp_path, "inductor")
+    assert warm["tiers"] == ["default"] and warm["paths"] == ["cache"], warm
+    assert warm["delta"]["load_compiler_runs"] == 0 and warm["err"] <= warm["tol"]

@@ -26,6 +26,7 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -36,9 +37,20 @@ from hotswap.cache.trust import UntrustedPath, check_root, check_way
 from hotswap.compat import Buffer
 from hotswap.executors.local import inductor_cache_dir
 
-__all__ = ["HEADERS_DIR", "compile_outputs", "files_written_since", "headers_dir",
-           "headers_written_since", "inductor_cache_dir", "libraries_built_from", "restore",
-           "restore_files", "trusted_folder", "write_new"]
+__all__ = [
+    "HEADERS_DIR",
+    "compile_outputs",
+    "damaged_library",
+    "files_written_since",
+    "headers_dir",
+    "headers_written_since",
+    "inductor_cache_dir",
+    "libraries_built_from",
+    "restore",
+    "restore_files",
+    "trusted_folder",
+    "write_new",
+]
 
 log = logging.getLogger("hotswap")
 
@@ -241,18 +253,49 @@ def _read_ours(path: str) -> bytes | None:
 
 def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
     """Write shipped cache files that ``root`` lacks; returns how many. A file that is there
-    is never written again (a warm load on a full disk writes nothing), and a write that
-    fails or is cut off leaves no partial or temporary file behind."""
+    whole is never written again (a warm load on a full disk writes nothing); one of another
+    size (named for its content: cut short, as a library a killed compile was linking) is
+    replaced. A write that fails or is cut off leaves no partial or temporary file behind."""
     written = 0
     real_root = os.path.realpath(root)
     for rel, data in files.items():
         path = os.path.realpath(os.path.join(root, rel))
-        if not path.startswith(real_root + os.sep) or os.path.exists(path):
-            continue  # never outside the cache dir; never over an existing file
+        if not path.startswith(real_root + os.sep) or _whole(path, data):
+            continue  # never outside the cache dir; never over an existing whole file
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_new(path, data, 0o755 if path.endswith(".so") else 0o644)
         written += 1
     return written
+
+
+def _whole(path: str, data: Buffer) -> bool:
+    try:
+        return os.path.getsize(path) == memoryview(data).nbytes
+    except OSError:
+        return False
+
+
+# A library the dynamic loader refuses as cut short or garbled (glibc's messages).
+_DAMAGED = re.compile(r"(/\S+\.so): (?:file too short|invalid ELF header|ELF load command "
+                      r"(?:past end of file|address/offset not (?:properly aligned|page-aligned))"
+                      r"|cannot read file data)")
+
+
+def damaged_library(error: BaseException) -> str | None:
+    """The path of a kernel library in inductor's cache that ``error`` (or an error it was
+    raised from) says the loader refused as damaged, or None. Only a file inside inductor's
+    cache directory, that is there, is named."""
+    root = os.path.realpath(inductor_cache_dir())
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for match in _DAMAGED.finditer(str(current)):
+            path = os.path.realpath(match.group(1))
+            if path.startswith(root + os.sep) and os.path.isfile(path):
+                return path
+        current = current.__cause__ or current.__context__
+    return None
 
 
 # Temporary files being written now: the loader is a daemon thread, which interpreter exit
