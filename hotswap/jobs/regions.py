@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from hotswap.engine.shipping.regions import Run, example_value, runs_of, worth
 from hotswap.workers import stage
@@ -42,6 +41,7 @@ class Piece:
     inputs: list[int]   # value ids: the graph's placeholders are 0.., then its other nodes
     outputs: list[int]
     signature: str
+    views: bool         # two of its inputs share storage (views of one tensor)
 
 
 @dataclass
@@ -84,7 +84,7 @@ def _piece(gm: torch.fx.GraphModule, run: Run, ids: dict[torch.fx.Node, int]) ->
         env[node] = graph.node_copy(node, local)
     graph.output(tuple(env[n] for n in run.outputs))
     return Piece(torch.fx.GraphModule(gm, graph), [ids[n] for n in run.inputs],
-                 [ids[n] for n in run.outputs], run.signature)
+                 [ids[n] for n in run.outputs], run.signature, run.views)
 
 
 def compile_regions(gm: torch.fx.GraphModule, inputs: list[Any], static: Sequence[bool],
@@ -101,7 +101,7 @@ def compile_regions(gm: torch.fx.GraphModule, inputs: list[Any], static: Sequenc
     if runs is None or not worth(runs):
         return None
     cut = _cut(gm, runs)
-    firsts: dict[str, int] = {}
+    firsts: dict[str, int] = {}  # signature -> the first piece that has it, in order
     steps = []
     for i, piece in enumerate(cut.pieces):
         firsts.setdefault(piece.signature, i)
@@ -126,7 +126,7 @@ def _example_inputs(cut: Split, inputs: list[Any], wanted: set[int]) -> dict[int
     tensor), the graph runs eagerly on ``inputs`` as far as the last wanted piece, and the
     pieces compile for the very values they read: a first eager run on a GPU pays its
     libraries' start (cuBLAS, attention backends), seconds in a fresh worker."""
-    if any(_shared_storage(cut.pieces[i]) for i in wanted):
+    if any(cut.pieces[i].views for i in wanted):
         return _run_eagerly(cut, inputs, wanted)
     examples = {}
     for i in wanted:
@@ -135,18 +135,6 @@ def _example_inputs(cut: Split, inputs: list[Any], wanted: set[int]) -> dict[int
         examples[i] = [inputs[v] if v < len(inputs) else _like(example_value(p))
                        for v, p in zip(piece.inputs, placeholders, strict=True)]
     return examples
-
-
-def _shared_storage(piece: Piece) -> bool:
-    seen = set()
-    for node in piece.gm.graph.find_nodes(op="placeholder"):
-        value = example_value(node)
-        if isinstance(value, torch.Tensor):
-            ref = StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]
-            if ref in seen:
-                return True
-            seen.add(ref)
-    return False
 
 
 def _like(value: Any) -> Any:

@@ -55,6 +55,7 @@ class Run:
     inputs: list[torch.fx.Node]   # made outside it (placeholders, earlier runs), first use first
     outputs: list[torch.fx.Node]  # used after it (later runs, the graph's output)
     signature: str
+    views: bool                   # two of its inputs share storage (views of one tensor)
 
 
 def region_labels(gm: torch.fx.GraphModule,
@@ -128,10 +129,10 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
             static: Sequence[bool] | None = None) -> list[Run] | None:
     """The graph's runs, in order; None where it is not cut: fewer than two runs, or a graph
     that starts a run under another grad mode than this thread's (the caller's, or the
-    worker's as it compiles the graph), enters autocast in one run and leaves it in another,
-    calls a submodule, holds a subgraph, or
-    returns anything but a tuple of computed values, inputs and Nones, or passes from one run
-    to the next a value that is not a plain tensor or number (``_travels``)."""
+    worker's as it compiles the graph), enters a context in one run and leaves it in another
+    (``_contexts_kept``), calls a submodule, holds a subgraph, returns anything but a tuple
+    of computed values, inputs and Nones, or passes from one run to the next a value that is
+    not a plain tensor or number (``_travels``)."""
     nodes = list(gm.graph.nodes)
     if len(labels) != len(nodes) or not _cuttable(gm, nodes):
         return None
@@ -161,11 +162,14 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
                 if used.op != "get_attr" and run_of.get(used) != i and used not in inputs:
                     inputs.append(used)
         outputs = [node for node in stretch if last_use.get(node, -1) > i]
-        if not all(_travels(example_value(n)) for n in inputs):
+        values = [example_value(n) for n in inputs]
+        if not all(_travels(v) for v in values):
             return None
+        sharing = _sharing(values)
         runs.append(Run(stretch, inputs, outputs,
-                        _signature(stretch, inputs, [flags.get(n, False) for n in inputs],
-                                   outputs)))
+                        _signature(stretch, inputs, values,
+                                   [flags.get(n, False) for n in inputs], sharing, outputs),
+                        any(s >= 0 for s in sharing)))
     return runs
 
 
@@ -179,9 +183,9 @@ def _contexts_kept(nodes: list[torch.fx.Node], run_of: dict[torch.fx.Node, int])
             continue
         name = getattr(node.target, "__name__", "")
         if name.startswith("_enter_"):
-            if not any(getattr(u.target, "__name__", "").startswith("_exit_") for u in node.users):
+            if not any(_is_exit(user) for user in node.users):
                 return False
-        elif name.startswith("_exit_"):
+        elif _is_exit(node):
             enter = node.args[0] if node.args else None
             if not isinstance(enter, torch.fx.Node) or run_of.get(enter) != run_of.get(node):
                 return False
@@ -267,11 +271,24 @@ def _travels(value: Any) -> bool:
     return type(value) in (bool, int, float)
 
 
-def _signature(nodes: list[torch.fx.Node], inputs: list[torch.fx.Node],
-               static: list[bool], outputs: list[torch.fx.Node]) -> str:
-    """Runs with one signature compile to one artifact: the same operations on inputs of
-    the same layout, dtype, static mark and sharing of storage, returning the same of their
-    nodes, whatever the nodes' names."""
+def _sharing(values: list[Any]) -> list[int]:
+    """Per value, the first earlier one whose storage it shares (a view of one tensor), or -1."""
+    storages: list[Any] = []
+    out = []
+    for value in values:
+        storage = (StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]
+                   if isinstance(value, torch.Tensor) else None)
+        out.append(storages.index(storage) if storage is not None and storage in storages
+                   else -1)
+        storages.append(storage)
+    return out
+
+
+def _signature(nodes: list[torch.fx.Node], inputs: list[torch.fx.Node], values: list[Any],
+               static: list[bool], sharing: list[int], outputs: list[torch.fx.Node]) -> str:
+    """Runs with one signature compile to one artifact: the same operations on inputs (of
+    example ``values``) of the same layout, dtype, static mark and sharing of storage,
+    returning the same of their nodes, whatever the nodes' names."""
     h = hashlib.sha256()
     index = {node: f"%in{i}" for i, node in enumerate(inputs)}
     index.update({node: f"%{i}" for i, node in enumerate(nodes)})
@@ -286,13 +303,8 @@ def _signature(nodes: list[torch.fx.Node], inputs: list[torch.fx.Node],
         target = node.target if isinstance(node.target, str) else repr(node.target)
         h.update(repr((node.op, target, map_aggregate(node.args, ref),
                        map_aggregate(node.kwargs, ref))).encode())
-    storages: list[Any] = []
-    for node, flag in zip(inputs, static, strict=True):
-        value = example_value(node)
+    for value, flag, shared in zip(values, static, sharing, strict=True):
         if isinstance(value, torch.Tensor):
-            storage = StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]
-            shared = storages.index(storage) if storage in storages else -1
-            storages.append(storage)
             h.update(repr((tuple(value.shape), value.stride(), value.storage_offset(),
                            value.dtype, value.device, value.requires_grad, flag,
                            shared)).encode())
