@@ -268,6 +268,41 @@ def test_a_grad_mode_switched_and_back_within_the_glue_is_cut() -> None:
                                atol=1e-4)
 
 
+class _MovesUnused(Block):
+    def forward(self, x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        window.to(x.device)  # its value unread, as Mistral's blocks do with their window
+        return super().forward(x)
+
+
+class _UnreadConstant(Blocks):
+    """A constant made before the blocks and moved, but never read, in each (Mistral)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_MovesUnused(32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        window = torch.tensor(4096)
+        for block in self.blocks:
+            x = block(x, window)
+        return self.head(x)
+
+
+def test_a_value_nothing_reads_does_not_cross_between_pieces() -> None:
+    model, x = _UnreadConstant().requires_grad_(False), torch.randn(4, 16)
+    gm, args = _dynamo_call(model, x)
+    moves = gm.graph.find_nodes(op="call_method", target="to")
+    assert len(moves) == 4 and not any(move.users for move in moves)  # dynamo keeps them
+    cut = regions.split(gm, region_labels(gm))
+    assert cut is not None and len(cut.pieces) == 6
+    assert len({piece.signature for piece in cut.pieces}) == 3
+    assert [len(piece.inputs) for piece in cut.pieces[1:5]] == [7] * 4  # x, six parameters
+    assert len(cut.pieces[0].outputs) == 1
+    served = _served_regionally(model, x)
+    torch.testing.assert_close(served(*args)[0], model(x), rtol=1e-4, atol=1e-4)
+
+
 def test_autocast_is_cut_around_but_not_through() -> None:
     x = torch.randn(4, 16)
     inside = _AutocastInside().requires_grad_(False)

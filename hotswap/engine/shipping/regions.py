@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import operator
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -47,6 +48,15 @@ _DEPTHS = 3
 _GRAD_MODE = torch._C._set_grad_enabled
 # Contexts traced as two calls of one function, to set and to restore (``sdpa_kernel``).
 _SET_AND_RESTORE = ("_sdpa_kernel",)
+# Calls that neither change their inputs nor draw random numbers: where nothing live reads
+# their value, the pieces leave them out, as inductor does in the whole graph. Mistral's blocks
+# each move a CPU ``torch.tensor(4096)`` made in the glue to the device and never read it;
+# kept, it crossed into every block and the glue's piece returned two CPU tensors, a C++
+# kernel beside its Triton ones (55 s of code generation in a GPU worker).
+_PURE_METHODS = frozenset({"to", "type", "float", "double", "half", "bfloat16", "int", "long",
+                           "bool", "contiguous", "view", "reshape", "expand", "unsqueeze",
+                           "squeeze", "size", "dim", "detach"})
+_PURE_FUNCTIONS = (torch.tensor, operator.getitem, torch._C._log_api_usage_once)
 
 
 @dataclass
@@ -136,8 +146,9 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
     nodes = list(gm.graph.nodes)
     if len(labels) != len(nodes) or not _cuttable(gm, nodes):
         return None
+    dead = _dead(nodes)
     labelled = [(n, label) for n, label in zip(nodes, _smoothed(nodes, labels), strict=True)
-                if n.op in ("call_function", "call_method")]
+                if n.op in ("call_function", "call_method") and n not in dead]
     stretches = [[n for n, _ in group]
                  for _, group in itertools.groupby(labelled, key=lambda pair: pair[1])]
     if len(stretches) < 2:
@@ -151,7 +162,7 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
         return None
     last_use: dict[torch.fx.Node, int] = {}
     for node in nodes:
-        for user in node.users:
+        for user in node.users.keys() - dead:
             at = len(stretches) if user.op == "output" else run_of.get(user, -1)
             last_use[node] = max(last_use.get(node, -1), at)
     runs = []
@@ -171,6 +182,17 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
                                    [flags.get(n, False) for n in inputs], sharing, outputs),
                         any(s >= 0 for s in sharing)))
     return runs
+
+
+def _dead(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The pure calls (``_PURE_METHODS``, ``_PURE_FUNCTIONS``) whose values nothing live reads."""
+    dead: set[torch.fx.Node] = set()
+    for node in reversed(nodes):
+        pure = (node.target in _PURE_METHODS if node.op == "call_method"
+                else node.op == "call_function" and node.target in _PURE_FUNCTIONS)
+        if pure and node.users.keys() <= dead:
+            dead.add(node)
+    return dead
 
 
 def _contexts_kept(nodes: list[torch.fx.Node], run_of: dict[torch.fx.Node, int]) -> bool:
