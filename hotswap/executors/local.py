@@ -37,9 +37,11 @@ RESET_IDLE_EXIT_S = 5.0
 class LocalPools:
     """The process's worker pools. Thread-safe."""
 
-    def __init__(self, yield_to: str | None = None) -> None:
-        # Whom the workers yield to (WorkerPool's ``yield_to``; None: HOTSWAP_WORKER_YIELD).
+    def __init__(self, yield_to: str | None = None, warm: int = 1) -> None:
+        # Whom the workers yield to (WorkerPool's ``yield_to``; None: HOTSWAP_WORKER_YIELD),
+        # and how many of a pool's workers stay started with no job (WorkerPool's ``warm``).
         self._yield_to = yield_to
+        self._warm = warm
         # One pool per (worker count, worker devices).
         self._pools: dict[PoolKey, WorkerPool] = {}
         self._lock = threading.Lock()
@@ -144,7 +146,7 @@ class LocalPools:
         pool = self._pools.get(size)
         if pool is None:
             pool = self._pools[size] = _start_pool(
-                *size, yield_to=self._yield_to or settings.worker_yield())
+                *size, yield_to=self._yield_to or settings.worker_yield(), warm=self._warm)
         return pool
 
     def running(self, size: PoolKey) -> WorkerPool | None:
@@ -256,8 +258,8 @@ def trace_dirs(slot: int) -> dict[str, str]:
             for var in ("TORCH_TRACE", "TORCH_DTRACE") if os.environ.get(var)}
 
 
-def _start_pool(size: int, devices: tuple[str, ...] = (), *, yield_to: str = "caller"
-                ) -> WorkerPool:
+def _start_pool(size: int, devices: tuple[str, ...] = (), *, yield_to: str = "caller",
+                warm: int = 1) -> WorkerPool:
     # Inductor's own parallel compile would put several processes per worker on a few cores;
     # share the cores out instead, unless the user chose.
     threads = str(max(1, (os.cpu_count() or 1) // size))
@@ -284,6 +286,6 @@ def _start_pool(size: int, devices: tuple[str, ...] = (), *, yield_to: str = "ca
     pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
                       warm_modules=("torch", "torch._inductor.compile_fx",
                                     WARM_DEVICE_JOB, WARM_COMPILE_JOB),
-                      measures=MEASURES, yield_to=yield_to)
+                      measures=MEASURES, yield_to=yield_to, warm=warm)
     pool.start()
     return pool

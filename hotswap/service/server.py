@@ -82,6 +82,13 @@ class _Signal:
             self._w = -1
 
 
+# Workers the service keeps started with no job waiting (at most its pool's size): a graph's
+# pieces and its whole graph (regions="auto" in async, docs/regions.md) compile side by side,
+# where one warm worker took them one after another and the whole graph waited 3.2 s for the
+# pieces (GPT-2, H100). A GPU worker holds a CUDA context and inductor's compile processes.
+WARM_WORKERS = 2
+
+
 class Service:
     """Serves jobs of clients of this uid on ``place.socket`` until idle for ``idle_exit_s``
     or stopped. ``serve_forever()`` returns once it has stopped its workers."""
@@ -96,7 +103,7 @@ class Service:
         self._had_job = False
         self._key = authkey(place, create=True)
         # Its workers yield to every process: its callers are the other processes.
-        self._pools = LocalPools(yield_to="all")
+        self._pools = LocalPools(yield_to="all", warm=WARM_WORKERS)
         self._executor = LocalExecutor(workers, (), shared=self._pools)
         self._lock = threading.Lock()
         self._connections = 0  # being served (a job's among them)

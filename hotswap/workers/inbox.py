@@ -37,6 +37,7 @@ class PoolConfig:
     idle: bool = False
     measures: frozenset[str] = frozenset()  # WorkerPool's ``measures``
     yield_to: str = "caller"  # WorkerPool's ``yield_to``
+    warm: int = 1  # WorkerPool's ``warm``
 
 
 @dataclass

@@ -190,9 +190,10 @@ class Manager:
         worker.send(MessageKind.INIT, 0, encode_control(init))
 
     def _top_up_workers(self) -> None:
-        """Start workers, up to the pool's size: the first at once; the others where the queue
-        would keep its last job waiting longer than a worker takes to start (``_due``), or for
-        a caller in ``wait_ready``, who asked for all of them."""
+        """Start workers, up to the pool's size: the first at once, and those the pool keeps
+        warm (``warm``) one after another; the others where the queue would keep its last job
+        waiting longer than a worker takes to start (``_due``), or for a caller in
+        ``wait_ready``, who asked for all of them."""
         if len(self.workers) >= self.config.workers:
             return
         if self._start_failures >= _MAX_START_FAILURES:
@@ -208,6 +209,8 @@ class Manager:
         # otherwise): nothing is known yet of how long its jobs or its starts take.
         due = queued if everyone or not self.workers else self._due(time.monotonic())
         starting = sum(not w.ready for w in self.workers.values())
+        if starting == 0 and len(self.workers) < self.config.warm:
+            due = max(due, 1)
         used = {w.slot for w in self.workers.values()}
         for slot in range(self.config.workers):
             if slot in used:

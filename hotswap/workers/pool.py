@@ -96,6 +96,9 @@ class WorkerPool:
     meanwhile: on the 2-core box, the pool's one worker took the next tier's compile 0.1-0.8
     s before the measurement of the tier it had just compiled was queued, and that
     measurement then waited 3 s for it (12 s beside a busy caller).
+    ``warm``: how many workers it keeps started whether jobs wait or not (at most
+    ``workers``), one after another; past them, it grows only for jobs that would wait longer
+    than a worker takes to start (manager.py).
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class WorkerPool:
         idle: bool = False,
         measures: Iterable[str] = (),
         yield_to: str = "caller",
+        warm: int = 1,
     ) -> None:
         if workers is None:
             workers = default_workers()
@@ -138,12 +142,15 @@ class WorkerPool:
         if not all(isinstance(job, str) for job in measures):
             raise ValueError(f"measures must name jobs ('package.module:function' strings), "
                              f"got {sorted(map(repr, measures))}")
+        if isinstance(warm, bool) or not isinstance(warm, int) or warm < 1:
+            raise ValueError(f"warm must be an int >= 1, got {warm!r}")
         _check_positive("rss_poll_s", rss_poll_s)
         _check_positive("ready_timeout_s", ready_timeout_s)
         self.num_workers = workers
         self.rss_limit_bytes = rss_limit_bytes
         self._config = PoolConfig(workers, rss_limit_bytes, worker_env, list(warm_modules),
-                                  rss_poll_s, ready_timeout_s, nice, idle, measures, yield_to)
+                                  rss_poll_s, ready_timeout_s, nice, idle, measures, yield_to,
+                                  min(warm, workers))
         self._inbox: Inbox | None = None
         self._manager: Manager | None = None
         self._thread: threading.Thread | None = None

@@ -370,6 +370,24 @@ def test_a_pool_grows_past_its_first_worker_only_for_a_queue_longer_than_a_start
         assert [w.ready for w in pool.workers_info()] == [True, True]
 
 
+def test_a_pool_keeps_its_warm_workers_started_with_no_job() -> None:
+    """``warm=2`` (the compile service's): two workers start, one after the other, with no
+    job queued; two jobs then run side by side at once, where one warm worker would take
+    them in turn; a third worker starts only for a long queue."""
+    with WorkerPool(3, warm=2, warm_modules=()) as pool:
+        pool.start()
+        deadline = time.monotonic() + 60
+        while sum(w.ready for w in pool.workers_info()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [w.ready for w in pool.workers_info()] == [True, True]
+        pair = [pool.submit(F + "sleep", 1.0) for _ in range(2)]
+        assert [f.result(timeout=60) for f in pair] == [1.0, 1.0]
+        assert len({f.worker_pid for f in pair}) == 2
+        assert len(pool.workers_info()) == 2
+    with pytest.raises(ValueError, match="warm must be an int >= 1"):
+        WorkerPool(2, warm=0)
+
+
 def test_a_workers_first_job_does_not_count_as_the_pools_job_time() -> None:
     """A worker's first job pays its process's one-time costs (a CUDA context, inductor's
     compile processes): a slow first job makes no later queue look long (on the GPU, four
