@@ -11,10 +11,12 @@ on them at once rather than in a worker or a background thread.
                                                             progressive
     HOTSWAP_TIERS                   default,max-autotune    tiers=, as "a,b" (progressive; other
                                                             modes: default)
-    HOTSWAP_REGIONS                 off                     regions=: auto (progressive first
-                                                            serves a graph that repeats a block
-                                                            with each distinct block compiled
-                                                            once), on (async too) or off
+    HOTSWAP_REGIONS                 auto                    regions=: auto (progressive, and
+                                                            async with the compile service,
+                                                            first serve a graph that repeats a
+                                                            block with each distinct block
+                                                            compiled once), on (async always)
+                                                            or off
     HOTSWAP_TIMEOUT_S               600 (x3 autotuning)     timeout_s=: limit on a compile or a
                                                             wait on one, seconds > 0
     HOTSWAP_GATE_THRESHOLD          0.02                    gate_threshold=: how much faster a

@@ -15,9 +15,10 @@ backend call (sources/inprocess.py). A route that does not wait returns eager at
 its tiers in as they arrive; one that waits serves its tier from the first call. Which tiers the
 ladder climbs (every tier, or the top one alone) and whether a gate weighs them is the plan's
 too. A route that does not wait and ships its graphs starts (progressive with ``regions="auto"``,
-async too with ``"on"``) from a rung below the first: that tier compiled region by region, each
-distinct repeated block once (``Tier.regions``; jobs/regions.py), for the graphs that repeat
-one. Nothing past this module reads the mode.
+async too where its jobs go to the compile service, or with ``"on"``) from a rung below the
+first: that tier compiled region by region, each distinct repeated block once
+(``Tier.regions``; jobs/regions.py), for the graphs that repeat one. Nothing past this module
+reads the mode.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from hotswap.engine.sources.tiers import (
     TierLifecycle,
     TierSource,
 )
+from hotswap.executors import registry
 
 __all__ = ["Composition", "Route", "compose"]
 
@@ -72,6 +74,7 @@ class Composition:
     remote: bool               # jobs go to workers: warm them as the backend is made
     stores: PendingStores | None = None  # entries stored once their tier serves
     probation: bool = False    # ungated, a tier that swaps in is weighed against eager's calls
+    rung_last: bool = False    # the rung of pieces is sent after the tier it stands in for
 
     def route(self, prepared: Prepared) -> Route:
         """The route of a prepared graph: ``here`` if it was to travel and could not."""
@@ -83,10 +86,17 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     plan = options.plan
     tiers: Sequence[Tier] = options.tiers if plan.climbs else options.tiers[-1:]
     # The pieces' rung serves compiled code sooner; where one worker takes both jobs, the
-    # whole graph then waits for the pieces' compile (GPT-2 on the H100's compile service:
-    # 2.2-2.6 s). Progressive's final tier comes minutes later anyway; async's is its one
-    # tier, so there it is asked for (regions="on").
-    wanted = options.regions == "on" or (options.regions == "auto" and plan.climbs)
+    # whole graph then waits for the pieces' compile (GPT-2 on the H100: 3.2 s). Progressive's
+    # final tier comes minutes later anyway. Async's is its one tier: "auto" gives it the rung
+    # where its jobs go to the compile service, which keeps two workers warm for them
+    # (service/server.py), not where the local pool starts its second worker only for jobs
+    # that would wait longer than that start.
+    # There async sends its whole graph first and the pieces after (``rung_last``): a service
+    # with one worker free (the first process ever: its second still starting) compiles the
+    # tier that stays first, and the pieces, later, serve nothing.
+    wanted = options.regions == "on" or (options.regions == "auto" and (
+        plan.climbs or options.executor == registry.SERVICE))
+    rung_last = options.regions == "auto" and not plan.climbs
     if wanted and not plan.here and not plan.waits:
         tiers = [*_bridge(tiers), *tiers]
     if recorder.profiling:  # kernels named for profilers
@@ -101,4 +111,4 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     return Composition(tiers=list(tiers), gate=gate if plan.gated else None,
                        shipped=shipped, here=here, remote=not plan.here,
                        stores=lifecycle.stores if lifecycle is not None else None,
-                       probation=plan.probation)
+                       probation=plan.probation, rung_last=rung_last)

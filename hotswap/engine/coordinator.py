@@ -142,6 +142,8 @@ class Coordinator:
                 journey.keep(tier.name, f"only {starts[0][0].name!r} compiles in this "
                                         f"process ({journey.here_because})")
             starts = starts[:1]
+        if self.composition.rung_last:
+            starts.sort(key=lambda start: start[0].regions)  # stable: the rung after the rest
         for tier, cached in starts:
             arrival = route.source.start(journey, tier, cached=cached,
                                          example_inputs=example_inputs)

@@ -46,9 +46,8 @@ CUDAGRAPHS_KEY = "hotswap.cudagraphs"
 REGIONS_KEY = "hotswap.regions"
 # ``regions=``: where a ladder starts with its first tier compiled region by region (a rung of
 # its own, REGIONS_SUFFIX, for graphs that repeat a region), below the same tier compiled
-# whole: "auto", progressive's; "on", async's too (a worker busy with the pieces delays the
-# whole graph by their compile: compose.py); "off" (the default: Mistral's pieces took a
-# minute to compile on the H100 where its whole graph took 5 s, docs/regions.md), none.
+# whole: "auto" (the default), progressive's, and async's where its jobs go to the compile
+# service (compose.py says why); "on", async's always; "off", none.
 REGIONS = ("auto", "on", "off")
 REGIONS_SUFFIX = "-regions"
 # torch's CUDA graphs switch (reduce-overhead's preset): inductor loads artifacts with CUDA
@@ -267,7 +266,7 @@ class Options:
     executor: Any = None
     cache_url: str | None = None
     worker_devices: tuple[str, ...] = ()
-    regions: str = "off"
+    regions: str = "auto"
 
     @classmethod
     def create(cls, **kwargs: Any) -> Options:  # one flat check per option: long on purpose
@@ -319,7 +318,7 @@ class Options:
                              f"must be 2% faster to replace the serving one), got {threshold!r}")
         force_tier = kwargs.get("force_tier")
         regions = kwargs["regions"] if kwargs.get("regions") is not None else (
-            settings.regions() or "off")
+            settings.regions() or "auto")
         if regions not in REGIONS:
             raise ValueError(f"regions must be one of {list(REGIONS)}, got {regions!r}")
         parsed = apply_options(parse_tiers(tiers), check_options(kwargs.get("options")))

@@ -12,7 +12,10 @@ import torch
 import hotswap
 from hotswap.engine.loading.artifacts import load_entry, pack_entry
 from hotswap.engine.loading.regions import Regional, check_plan
+from hotswap.engine.compose import compose
 from hotswap.engine.options import Options
+from hotswap.engine.recording import Recorder
+from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.engine.shipping.regions import region_labels
 from hotswap.jobs import regions
 from tests.engine.models import Block, Blocks, mlp
@@ -124,9 +127,9 @@ def test_a_blocking_mode_compiles_the_whole_graph() -> None:
     assert d["worker_compiles"] == 1
 
 
-@pytest.mark.parametrize("mode, regions", [("async", "auto"), ("progressive", None)])
-def test_the_whole_graph_alone_in_async_under_auto_and_by_default(mode: str,
-                                                                  regions: str | None) -> None:
+@pytest.mark.parametrize("mode, regions", [("async", None), ("progressive", "off")])
+def test_the_whole_graph_alone_in_async_with_the_local_pool_and_when_off(
+        mode: str, regions: str | None) -> None:
     model, inputs = _inference(), (torch.randn(4, 16),)
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(model, mode=mode, workers=1, regions=regions,
@@ -136,6 +139,28 @@ def test_the_whole_graph_alone_in_async_under_auto_and_by_default(mode: str,
     assert [name for name, _ in status.states] == ["default"]
     assert _regional_counts(d) == (0, 0, 0)
     assert d["worker_compiles"] == 1
+
+
+def _ladder(**options: Any) -> tuple[list[str], bool]:
+    """The tiers a backend of these options climbs, the rung of pieces among them, and
+    whether the rung is sent after the tier it stands in for."""
+    made = Options.create(**options)
+    composition = compose(made, cache=CacheAccess(made.cache_dir, made.limit_s(), None),
+                          recorder=Recorder(None), load=lambda *_: None,
+                          job=lambda *_: None, on_loader=lambda *_: None)
+    return [tier.name for tier in composition.tiers], composition.rung_last
+
+
+def test_the_rung_of_pieces_by_mode_executor_and_option() -> None:
+    rung = ["default-regions", "default"]
+    assert _ladder(mode="progressive") == ([*rung, "max-autotune"], False)
+    assert _ladder(mode="progressive", regions="off") == (["default", "max-autotune"], False)
+    assert _ladder(mode="async")[0] == ["default"]  # the local pool: one worker takes both
+    # the service's two warm workers take both; one worker free takes the whole graph first
+    assert _ladder(mode="async", executor="service://") == (rung, True)
+    assert _ladder(mode="async", executor="service://", regions="off")[0] == ["default"]
+    assert _ladder(mode="async", regions="on") == (rung, False)  # asked for: sent first
+    assert _ladder(mode="subprocess", executor="service://", regions="on")[0] == ["default"]
 
 
 def test_a_restart_loads_the_whole_graph_from_the_cache(tmp_path: Any) -> None:
@@ -481,5 +506,5 @@ def test_a_plan_is_msgpack_as_it_travels() -> None:
 def test_regions_option_is_checked() -> None:
     with pytest.raises(ValueError, match="regions must be one of"):
         Options.create(regions="first")
-    assert Options.create().regions == "off"
+    assert Options.create().regions == "auto"
     assert Options.create(regions="off").regions == "off"

@@ -184,3 +184,21 @@ def test_a_row_starts_with_caches_and_a_temporary_folder_of_its_own(tmp_path: Pa
     for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HOTSWAP_CACHE_DIR"):
         assert Path(env[key]).parent == root, key
     assert Path(env["TMPDIR"]).is_dir() and Path(env["TMPDIR"]).stat().st_mode & 0o077 == 0
+
+
+def test_the_service_targets_weigh_the_whole_graph_and_show_the_pieces_beside() -> None:
+    """A service row that served its pieces first: its target is its whole graph's time;
+    the pieces' time is a line for comparison."""
+    def row(name: str, compiled: float, final: float) -> dict[str, object]:
+        return {"row": name, "to_compiled_s": compiled, "to_final_s": final}
+
+    lines = bench_report._targets([row("torch:default", 30.0, 30.0),
+                                   row("hotswap:async@service", 18.0, 24.0),
+                                   row("hotswap:async@service-first", 26.0, 26.0)], None)
+    warm = [line.strip() for line in lines if "the compile service warm" in line]
+    assert ("async, the compile service warm, compiled vs torch.compile's first call: "
+            "24.000 / 30.000 = 0.800x (target <= 0.7x) MISSED") in warm
+    assert ("async, the compile service warm, first compiled code (each repeated block "
+            "compiled once) vs torch.compile's first call: 18.000 / 30.000 = 0.600x for "
+            "comparison") in warm
+    assert not any("first process ever, first compiled code" in line for line in lines)
