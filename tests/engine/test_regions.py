@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import hotswap
+from hotswap.engine.compose import compose
 from hotswap.engine.loading.artifacts import load_entry, pack_entry
 from hotswap.engine.loading.regions import Regional, check_plan
-from hotswap.engine.compose import compose
 from hotswap.engine.options import Options
 from hotswap.engine.recording import Recorder
-from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.engine.shipping.regions import region_labels
+from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.jobs import regions
 from tests.engine.models import Block, Blocks, mlp
 
