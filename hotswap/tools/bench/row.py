@@ -118,6 +118,10 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "to_final_s": served.final_s, **served.calls(eager_ms),
         # hotswap rows: process start -> every graph serves compiled code (any tier)
         "to_compiled_s": _compiled_at[0] if _compiled_at else served.final_s,
+        # process start -> every graph serves the tier it ends on (None: one ends on eager)
+        "to_stays_s": (served.final_s if not row.startswith("hotswap:")
+                       else _serving[1] if served.final_s is not None and _serving[0]
+                       and "eager" not in _serving[0] else None),
         "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20, **memory,
         # the caller's own first call (dynamo's trace, CUDA's start) apart from what follows
         **probe.summary(since_s=ready_s + served.durations[0]).as_dict(),
@@ -153,8 +157,11 @@ def memory_parts() -> dict[str, float]:
             "steady_their_children_mib": theirs, "steady_total_mib": serving + workers + theirs}
 
 
-# When a hotswap row's graphs all served compiled code first (one row per process).
+# When a hotswap row's graphs all served compiled code first (one row per process), and the
+# tiers they served last and since when: once final, when each began serving the tier it
+# stays on (a lower tier that arrives after it, kept, changes nothing the caller sees).
 _compiled_at: list[float] = []
+_serving: list[Any] = [(), None]
 
 
 def wrap_row(row: str, model: Any, args: argparse.Namespace
@@ -173,6 +180,9 @@ def wrap_row(row: str, model: Any, args: argparse.Namespace
             statuses = hotswap.status(compiled)
             if not _compiled_at and statuses and all(s.tier != "eager" for s in statuses):
                 _compiled_at.append(_since_start())  # every graph serves compiled code
+            tiers = tuple(s.tier for s in statuses)
+            if tiers != _serving[0]:
+                _serving[:] = [tiers, _since_start()]
             return bool(statuses) and all(s.final for s in statuses)
 
         return compiled, is_final, Spinners(0)
