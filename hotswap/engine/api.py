@@ -136,10 +136,10 @@ def compile(
     worker_devices: the GPU each local worker compiles and benchmarks on (["cuda:1"]: off the
           serving GPU; HOTSWAP_WORKER_DEVICES).
     regions: "auto" (default; HOTSWAP_REGIONS): in progressive, and in async where jobs go
-          to the compile service, a graph that repeats a block (a transformer's layers) is
-          first served region by region, each distinct block compiled once, until the whole
-          graph replaces it (a rung of its own, "default-regions"); "on": in async always;
-          "off": never. docs/regions.md.
+          to the compile service and it has two workers, a graph that repeats a block (a
+          transformer's layers) is first served region by region, each distinct block
+          compiled once, until the whole graph replaces it (a rung of its own,
+          "default-regions"); "on": in async always; "off": never. docs/regions.md.
     options: inductor config patches, as ``torch.compile(options=...)`` takes them
           ({"max_autotune": True, "epilogue_fusion": False}): applied to every tier, over the
           tier's own config where both set a key, as torch applies them over its mode's;

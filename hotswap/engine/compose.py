@@ -41,6 +41,7 @@ from hotswap.engine.sources.tiers import (
     TierSource,
 )
 from hotswap.executors import registry
+from hotswap.workers.pool import default_workers
 
 __all__ = ["Composition", "Route", "compose"]
 
@@ -88,14 +89,15 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     # The pieces' rung serves compiled code sooner; where one worker takes both jobs, the
     # whole graph then waits for the pieces' compile (GPT-2 on the H100: 3.2 s). Progressive's
     # final tier comes minutes later anyway. Async's is its one tier: "auto" gives it the rung
-    # where its jobs go to the compile service, which keeps two workers warm for them
-    # (service/server.py), not where the local pool starts its second worker only for jobs
-    # that would wait longer than that start.
+    # where its jobs go to the compile service and the service's pool has two workers, which
+    # it keeps warm (service/server.py; its size is this machine's default, as this process
+    # reckons it: one per two cores), not where the local pool starts its second worker only
+    # for jobs that would wait longer than that start.
     # There async sends its whole graph first and the pieces after (``rung_last``): a service
     # with one worker free (the first process ever: its second still starting) compiles the
     # tier that stays first, and the pieces, later, serve nothing.
     wanted = options.regions == "on" or (options.regions == "auto" and (
-        plan.climbs or options.executor == registry.SERVICE))
+        plan.climbs or (options.executor == registry.SERVICE and default_workers() >= 2)))
     rung_last = options.regions == "auto" and not plan.climbs
     if wanted and not plan.here and not plan.waits:
         tiers = [*_bridge(tiers), *tiers]

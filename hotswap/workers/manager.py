@@ -197,7 +197,9 @@ class Manager:
         if len(self.workers) >= self.config.workers:
             return
         if self._start_failures >= _MAX_START_FAILURES:
-            self.inbox.fail_all(WorkerStartFailed(self._start_failures, self._last_start_error))
+            if not any(w.ready for w in self.workers.values()):  # else the ready ones run them
+                self.inbox.fail_all(WorkerStartFailed(self._start_failures,
+                                                      self._last_start_error))
             return
         # One worker starts at a time: starting is CPU-bound (imports, then on CPU the ISA
         # probe), and workers starting side by side on a small machine each took longer to
@@ -209,14 +211,21 @@ class Manager:
         # otherwise): nothing is known yet of how long its jobs or its starts take.
         due = queued if everyone or not self.workers else self._due(time.monotonic())
         starting = sum(not w.ready for w in self.workers.values())
-        if starting == 0 and len(self.workers) < self.config.warm:
+        # A worker kept warm starts after the one before is ready, and not again after a
+        # failed start until a job comes (submit resets the count): no restarts in a loop.
+        warm = (starting == 0 and len(self.workers) < self.config.warm
+                and self._start_failures == 0)
+        if warm:
             due = max(due, 1)
         used = {w.slot for w in self.workers.values()}
         for slot in range(self.config.workers):
             if slot in used:
                 continue
             if not self.workers or (everyone and starting == 0) or starting < due:
-                if self.workers and not everyone:
+                if self.workers and not everyone and warm:
+                    log.info("hotswap: starting worker %d of %d, kept warm",
+                             len(self.workers) + 1, self.config.workers)
+                elif self.workers and not everyone:
                     log.info("hotswap: the queued jobs would wait about %.1f s for a worker "
                              "(a start takes %.1f s here): starting worker %d of %d",
                              self._queue_wait_s(time.monotonic()), self._start_s(),

@@ -151,13 +151,17 @@ def _ladder(**options: Any) -> tuple[list[str], bool]:
     return [tier.name for tier in composition.tiers], composition.rung_last
 
 
-def test_the_rung_of_pieces_by_mode_executor_and_option() -> None:
+def test_the_rung_of_pieces_by_mode_executor_and_option(monkeypatch: pytest.MonkeyPatch) -> None:
     rung = ["default-regions", "default"]
+    monkeypatch.setenv("HOTSWAP_WORKERS", "2")
     assert _ladder(mode="progressive") == ([*rung, "max-autotune"], False)
     assert _ladder(mode="progressive", regions="off") == (["default", "max-autotune"], False)
     assert _ladder(mode="async")[0] == ["default"]  # the local pool: one worker takes both
     # the service's two warm workers take both; one worker free takes the whole graph first
     assert _ladder(mode="async", executor="service://") == (rung, True)
+    monkeypatch.setenv("HOTSWAP_WORKERS", "1")  # a service of one worker: the whole graph
+    assert _ladder(mode="async", executor="service://")[0] == ["default"]
+    monkeypatch.setenv("HOTSWAP_WORKERS", "2")
     assert _ladder(mode="async", executor="service://", regions="off")[0] == ["default"]
     assert _ladder(mode="async", regions="on") == (rung, False)  # asked for: sent first
     assert _ladder(mode="subprocess", executor="service://", regions="on")[0] == ["default"]

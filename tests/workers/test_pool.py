@@ -388,6 +388,21 @@ def test_a_pool_keeps_its_warm_workers_started_with_no_job() -> None:
         WorkerPool(2, warm=0)
 
 
+def test_a_warm_worker_that_cannot_start_fails_no_job_a_ready_worker_runs() -> None:
+    """The second warm worker's interpreter cannot start: the first runs every job, those
+    queued behind its running one included, and the warm start is not retried in a loop."""
+    broken = {"PYTHONHOME": "/nonexistent"}
+    with WorkerPool(2, warm=2, warm_modules=(),
+                    worker_env=lambda slot: broken if slot == 1 else {}) as pool:
+        busy = pool.submit(F + "sleep", 1.0)
+        queued = [pool.submit(F + "echo", i) for i in range(3)]
+        assert busy.result(timeout=60) == 1.0
+        assert [f.result(timeout=60) for f in queued] == [0, 1, 2]
+        assert len({f.worker_pid for f in [busy, *queued]}) == 1
+        time.sleep(1.0)  # no job: the failed warm start is not tried again meanwhile
+        assert len(pool.workers_info()) == 1
+
+
 def test_a_workers_first_job_does_not_count_as_the_pools_job_time() -> None:
     """A worker's first job pays its process's one-time costs (a CUDA context, inductor's
     compile processes): a slow first job makes no later queue look long (on the GPU, four

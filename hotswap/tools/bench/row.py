@@ -178,11 +178,12 @@ def wrap_row(row: str, model: Any, args: argparse.Namespace
 
         def is_final() -> bool:
             statuses = hotswap.status(compiled)
+            now = _since_start()  # one clock reading for both: equal where one poll saw both
             if not _compiled_at and statuses and all(s.tier != "eager" for s in statuses):
-                _compiled_at.append(_since_start())  # every graph serves compiled code
+                _compiled_at.append(now)  # every graph serves compiled code
             tiers = tuple(s.tier for s in statuses)
             if tiers != _serving[0]:
-                _serving[:] = [tiers, _since_start()]
+                _serving[:] = [tiers, now]
             return bool(statuses) and all(s.final for s in statuses)
 
         return compiled, is_final, Spinners(0)
