@@ -78,8 +78,10 @@ if "--torch-compile" in sys.argv:
     os._exit(0)
 
 tiers = ["default", "max-autotune-no-cudagraphs"]
+# The blocks repeat: the ladder starts with the first tier, each distinct block compiled once
+# (docs/regions.md), its rung "default-regions".
 print(f"{depth} blocks (linear, norm, residual), width {width}, batch {batch}, {device} {dtype}; "
-      f"ladder: eager -> {' -> '.join(tiers)}")
+      f"ladder: eager -> default-regions -> {' -> '.join(tiers)}")
 fast = hotswap.compile(model, mode="progressive", tiers=tiers)
 
 latencies: dict[str, list[float]] = {}
