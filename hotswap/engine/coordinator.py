@@ -193,7 +193,7 @@ class Coordinator:
 
     def _arrived(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
         """Scheduler: a tier is in: offer it to the ladder; or record why it is not."""
-        if journey.forgotten:  # reset: whatever came, nobody serves it
+        if journey.unwanted(tier.name):  # reset, or kept while it compiled: nobody serves it
             return
         error = future.exception()
         if error is None:

@@ -339,6 +339,18 @@ class GraphJourney:
         if not self.runner.swap_in(tier, fn, measured=measured):
             self.keep(tier, f"tier {serving!r} already serves")
 
+    def keep_below(self, tier: str) -> None:
+        """Keep the tiers below ``tier`` that are still compiling: where tiers are adopted by
+        rank (no gate), none of them would serve once ``tier`` does, and the graph is final
+        without waiting for them (async's pieces, sent after the whole graph; ``unwanted``).
+        A gate weighs a later lower tier against what serves: there they stay."""
+        names = [t.name for t in self.tiers]
+        below = names[:names.index(tier)] if tier in names else []
+        with self._lock:
+            under_way = [t for t in below if self._states.get(t) is S.PENDING]
+        for name in under_way:
+            self.keep(name, f"tier {tier!r} already serves")
+
     def keep(self, tier: str, reason: str, *, on_timeline: bool = False) -> None:
         """A tier that will not serve; ``status().kept`` says why (and, ``on_timeline``, the
         profile's swap records)."""
@@ -546,6 +558,12 @@ class GraphJourney:
     def forgotten(self) -> bool:
         with self._lock:
             return self._forgotten
+
+    def unwanted(self, tier: str) -> bool:
+        """Whether nothing will serve ``tier``, whatever comes of its compile: the graph was
+        let go (a reset), or the tier was kept while it compiled (``swap_in``)."""
+        with self._lock:
+            return self._forgotten or self._states.get(tier) is S.KEPT
 
     def claim_comparison(self) -> bool:
         """True once only: the caller compares this final graph's tiers (profiling runs)."""

@@ -3,6 +3,8 @@ worker, the graph served as its pieces called in turn."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any
 
 import msgpack
@@ -116,6 +118,44 @@ def test_async_serves_the_pieces_then_the_whole_graph_when_asked() -> None:
     assert dict(status.states)["default-regions"] == "replaced"
     assert _regional_counts(d) == (1, 6, 3)
     assert (d["worker_compiles"], d["swaps"], d["fallbacks"]) == (2, 2, 0)
+
+
+def test_pieces_sent_after_the_whole_graph_are_kept_and_wait_does_not_wait_for_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As async with the compile service sends them (``rung_last``), here on one local
+    worker: the whole graph serves first, the pieces still compiling are kept at once, and
+    their compile, when it ends, changes nothing."""
+    from hotswap.engine import coordinator
+
+    def whole_first(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(compose(*args, **kwargs), rung_last=True)
+
+    monkeypatch.setattr(coordinator, "compose", whole_first)
+    model, inputs = _inference(), (torch.randn(4, 16),)
+    expected = model(*inputs)
+
+    before = hotswap.counters().get("worker_compiles", 0)
+
+    def compiles() -> int:
+        return hotswap.counters().get("worker_compiles", 0) - before
+
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(model, mode="async", workers=1, regions="on")
+        compiled(*inputs)
+        (status,) = hotswap.wait(compiled, timeout_s=240)
+        assert status.tier == "default" and status.final and not status.failures, status
+        assert dict(status.kept) == {"default-regions": "tier 'default' already serves"}
+        assert compiles() == 1  # the pieces were still compiling
+        deadline = time.monotonic() + 240
+        while compiles() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # what the pieces' arrival would do, done
+        torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
+    (after,) = hotswap.status(compiled)
+    assert after.kept == status.kept and not after.failures and after.tier == "default"
+    assert (d["worker_compiles"], d["swaps"], d["fallbacks"], d["internal_errors"]) == (
+        2, 1, 0, 0)
+    assert _regional_counts(d) == (0, 0, 0)  # never loaded
 
 
 def test_a_blocking_mode_compiles_the_whole_graph() -> None:

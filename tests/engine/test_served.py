@@ -350,3 +350,21 @@ def test_without_probation_a_slower_tier_keeps_serving() -> None:
         status = _until(journey, lambda s: "steady" in s.served_ms.get("fast", {}))
     assert d["probation_reverts"] == 0 and "eager" not in status.served_ms
     assert status.tier == "fast"
+
+
+def test_a_tier_still_compiling_below_the_one_that_swaps_in_is_kept_at_once() -> None:
+    """The higher tier arrives first (async sends its whole graph before the pieces): once it
+    serves, the lower one still compiling is kept, and the graph is final without it."""
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2 + 1,))
+    runner = GraphRunner("g", gm, ["pieces", "whole"])
+    journey = GraphJourney(runner, gm, [Tier("pieces"), Tier("whole")], Recorder(None))
+    runner.clock = CallClock()
+    assert not journey.unwanted("pieces") and not journey.final
+    journey.arrived("whole", "worker")
+    journey.swap_in("whole", gm.forward)
+    assert not journey.status().final  # a gate would still weigh the pieces
+    journey.keep_below("whole")  # adopted by rank (the ladder's offer, with no gate)
+    status = journey.status()
+    assert status.tier == "whole" and status.final
+    assert status.kept == (("pieces", "tier 'whole' already serves"),)
+    assert journey.unwanted("pieces") and not journey.unwanted("whole")

@@ -189,6 +189,8 @@ class Ladder:
             return
         if self.gate is None:
             journey.swap_in(tier, fn)
+            if journey.serving == tier:
+                journey.keep_below(tier)
             return
         candidate = Candidate(tier, fn, journey.keys.get(tier))
         if journey.queue_for_gate(candidate):

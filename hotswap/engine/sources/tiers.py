@@ -72,7 +72,8 @@ class LoadFailed(TierError):
 
 
 class Dropped(TierError):
-    """The graph was let go (``torch.compiler.reset()``): its tier ends without loading."""
+    """Nothing will serve the tier (``GraphJourney.unwanted``: the graph was let go by
+    ``torch.compiler.reset()``, or a higher tier serves): it ends without loading."""
 
 
 class TierSource(Protocol):
@@ -147,8 +148,8 @@ class TierLifecycle:
 
     def _load_cached(self, journey: GraphJourney, out: Future[Arrival], tier: Tier,
                      key: str | None, entry: bytes) -> None:
-        if journey.forgotten:
-            _resolve(out, error=Dropped("the graph was reset"))
+        if journey.unwanted(tier.name):
+            _resolve(out, error=Dropped("not wanted any more"))
             return
         journey.to(tier.name, TierState.COMPILED)
         try:
@@ -163,8 +164,8 @@ class TierLifecycle:
 
     def _compile(self, out: Future[Arrival], journey: GraphJourney,
                  tier: Tier, key: str | None) -> None:
-        if journey.forgotten:  # reset while its claim or the fleet store was awaited
-            _resolve(out, error=Dropped("the graph was reset"))
+        if journey.unwanted(tier.name):  # while its claim or the fleet store was awaited
+            _resolve(out, error=Dropped("not wanted any more"))
             self._cache.release(key)
             return
         submitted = time.monotonic()
@@ -186,6 +187,9 @@ class TierLifecycle:
             self._recorder.worker_job(journey, tier.name, future.stage_events, submitted, done)
             result = CompileResult.from_wire(future.result())
             bump("worker_compiles")
+            if journey.unwanted(tier.name):  # kept while it compiled: a higher tier serves
+                _resolve(out, error=Dropped("a higher tier serves"))
+                return
             journey.to(tier.name, TierState.COMPILED)
             try:
                 fn = self._load(journey, tier, result.entry, "load")
