@@ -98,7 +98,7 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     # tier that stays first, and the pieces, later, serve nothing.
     wanted = options.regions == "on" or (options.regions == "auto" and (
         plan.climbs or (options.executor == registry.SERVICE and default_workers() >= 2)))
-    rung_last = options.regions == "auto" and not plan.climbs
+    rung_last = wanted and options.regions == "auto" and not plan.climbs
     if wanted and not plan.here and not plan.waits:
         tiers = [*_bridge(tiers), *tiers]
     if recorder.profiling:  # kernels named for profilers

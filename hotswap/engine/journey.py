@@ -561,7 +561,7 @@ class GraphJourney:
 
     def unwanted(self, tier: str) -> bool:
         """Whether nothing will serve ``tier``, whatever comes of its compile: the graph was
-        let go (a reset), or the tier was kept while it compiled (``swap_in``)."""
+        let go (a reset), or the tier was kept while it compiled (``keep_below``)."""
         with self._lock:
             return self._forgotten or self._states.get(tier) is S.KEPT
 

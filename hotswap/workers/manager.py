@@ -222,14 +222,13 @@ class Manager:
             if slot in used:
                 continue
             if not self.workers or (everyone and starting == 0) or starting < due:
-                if self.workers and not everyone and warm:
-                    log.info("hotswap: starting worker %d of %d, kept warm",
-                             len(self.workers) + 1, self.config.workers)
-                elif self.workers and not everyone:
-                    log.info("hotswap: the queued jobs would wait about %.1f s for a worker "
-                             "(a start takes %.1f s here): starting worker %d of %d",
-                             self._queue_wait_s(time.monotonic()), self._start_s(),
-                             len(self.workers) + 1, self.config.workers)
+                if self.workers and not everyone:
+                    why = ("kept warm" if warm else
+                           f"the queued jobs would wait about "
+                           f"{self._queue_wait_s(time.monotonic()):.1f} s for a worker (a start "
+                           f"takes {self._start_s():.1f} s here)")
+                    log.info("hotswap: starting worker %d of %d: %s", len(self.workers) + 1,
+                             self.config.workers, why)
                 self._spawn(slot)
                 starting += 1
 

@@ -119,9 +119,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         # hotswap rows: process start -> every graph serves compiled code (any tier)
         "to_compiled_s": _compiled_at[0] if _compiled_at else served.final_s,
         # process start -> every graph serves the tier it ends on (None: one ends on eager)
-        "to_stays_s": (served.final_s if not row.startswith("hotswap:")
-                       else _serving[1] if served.final_s is not None and _serving[0]
-                       and "eager" not in _serving[0] else None),
+        "to_stays_s": _stays_s(row, served.final_s),
         "steady_ms": steady_ms, "peak_rss_mib": peak_rss / 2**20, **memory,
         # the caller's own first call (dynamo's trace, CUDA's start) apart from what follows
         **probe.summary(since_s=ready_s + served.durations[0]).as_dict(),
@@ -162,6 +160,15 @@ def memory_parts() -> dict[str, float]:
 # stays on (a lower tier that arrives after it, kept, changes nothing the caller sees).
 _compiled_at: list[float] = []
 _serving: list[Any] = [(), None]
+
+
+def _stays_s(row: str, final_s: float | None) -> float | None:
+    """When every graph began serving the tier it ends on: a torch row's final time; None
+    where a hotswap row never got final or a graph ends on eager."""
+    if not row.startswith("hotswap:"):
+        return final_s
+    tiers, since = _serving
+    return since if final_s is not None and tiers and "eager" not in tiers else None
 
 
 def wrap_row(row: str, model: Any, args: argparse.Namespace
