@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
+import hotswap
 from hotswap.testing.load import Spinners
 from hotswap.tools.bench import main as bench
 from hotswap.tools.bench import report as bench_report
@@ -21,6 +25,19 @@ ROW_KEYS = {"row", "model", "device", "eager_ms", "first_output_s", "to_final_s"
             "largest_call_ms", "calls", "steady_ms", "peak_rss_mib", "timings_s", "counters",
             "slowest_calls", "ready_s", "prepare_s", "first_call_s", "caller",
             "probe_wakes", "probe_p99_ms", "probe_max_ms", "probe_worst"}
+
+
+def test_a_row_waits_for_its_idle_workers_to_exit_not_for_their_pool_to_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool stopped for idleness leaves the runtime's list before its workers have exited:
+    the row's idle memory is read once the processes are gone (they were counted before)."""
+    monkeypatch.setattr(hotswap, "runtime", lambda: SimpleNamespace(worker_pids=lambda: []))
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    try:
+        bench_row._wait_workers_gone([worker.pid], timeout_s=30.0)
+        assert psutil.Process(worker.pid).status() == psutil.STATUS_ZOMBIE  # exited, unreaped
+    finally:
+        worker.wait()
 
 
 def test_tiny_preset_rows_json_and_markdown(tmp_path: Path,

@@ -106,9 +106,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     if served.final_s is not None:
         memory = memory_parts()
         if row.startswith("hotswap:"):  # once the idle workers have gone (runtime.py)
-            deadline = time.monotonic() + 30
-            while hotswap.runtime().worker_pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            _wait_workers_gone(hotswap.runtime().worker_pids(), timeout_s=30.0)
             memory["idle_total_mib"] = memory_parts()["steady_total_mib"]
     statuses = hotswap.status(compiled) if row.startswith("hotswap:") else []
     return {
@@ -130,6 +128,33 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         # to place a profile's spans (HOTSWAP_PROFILE_DIR, monotonic) on the user's clock
         "pid": os.getpid(), "started_unix_s": _started_unix_s(),
     }
+
+
+def _wait_workers_gone(pids: list[int], *, timeout_s: float) -> None:
+    """Wait until the compile workers ``pids`` have exited and no pool runs a worker. A pool
+    stopped for idleness leaves the runtime's list before its workers have exited (it is
+    taken out under a lock, then shut down): an empty list alone does not mean they are
+    gone."""
+    import psutil
+
+    import hotswap
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    def alive(proc: psutil.Process) -> bool:
+        try:  # (not waited for here: the pool that started it reaps it)
+            return bool(proc.status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while ((hotswap.runtime().worker_pids() or any(alive(p) for p in procs))
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
 
 
 def memory_parts() -> dict[str, float]:
