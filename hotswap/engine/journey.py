@@ -393,13 +393,17 @@ class GraphJourney:
         if self._raise_failures:
             self.runner.raise_next(TierFailed(self.graph_id, tier, reason))
 
-    def give_way(self, tier: str, reason: str | None = None) -> bool:
+    def give_way(self, tier: str,
+                 reason: str | Callable[[str], str] | None = None) -> str | None:
         """``tier`` served before the gate decided on it, and the tier it replaced measured
-        faster: that one serves again. ``reason``: the gate kept ``tier`` out, and why; None:
-        it is still being decided. False (nothing changes) if ``tier`` no longer serves."""
+        faster: that one serves again, and is returned. ``reason``: the gate kept ``tier``
+        out, and why (or a function of the tier that serves again that says it); None: it
+        is still being decided. None (nothing changes) if ``tier`` no longer serves."""
         back = self.runner.give_way(tier)
         if back is None:
-            return False
+            return None
+        if callable(reason):
+            reason = reason(back)
         with self._lock:
             if back in self._states and self._states[back] is S.REPLACED:
                 self._move(back, S.SERVING)
@@ -414,7 +418,7 @@ class GraphJourney:
                  f": {reason}" if reason else " while the gate decides")
         self.recorder.timeline.add(Swap(self.graph_id, tier, back, time.monotonic(),
                                         "kept" if reason is not None else "swap"))
-        return True
+        return back
 
     # ------------------------------------------------------------------ the runner's listener
 
@@ -449,20 +453,27 @@ class GraphJourney:
         to eager; its first window only where even its fastest call took FAR_SLOWER times
         eager's median (the swap's own work, the entry's store and other graphs' loads, runs
         beside the calls right after it, and can slow them; never all of them that much)."""
-        gap = revert = ""
+        gap = ""
+        revert: Callable[[str], str] | None = None
         with self._lock:
             if window.tier == "eager":
                 self._eager_window = window
             eager = self._eager_window
             if self._probation and not self._forgotten and eager is not None and \
                     window.tier != "eager" and _slower_than(window, eager):
-                revert = (f"eager is {faster_by(eager.median_ms / window.median_ms)} faster as "
-                          f"served; kept eager (per call eager {eager.median_ms:.4g} ms, "
-                          f"{window.tier!r} {window.median_ms:.4g} ms: medians of "
-                          f"{len(eager.times_ms)} eager and {len(window.times_ms)} "
-                          f"{window.tier!r} calls; it gives way at {served.GAP:.0%} slower, "
-                          f"or at once where its fastest call took {served.FAR_SLOWER:g}x "
-                          f"eager's median)")
+                # It gives way to what it replaced: eager, or a lower tier (the pieces under
+                # async's whole graph) that served on probation itself; the reason names it.
+                figures_text = (
+                    f"(per call eager {eager.median_ms:.4g} ms, {window.tier!r} "
+                    f"{window.median_ms:.4g} ms: medians of {len(eager.times_ms)} eager and "
+                    f"{len(window.times_ms)} {window.tier!r} calls; it gives way at "
+                    f"{served.GAP:.0%} slower, or at once where its fastest call took "
+                    f"{served.FAR_SLOWER:g}x eager's median)")
+                faster = faster_by(eager.median_ms / window.median_ms)
+
+                def revert(back: str) -> str:
+                    kept = "eager" if back == "eager" else repr(back)
+                    return f"eager is {faster} faster as served; kept {kept} {figures_text}"
             figures = self._served_ms.setdefault(window.tier, {})
             figures[window.name] = window.median_ms
             if window.name == "first":
@@ -479,10 +490,11 @@ class GraphJourney:
         if gap:
             bump("served_gaps")
             log.info("graph %s: %s", self.graph_id, gap)
-        if revert and self.give_way(window.tier, revert):
+        back = self.give_way(window.tier, revert) if revert is not None else None
+        if back is not None and revert is not None:
             bump("probation_reverts")
             if self._gave_way is not None and eager is not None:
-                self._gave_way(window.tier, eager, window, revert)
+                self._gave_way(window.tier, eager, window, revert(back))
 
     def measured(self, tier: str, ms: float, contended: bool) -> None:
         """The gate's latest per-call figure for ``tier`` (eager included); a contended one

@@ -257,6 +257,37 @@ def test_a_tier_on_probation_that_serves_slower_than_eager_gives_way_to_eager() 
     assert d["eager_calls"] == 3
 
 
+def test_a_tier_on_probation_gives_way_to_the_lower_tier_it_replaced_and_says_so() -> None:
+    """async with the rung: the pieces serve, then the whole graph, which proves slower than
+    eager: the pieces serve again (they serve on probation too), and the reason names them."""
+    gm = torch.fx.symbolic_trace(lambda x: (_nap(x, 0.002) * 2 + 1,))
+    runner = GraphRunner("g", gm, ["pieces", "whole"])
+    journey = GraphJourney(runner, gm, [Tier("pieces"), Tier("whole")], Recorder(None))
+    runner.clock = CallClock()
+    journey.arrived("pieces", "worker")
+    journey.arrived("whole", "worker")
+    journey.on_probation()
+    _call(journey, 1 + served.WINDOW)
+    _until(journey, lambda s: "first" in s.served_ms.get("eager", {}))
+    pieces, whole = _sleeping(lambda: 0.0), _sleeping(lambda: 0.003)
+    journey.swap_in("pieces", pieces)
+    _call(journey, 1 + served.WINDOW)
+    _until(journey, lambda s: "first" in s.served_ms.get("pieces", {}))
+    with hotswap.counters_delta() as d:
+        journey.swap_in("whole", whole)
+        _call(journey, 1 + served.WINDOW)
+        _timed_again(journey, whole)
+        _call(journey, served.WINDOW)
+        status = _until(journey, lambda s: s.tier != "whole")
+    assert d["probation_reverts"] == 1 and d["swaps"] == 1
+    assert status.tier == "pieces" and dict(status.states)["whole"] == "kept"
+    [(tier, reason)] = status.kept
+    assert tier == "whole" and " faster as served; kept 'pieces' (per call " in reason, reason
+    with hotswap.counters_delta() as d:
+        _call(journey, 3)
+    assert d["eager_calls"] == 0  # the pieces answer, not eager
+
+
 def test_a_tier_on_probation_as_fast_as_eager_or_faster_stays() -> None:
     journey = _napping(0.004)
     journey.on_probation()
