@@ -82,7 +82,7 @@ class Coordinator:
         self._retain = retain_artifacts
         self.options = options
         self._compiler = compiler
-        self.graphs = Graphs()
+        self.graphs = Graphs(on_settled=self._all_final)
         self.recorder = Recorder(options.profile_dir)
         self.cache = CacheAccess(options.cache_dir, options.limit_s(), options.cache_url)
         # Loads need no pool: they go on after a shutdown.
@@ -108,6 +108,12 @@ class Coordinator:
                 runtime.cluster(options.executor)
             # The cache stamp's version lookups, off the user's first call.
             threads.io.submit(prepare_stamp)
+
+    def _all_final(self) -> None:
+        """Every graph of this backend is final: a local pool warmed for it that never ran a
+        job (every tier came from the cache) may stop once idle, as one whose jobs are done."""
+        if self.composition.remote and self._compiler is None and self.options.executor is None:
+            runtime.settled(self.options.workers, self.options.worker_devices)
 
     @property
     def compiler(self) -> Compiler:

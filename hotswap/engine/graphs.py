@@ -16,7 +16,9 @@ __all__ = ["Graphs"]
 
 
 class Graphs:
-    def __init__(self) -> None:
+    def __init__(self, on_settled: Callable[[], None] | None = None) -> None:
+        # Told, outside the lock, each time a move leaves every graph final.
+        self._on_settled = on_settled
         self._cond = threading.Condition()
         self._journeys: list[GraphJourney] = []
         # Dynamo's recompile limits hit in calls of this backend's models: (limit, function)
@@ -36,9 +38,13 @@ class Graphs:
             return [j.runner for j in self._journeys]
 
     def moved(self) -> None:
-        """A graph moved (a tier arrived, swapped, failed): wake the waits."""
+        """A graph moved (a tier arrived, swapped, failed): wake the waits; and where every
+        graph is final now, say so (``on_settled``)."""
         with self._cond:
             self._cond.notify_all()
+            settled = bool(self._journeys) and all(j.final for j in self._journeys)
+        if settled and self._on_settled is not None:
+            self._on_settled()
 
     def drop(self) -> list[GraphJourney]:
         """Let go of every graph (and the limits noted); the caller forgets them."""

@@ -73,6 +73,14 @@ class Runtime:
     def pools(self) -> list[WorkerPool]:
         return pools.pools()
 
+    def settled(self, workers: int | None = None, devices: tuple[str, ...] = ()) -> None:
+        """Every graph of a backend that warmed that pool is final (``LocalPools.settled``)."""
+        try:
+            size = key(workers, devices)
+        except ValueError:  # malformed settings: the pool was never started
+            return
+        pools.settled(size)
+
     def release_idle(self) -> None:
         """``torch.compiler.reset()``: the local pools' workers exit once idle for a short
         while (``LocalPools.release_idle``)."""

@@ -94,6 +94,18 @@ class LocalPools:
             if self._pools:
                 self._start_reaper_locked()
 
+    def settled(self, size: PoolKey) -> None:
+        """Every graph of a backend that warmed the pool of ``size`` (as it was made, before
+        its first graph) is final. A pool that never ran a job starts its idle clock now, as
+        one whose last job is done does: a warm restart whose tiers all came from the cache
+        held its warmed workers for good (2.9 GB of workers and their compile processes,
+        GPT-2 on the H100). A pool that has run jobs keeps its clock."""
+        with self._lock:
+            if size in self._pools and self._inflight.get(size, 0) == 0 \
+                    and size not in self._idle_since:
+                self._idle_since[size] = time.monotonic()
+                self._start_reaper_locked()
+
     def _start_reaper_locked(self) -> None:
         if self._reaper is None:
             self._reaper = threading.Thread(target=self._stop_idle_pools,
@@ -104,7 +116,8 @@ class LocalPools:
     def _stop_idle_pools(self, stop: threading.Event) -> None:
         """Stop a pool whose jobs are all done and that has had none for idle_exit_s(): its
         workers hold torch and inductor (hundreds of MiB each) for nothing once every ladder
-        is final. A pool that never ran a job (prepare(), a warm pool) is kept. Ends when
+        is final. A pool that never ran a job (prepare(), a warm pool) is kept, unless the
+        graphs it was warmed for all settled without one (``settled``). Ends when
         no pool is left to watch (the next job starts it again) or at shutdown()."""
         while True:
             try:

@@ -484,6 +484,30 @@ def test_idle_workers_exit_and_the_next_compile_starts_them_again(
     assert not set(hotswap.runtime().worker_pids()) & mine
 
 
+def test_a_pool_warmed_for_graphs_that_all_came_from_the_cache_exits_once_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm restart: the backend warms its pool as it is made, then every tier comes from
+    the cache and no job ever runs; the pool still stops after HOTSWAP_WORKER_IDLE_EXIT_S, as
+    one whose jobs are done does (it held its workers for good)."""
+    monkeypatch.setenv("HOTSWAP_WORKER_IDLE_EXIT_S", "2")
+    model, inputs = mlp()
+    compiled = hotswap.compile(model, mode="async", workers=3)
+    compiled(*inputs)
+    assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
+    assert wait_gone(hotswap.runtime().worker_pids(), 30) == []  # it ran a job: it goes
+    torch._dynamo.reset()
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(model, mode="async", workers=3)  # warms a pool again
+        deadline = time.monotonic() + 30
+        while not (warmed := hotswap.runtime().worker_pids()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # its manager thread starts the worker
+        _close(compiled(*inputs), model(*inputs))
+        assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
+    assert d["cache_hits"] == 1 and d["worker_compiles"] == 0 and warmed
+    assert wait_gone(warmed, 30) == []
+    assert hotswap.runtime().worker_pids() == []
+
+
 @pytest.mark.parametrize("mode", ["async", "progressive"])
 def test_a_compiled_entry_is_stored_after_it_serves_unless_a_gate_reads_it(
         mode: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
