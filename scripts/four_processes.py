@@ -1,11 +1,12 @@
 """Memory of several serving processes on one machine: with the compile service, the workers'
 memory is paid once; with each process's own pool (HOTSWAP_SERVICE=off), once per process.
 
-    python scripts/four_processes.py [--processes 4] [--model mlp] [--device cpu]
+    python scripts/four_processes.py [--processes 4] [--model mlp] [--device cpu] [--logs DIR]
 
 Per way: N processes start at once (fresh caches each, a shared fresh service folder), compile
 the model with hotswap.compile(mode="async") and call it until the compiled tier serves; then,
-with every one of them serving, the resident memory of the serving processes, of the compile
+with every one of them serving and the service's workers all started and idle, the resident
+memory of the serving processes, of the compile
 service's process tree and of the processes' own workers is summed (psutil RSS; pages shared
 between processes count in each). Also one serving process alone with the service warm, the
 base of the target: total <= N x one serving process alone + one service.
@@ -14,7 +15,10 @@ base of the target: total <= N x one serving process alone + one service.
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +57,29 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _run(n: int, model: str, device: str, service: str, root: str) -> dict[str, float]:
+def _wait_service_settled(env: dict[str, str], timeout_s: float = 180.0) -> None:
+    """Until the service's workers are all started, ready and idle (the same for 3 s): it keeps
+    workers warm with no job, started one after another, so a process served by the first can
+    be measured while the second still starts, which would count a part of the service."""
+    deadline, seen, since = time.monotonic() + timeout_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        out = subprocess.run([sys.executable, "-m", "hotswap.cli", "service", "status", "--json"],
+                             env=env, capture_output=True, text=True, timeout=60, check=False)
+        try:
+            workers = json.loads(out.stdout).get("workers", [])
+        except ValueError:
+            workers = []
+        now = (len(workers), all(w["ready"] and not w["busy"] for w in workers))
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif now[1] and time.monotonic() - since >= 3.0:
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"the compile service's workers did not settle in {timeout_s:g} s: {seen}")
+
+
+def _run(n: int, model: str, device: str, service: str, root: str,
+         logs: str | None = None) -> dict[str, float]:
     env_base = {**os.environ, "HOTSWAP_SERVICE": service,
                 "HOTSWAP_SERVICE_DIR": os.path.join(root, "service")}
     procs = []
@@ -71,6 +97,8 @@ def _run(n: int, model: str, device: str, service: str, root: str) -> dict[str, 
             line = p.stdout.readline() if p.stdout is not None else ""
             if "SERVING" not in line:
                 raise SystemExit(f"a process did not reach its compiled tier: {line!r}")
+        if service == "on":
+            _wait_service_settled(env_base)
         time.sleep(2.0)
         # The service (python -m hotswap.service --dir ...) and its workers: a child of the
         # process that started it, counted apart from that process's own workers.
@@ -94,6 +122,9 @@ def _run(n: int, model: str, device: str, service: str, root: str) -> dict[str, 
             p.wait(timeout=60)
         subprocess.run([sys.executable, "-m", "hotswap.cli", "service", "stop"], env=env_base,
                        capture_output=True, timeout=60, check=False)
+        if logs is not None:  # the service's log: when and why it started each worker
+            for log in glob.glob(os.path.join(root, "service", "*.log")):
+                shutil.copy(log, os.path.join(logs, f"{n}-{service}-{os.path.basename(log)}"))
 
 
 def main() -> int:
@@ -102,14 +133,16 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--logs", help="a folder to copy the compile service's logs into")
     args = parser.parse_args()
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="hotswap-four-") as root:
-        rows["one process, service"] = _run(1, args.model, args.device, "on", root)
+        rows["one process, service"] = _run(1, args.model, args.device, "on", root, args.logs)
     for label, service in ((f"{args.processes} processes, service", "on"),
                            (f"{args.processes} processes, own pools", "off")):
         with tempfile.TemporaryDirectory(prefix="hotswap-four-") as root:
-            rows[label] = _run(args.processes, args.model, args.device, service, root)
+            rows[label] = _run(args.processes, args.model, args.device, service, root,
+                               args.logs)
     print(f"{'MiB (RSS)':<28}{'serving':>10}{'own workers':>13}{'service':>10}{'total':>10}"
           f"{'service processes':>19}")
     for label, r in rows.items():
