@@ -145,6 +145,7 @@ def _wait_workers_gone(pids: list[int], *, timeout_s: float) -> None:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
+
     def alive(proc: psutil.Process) -> bool:
         try:  # (not waited for here: the pool that started it reaps it)
             return bool(proc.status() != psutil.STATUS_ZOMBIE)
