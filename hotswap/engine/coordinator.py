@@ -144,15 +144,14 @@ class Coordinator:
         if route.first_only:
             # A graph that cannot go to a worker: its first tier compiles right here, in the
             # call (local.py says why not on a thread beside the user's calls).
-            for tier, _ in starts[1:]:
-                journey.keep(tier.name, f"only {starts[0][0].name!r} compiles in this "
+            for tier in starts[1:]:
+                journey.keep(tier.name, f"only {starts[0].name!r} compiles in this "
                                         f"process ({journey.here_because})")
             starts = starts[:1]
         if self.composition.rung_last:
-            starts.sort(key=lambda start: start[0].regions)  # stable: the rung after the rest
-        for tier, cached in starts:
-            arrival = route.source.start(journey, tier, cached=cached,
-                                         example_inputs=example_inputs)
+            starts.sort(key=lambda tier: tier.regions)  # stable: the rung after the rest
+        for tier in starts:
+            arrival = route.source.start(journey, tier, example_inputs=example_inputs)
             if route.waits:
                 self._serve_first(journey, tier, arrival)
             else:

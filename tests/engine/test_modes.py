@@ -484,6 +484,33 @@ def test_idle_workers_exit_and_the_next_compile_starts_them_again(
     assert not set(hotswap.runtime().worker_pids()) & mine
 
 
+def test_a_cached_tier_is_read_and_checked_off_the_users_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm restart's entry (on the CPU it carries inductor's precompiled header: 156 MB) is
+    read and its signature checked on hotswap's io thread, not in the call dynamo traces."""
+    from hotswap.engine.sources.cache_access import CacheAccess
+
+    model, inputs = mlp()
+    compiled = hotswap.compile(model, mode="async", workers=1)
+    compiled(*inputs)
+    assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
+    torch._dynamo.reset()
+    readers: list[str] = []
+    get = CacheAccess.get
+
+    def spied(self: CacheAccess, key: str | None) -> Any:
+        readers.append(threading.current_thread().name)
+        return get(self, key)
+
+    monkeypatch.setattr(CacheAccess, "get", spied)
+    with hotswap.counters_delta() as d:
+        compiled = hotswap.compile(model, mode="async", workers=1)
+        _close(compiled(*inputs), model(*inputs))
+        assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
+    assert d["cache_hits"] == 1 and d["worker_compiles"] == 0 and d["eager_calls"] == 1
+    assert readers and threading.main_thread().name not in readers, readers
+
+
 def test_a_pool_warmed_for_graphs_that_all_came_from_the_cache_exits_once_idle(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A warm restart: the backend warms its pool as it is made, then every tier comes from

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from hotswap.compat import Buffer
 from hotswap.counting import bump
 from hotswap.engine import served, threads
 from hotswap.engine.journey import Candidate, GraphJourney, TierState
@@ -131,16 +130,16 @@ class Ladder:
         with self._lock:
             return self._comparisons == 0
 
-    def start_points(self, journey: GraphJourney) -> list[tuple[Tier, Buffer | None]]:
-        """The tiers to bring in, lowest first (so the fast tier is ready first), each with the
-        entry the cache already gave (or None). The best tier the cache holds is loaded; tiers
+    def start_points(self, journey: GraphJourney) -> list[Tier]:
+        """The tiers to bring in, lowest first (so the fast tier is ready first). The best
+        tier the cache holds is loaded (read and checked off the user's call: tiers.py); tiers
         below it are not needed at all; a tier the gate confidently kept out in an earlier run
         is neither loaded nor compiled again (one kept with low confidence is measured again),
         nor one an earlier run's probation sent back to eager."""
         tiers = journey.tiers  # the ladder's, less a rung this graph skips (coordinator.py)
-        best, cached = -1, None
+        best = -1
         verdicts: dict[str, str] = {}
-        again: dict[str, Buffer | None] = {}  # low-confidence verdicts: measured again
+        again: set[str] = set()  # low-confidence verdicts: measured again
         names = {t.name for t in self.tiers}
         if self._cache.enabled:
             for rank in range(len(tiers) - 1, -1, -1):
@@ -158,22 +157,19 @@ class Ladder:
                         bump("gate_remeasured")
                         with self._lock:
                             self._earlier[key] = stored
-                        again[name] = self._cache.get(key)
+                        again.add(name)
                         continue
-                cached = self._cache.get(key)
-                if cached is not None:
+                if self._cache.present(key):  # (one refused when read is compiled)
                     best = rank
                     break
-        starts: list[tuple[Tier, Buffer | None]] = []
+        starts: list[Tier] = []
         for rank, tier in enumerate(tiers):
             if tier.name in verdicts:
                 journey.keep(tier.name, verdicts[tier.name], on_timeline=True)
-            elif tier.name in again:
-                starts.append((tier, again[tier.name]))
-            elif rank < best:
+            elif rank < best and tier.name not in again:
                 journey.keep(tier.name, f"tier {tiers[best].name!r} came from the cache")
             else:
-                starts.append((tier, cached if rank == best else None))
+                starts.append(tier)
         return starts
 
     # ------------------------------------------------------------------ adoption

@@ -112,6 +112,16 @@ class CacheAccess:
         return {t.name: tier_key(gm, inputs, grad_enabled, t.load_config, stamp, num_threads)
                 for t in wanted}
 
+    def present(self, key: str | None) -> bool:
+        """Whether ``key`` has an entry file here: a stat, nothing read or checked (``get``
+        does that, and may refuse it)."""
+        if self._cache is None or key is None:
+            return False
+        try:
+            return self._cache.entry_path(key).exists()
+        except (OSError, ValueError):  # get() says why, where it is asked
+            return False
+
     def get(self, key: str | None) -> bytes | bytearray | None:
         """An entry, if the cache has a valid one; a refused entry counts in cache_rejects."""
         if self._cache is None or key is None:
