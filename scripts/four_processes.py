@@ -66,10 +66,12 @@ def _wait_service_settled(env: dict[str, str], timeout_s: float = 180.0) -> None
         out = subprocess.run([sys.executable, "-m", "hotswap.cli", "service", "status", "--json"],
                              env=env, capture_output=True, text=True, timeout=60, check=False)
         try:
-            workers = json.loads(out.stdout).get("workers", [])
+            status = json.loads(out.stdout)
         except ValueError:
-            workers = []
-        now = (len(workers), all(w["ready"] and not w["busy"] for w in workers))
+            status = {}
+        workers = status.get("workers", []) if status.get("running") else []
+        now = (len(workers), bool(workers) and all(w["ready"] and not w["busy"]
+                                                   for w in workers))
         if now != seen:
             seen, since = now, time.monotonic()
         elif now[1] and time.monotonic() - since >= 3.0:
@@ -123,6 +125,7 @@ def _run(n: int, model: str, device: str, service: str, root: str,
         subprocess.run([sys.executable, "-m", "hotswap.cli", "service", "stop"], env=env_base,
                        capture_output=True, timeout=60, check=False)
         if logs is not None:  # the service's log: when and why it started each worker
+            os.makedirs(logs, exist_ok=True)
             for log in glob.glob(os.path.join(root, "service", "*.log")):
                 shutil.copy(log, os.path.join(logs, f"{n}-{service}-{os.path.basename(log)}"))
 

@@ -27,16 +27,17 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from hotswap import compat
+from hotswap.compat import Buffer
 from hotswap.counting import bump
 from hotswap.engine import threads
-from hotswap.engine.compose import compose
+from hotswap.engine.compose import Route, compose
 from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.graphs import Graphs
 from hotswap.engine.journey import GraphJourney, GraphStatus
@@ -140,25 +141,59 @@ class Coordinator:
         if self.composition.probation and not route.waits and prepared.weighable:
             # eager's calls timed: what its tier is weighed against as it serves
             journey.on_probation(functools.partial(self.ladder.gave_way, journey))
-        starts = self.ladder.start_points(journey)
+        if route.waits or route.first_only or not self.ladder.cached_here(journey):
+            self._start(journey, route, starts=self.ladder.start_points(journey),
+                        example_inputs=example_inputs)
+        else:
+            # The cache holds a tier: its entry is read and its signature checked off the
+            # user's call (a CPU entry carries inductor's precompiled header: reading and
+            # checking 156 MB took 190-250 ms of a warm restart's first call, the zoo's MLP
+            # on the 2-core box), then the start points are chosen as they would be here.
+            threads.io.submit(self._start_off_caller, journey, route)
+        self.graphs.moved()
+        return journey.runner
+
+    def _start(self, journey: GraphJourney, route: Route,
+               starts: list[tuple[Tier, Buffer | None]],
+               example_inputs: Sequence[Any] = ()) -> None:
+        """Bring the graph's tiers in from ``starts`` (``Ladder.start_points``)."""
         if route.first_only:
             # A graph that cannot go to a worker: its first tier compiles right here, in the
             # call (local.py says why not on a thread beside the user's calls).
-            for tier in starts[1:]:
-                journey.keep(tier.name, f"only {starts[0].name!r} compiles in this "
+            for tier, _ in starts[1:]:
+                journey.keep(tier.name, f"only {starts[0][0].name!r} compiles in this "
                                         f"process ({journey.here_because})")
             starts = starts[:1]
         if self.composition.rung_last:
-            starts.sort(key=lambda tier: tier.regions)  # stable: the rung after the rest
-        for tier in starts:
-            arrival = route.source.start(journey, tier, example_inputs=example_inputs)
+            starts.sort(key=lambda start: start[0].regions)  # stable: the rung after the rest
+        for tier, cached in starts:
+            arrival = route.source.start(journey, tier, cached=cached,
+                                         example_inputs=example_inputs)
             if route.waits:
                 self._serve_first(journey, tier, arrival)
             else:
                 arrival.add_done_callback(functools.partial(self._arrived, journey, tier))
         self._finish_if_final(journey)
-        self.graphs.moved()
-        return journey.runner
+
+    def _start_off_caller(self, journey: GraphJourney, route: Route) -> None:
+        """io lane: ``_start`` for a graph whose tiers the cache holds. A cache that cannot
+        be read here fails the graph's tiers (it stays eager, the reason in its status)
+        instead of leaving them pending for good."""
+        try:
+            if journey.forgotten:  # a reset since the call: nobody serves it
+                for tier in journey.tiers:
+                    journey.fail(tier.name, "reset before it started", level=logging.DEBUG)
+                return
+            try:
+                starts = self.ladder.start_points(journey)
+            except Exception as e:
+                reason = f"the artifact cache could not be read: {type(e).__name__}: {e}"
+                for tier in journey.tiers:
+                    self._fail(journey, tier.name, reason)
+                return
+            self._start(journey, route, starts)
+        finally:
+            self.graphs.moved()
 
     def _keys(self, gm: torch.fx.GraphModule, inputs: tuple[InputMeta, ...], grad: bool,
               threads: int | None) -> dict[str, str]:

@@ -153,6 +153,8 @@ class LocalPools:
             if size in self._reset:  # wanted again since a reset: kept as a warm pool
                 self._reset.discard(size)
                 self._idle_since.pop(size, None)
+            elif size not in self._inflight:  # never ran a job: warm for whoever asks now
+                self._idle_since.pop(size, None)
             return self._pool_locked(size)
 
     def _pool_locked(self, size: PoolKey) -> WorkerPool:

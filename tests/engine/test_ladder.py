@@ -710,3 +710,58 @@ def test_wait_returns_after_the_comparison_even_when_the_step_that_queues_it_is_
     assert status.final
     assert [b.purpose for b in fake.benches].count("compare") == 1
 
+
+
+def test_a_warm_graphs_cache_is_read_off_the_call_and_a_refused_top_entry_falls_to_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache's entries are read and checked on hotswap's io thread, not in the call dynamo
+    traces; where the best one is refused (corrupted), the next tier down still loads from the
+    cache at once, as it did when the call read them."""
+    import threading
+
+    from hotswap.engine.sources.cache_access import CacheAccess
+    from hotswap.testing import corrupt_entry
+
+    cache = str(tmp_path / "cache")
+    _run(_fake(medians=FAST_TOP), cache_dir=cache, gate=False, tiers=["default"])
+    torch._dynamo.reset()
+    coordinator, status, _ = _run(_fake(medians=FAST_TOP), cache_dir=cache, gate=False)
+    assert status.tier == "max-autotune"  # both in the cache now
+    [journey] = coordinator.graphs.journeys()
+    top = journey.keys["max-autotune"]
+    torch._dynamo.reset()
+    assert corrupt_entry(coordinator.cache._cache, top)
+    readers: list[str] = []
+    get = CacheAccess.get
+
+    def spied(self: CacheAccess, key: str | None) -> Any:
+        readers.append(threading.current_thread().name)
+        return get(self, key)
+
+    monkeypatch.setattr(CacheAccess, "get", spied)
+    warm = _fake(medians=FAST_TOP)
+    _, status, d = _run(warm, cache_dir=cache, gate=False)
+    assert readers and threading.main_thread().name not in readers, readers
+    assert d["cache_hits"] == 1 and d["cache_rejects"] == 1, (d, status)
+    assert [tier for _, tier in warm.compiles] == ["max-autotune"]  # the refused one, compiled
+    assert status.tier == "max-autotune" and dict(status.states)["default"] == "replaced"
+
+
+def test_a_cache_that_cannot_be_read_off_the_call_fails_the_tiers_and_eager_serves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error reading a present entry on the io thread (not an OSError: those are misses)
+    fails the graph's tiers: the graph serves eager and is final, nothing waits for good."""
+    from hotswap.engine.sources.cache_access import CacheAccess
+
+    cache = str(tmp_path / "cache")
+    _run(_fake(), "async", cache_dir=cache)
+    torch._dynamo.reset()
+
+    def broken(self: CacheAccess, key: str | None) -> Any:
+        raise MemoryError("no room for the entry")
+
+    monkeypatch.setattr(CacheAccess, "get", broken)
+    _, status, d = _run(_fake(), "async", cache_dir=cache)
+    assert status.tier == "eager" and status.final and d["cache_hits"] == 0
+    assert [tier for tier, _ in status.failures] == ["default"]
+    assert "the artifact cache could not be read: MemoryError: no room" in status.failures[0][1]

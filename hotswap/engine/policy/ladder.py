@@ -31,6 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from hotswap.compat import Buffer
 from hotswap.counting import bump
 from hotswap.engine import served, threads
 from hotswap.engine.journey import Candidate, GraphJourney, TierState
@@ -130,16 +131,22 @@ class Ladder:
         with self._lock:
             return self._comparisons == 0
 
-    def start_points(self, journey: GraphJourney) -> list[Tier]:
-        """The tiers to bring in, lowest first (so the fast tier is ready first). The best
-        tier the cache holds is loaded (read and checked off the user's call: tiers.py); tiers
+    def cached_here(self, journey: GraphJourney) -> bool:
+        """Whether the cache has an entry file for one of the graph's tiers (a stat each:
+        nothing read or checked)."""
+        return self._cache.enabled and any(
+            self._cache.present(journey.keys.get(t.name)) for t in journey.tiers)
+
+    def start_points(self, journey: GraphJourney) -> list[tuple[Tier, Buffer | None]]:
+        """The tiers to bring in, lowest first (so the fast tier is ready first), each with the
+        entry the cache already gave (or None). The best tier the cache holds is loaded; tiers
         below it are not needed at all; a tier the gate confidently kept out in an earlier run
         is neither loaded nor compiled again (one kept with low confidence is measured again),
         nor one an earlier run's probation sent back to eager."""
         tiers = journey.tiers  # the ladder's, less a rung this graph skips (coordinator.py)
-        best = -1
+        best, cached = -1, None
         verdicts: dict[str, str] = {}
-        again: set[str] = set()  # low-confidence verdicts: measured again
+        again: dict[str, Buffer | None] = {}  # low-confidence verdicts: measured again
         names = {t.name for t in self.tiers}
         if self._cache.enabled:
             for rank in range(len(tiers) - 1, -1, -1):
@@ -157,19 +164,22 @@ class Ladder:
                         bump("gate_remeasured")
                         with self._lock:
                             self._earlier[key] = stored
-                        again.add(name)
+                        again[name] = self._cache.get(key)
                         continue
-                if self._cache.present(key):  # (one refused when read is compiled)
+                cached = self._cache.get(key)
+                if cached is not None:
                     best = rank
                     break
-        starts: list[Tier] = []
+        starts: list[tuple[Tier, Buffer | None]] = []
         for rank, tier in enumerate(tiers):
             if tier.name in verdicts:
                 journey.keep(tier.name, verdicts[tier.name], on_timeline=True)
-            elif rank < best and tier.name not in again:
+            elif tier.name in again:
+                starts.append((tier, again[tier.name]))
+            elif rank < best:
                 journey.keep(tier.name, f"tier {tiers[best].name!r} came from the cache")
             else:
-                starts.append(tier)
+                starts.append((tier, cached if rank == best else None))
         return starts
 
     # ------------------------------------------------------------------ adoption

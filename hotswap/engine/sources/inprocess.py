@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from hotswap import compat
+from hotswap.compat import Buffer
 from hotswap.counting import bump
 from hotswap.engine.journey import GraphJourney
 from hotswap.engine.loading import kernel_files
@@ -36,20 +37,21 @@ class InProcess:
     def __init__(self, cache: CacheAccess, recorder: Recorder, load: Load) -> None:
         self._cache, self._recorder, self._load = cache, recorder, load
 
-    def start(self, journey: GraphJourney, tier: Tier, *,
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: Buffer | None = None,
               example_inputs: Sequence[Any] = ()) -> Future[Arrival]:
         out: Future[Arrival] = Future()
         try:
-            out.set_result(self._arrive(journey, tier, list(example_inputs)))
+            out.set_result(self._arrive(journey, tier, cached, list(example_inputs)))
         except Exception as e:
             out.set_exception(e)
         return out
 
-    def _arrive(self, journey: GraphJourney, tier: Tier, example_inputs: list[Any]) -> Arrival:
+    def _arrive(self, journey: GraphJourney, tier: Tier, cached: Buffer | None,
+                example_inputs: list[Any]) -> Arrival:
         """A hit, loaded; or inductor right here (compiled saveably and stored where a key
         says the artifact may be reused)."""
         key = journey.keys.get(tier.name)
-        entry = self._cache.get(key)
+        entry = cached if cached is not None else self._cache.get(key)
         if entry is not None:
             try:
                 fn = self._load(journey, tier, entry, "cache_load")

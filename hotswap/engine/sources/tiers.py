@@ -2,8 +2,8 @@
 every mode shares (the background modes continue on the load thread, the blocking ones wait
 for it in the call).
 
-    start(journey, tier) -> Future[Arrival]
-      hit: read and checked (io thread) ---> load (load thread) --> Arrival(fn, "cache", entry)
+    start(journey, tier, cached=None) -> Future[Arrival]
+      hit ---------------------------------> load (load thread) --> Arrival(fn, "cache", entry)
        |                                          '-- will not load: compiled, as a miss
       miss here, a fleet store behind (cache_url): go on on a thread, its hit is a hit
       miss: claim key --held elsewhere--> wait for its holder (a thread), then start again
@@ -79,7 +79,7 @@ class Dropped(TierError):
 class TierSource(Protocol):
     """Brings one tier of one graph in: the contract every mode composes."""
 
-    def start(self, journey: GraphJourney, tier: Tier, *,
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: Buffer | None = None,
               example_inputs: Sequence[Any] = ()) -> Future[Arrival]: ...
 
 
@@ -97,25 +97,19 @@ class TierLifecycle:
         self._forced = forced
         self.stores = PendingStores()
 
-    def start(self, journey: GraphJourney, tier: Tier, *,
+    def start(self, journey: GraphJourney, tier: Tier, *, cached: Buffer | None = None,
               example_inputs: Sequence[Any] = ()) -> Future[Arrival]:
-        """Bring ``tier`` in: from the cache, or a compile (of the shipped graph: the example
-        inputs stay with the caller). In the caller's thread a miss costs one stat() and a
-        lock try, and a hit a stat(): it is read and checked on the io lane."""
+        """Bring ``tier`` in: from ``cached`` (an entry the caller already read), the cache,
+        or a compile (of the shipped graph: the example inputs stay with the caller). In the
+        caller's thread a miss costs one stat() and a lock try."""
         out: Future[Arrival] = Future()
-        self._begin(out, journey, tier, journey.keys.get(tier.name))
+        self._begin(out, journey, tier, journey.keys.get(tier.name), cached)
         return out
 
-    def _begin(self, out: Future[Arrival], journey: GraphJourney, tier: Tier,
-               key: str | None, *, off_caller: bool = False) -> None:
-        cached: Buffer | None = None
-        if self._cache.enabled and key is not None:
-            if not off_caller and self._cache.present(key):
-                # Read and checked off the user's call: a CPU entry carries inductor's
-                # precompiled header, and its read and signature check took 190-200 ms of
-                # a warm restart's first call (the zoo's MLP, 156 MB, the 2-core box).
-                threads.io.submit(self._begin_off_caller, out, journey, tier, key)
-                return
+    def _begin(self, out: Future[Arrival], journey: GraphJourney,
+               tier: Tier, key: str | None, cached: Buffer | None, *,
+               off_caller: bool = False) -> None:
+        if cached is None and self._cache.enabled and key is not None:
             cached = self._cache.get(key)
             if cached is None and self._cache.shared:
                 if not off_caller:  # the fleet store is a network away: not in the call
@@ -136,7 +130,7 @@ class TierLifecycle:
 
     def _begin_off_caller(self, out: Future[Arrival], journey: GraphJourney, tier: Tier,
                           key: str) -> None:
-        self._begin(out, journey, tier, key, off_caller=True)
+        self._begin(out, journey, tier, key, None, off_caller=True)
 
     def _await_holder(self, out: Future[Arrival], journey: GraphJourney, tier: Tier, key: str,
                       wait: HolderWait) -> None:
