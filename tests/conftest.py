@@ -26,6 +26,24 @@ def gone(pid: int) -> bool:
         return True
 
 
+def cache_readers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the name of each thread that reads an entry of the artifact cache
+    (``CacheAccess.get``), in order."""
+    import threading
+
+    from hotswap.engine.sources.cache_access import CacheAccess
+
+    readers: list[str] = []
+    get = CacheAccess.get
+
+    def spied(self: CacheAccess, key: str | None) -> bytes | bytearray | None:
+        readers.append(threading.current_thread().name)
+        return get(self, key)
+
+    monkeypatch.setattr(CacheAccess, "get", spied)
+    return readers
+
+
 def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     """Pids still alive after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -24,6 +24,7 @@ from hotswap.profiles import TierBench
 from hotswap.profiles.records import BenchResult, GateDecision, Paired
 from hotswap.testing import audit
 from hotswap.testing.fake import FakeCompiler
+from tests.conftest import cache_readers
 from tests.engine.models import tier_failure
 
 LADDER = ("default", "max-autotune")
@@ -719,7 +720,6 @@ def test_a_warm_graphs_cache_is_read_off_the_call_and_a_refused_top_entry_falls_
     cache at once, as it did when the call read them."""
     import threading
 
-    from hotswap.engine.sources.cache_access import CacheAccess
     from hotswap.testing import corrupt_entry
 
     cache = str(tmp_path / "cache")
@@ -731,14 +731,7 @@ def test_a_warm_graphs_cache_is_read_off_the_call_and_a_refused_top_entry_falls_
     top = journey.keys["max-autotune"]
     torch._dynamo.reset()
     assert corrupt_entry(coordinator.cache._cache, top)
-    readers: list[str] = []
-    get = CacheAccess.get
-
-    def spied(self: CacheAccess, key: str | None) -> Any:
-        readers.append(threading.current_thread().name)
-        return get(self, key)
-
-    monkeypatch.setattr(CacheAccess, "get", spied)
+    readers = cache_readers(monkeypatch)
     warm = _fake(medians=FAST_TOP)
     _, status, d = _run(warm, cache_dir=cache, gate=False)
     assert readers and threading.main_thread().name not in readers, readers

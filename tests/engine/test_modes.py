@@ -17,7 +17,7 @@ import torch
 
 import hotswap
 from hotswap.engine.options import Options
-from tests.conftest import wait_gone
+from tests.conftest import cache_readers, wait_gone
 from tests.engine.models import MODELS, mlp, tier_failure
 from tests.workers import jobs as worker_jobs
 
@@ -488,21 +488,12 @@ def test_a_cached_tier_is_read_and_checked_off_the_users_call(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A warm restart's entry (on the CPU it carries inductor's precompiled header: 156 MB) is
     read and its signature checked on hotswap's io thread, not in the call dynamo traces."""
-    from hotswap.engine.sources.cache_access import CacheAccess
-
     model, inputs = mlp()
     compiled = hotswap.compile(model, mode="async", workers=1)
     compiled(*inputs)
     assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
     torch._dynamo.reset()
-    readers: list[str] = []
-    get = CacheAccess.get
-
-    def spied(self: CacheAccess, key: str | None) -> Any:
-        readers.append(threading.current_thread().name)
-        return get(self, key)
-
-    monkeypatch.setattr(CacheAccess, "get", spied)
+    readers = cache_readers(monkeypatch)
     with hotswap.counters_delta() as d:
         compiled = hotswap.compile(model, mode="async", workers=1)
         _close(compiled(*inputs), model(*inputs))
