@@ -498,7 +498,8 @@ def test_a_cached_tier_is_read_and_checked_off_the_users_call(
         compiled = hotswap.compile(model, mode="async", workers=1)
         _close(compiled(*inputs), model(*inputs))
         assert [s.tier for s in hotswap.wait(compiled, timeout_s=240)] == ["default"]
-    assert d["cache_hits"] == 1 and d["worker_compiles"] == 0 and d["eager_calls"] == 1
+    # (the first call is eager unless the load ended while dynamo finished its call)
+    assert d["cache_hits"] == 1 and d["worker_compiles"] == 0 and d["eager_calls"] <= 1
     assert readers and threading.main_thread().name not in readers, readers
 
 
