@@ -6,10 +6,10 @@ memory is paid once; with each process's own pool (HOTSWAP_SERVICE=off), once pe
 Per way: N processes start at once (fresh caches each, a shared fresh service folder), compile
 the model with hotswap.compile(mode="async") and call it until the compiled tier serves; then,
 with every one of them serving and the service's workers all started and idle, the resident
-memory of the serving processes, of the compile
-service's process tree and of the processes' own workers is summed (psutil RSS; pages shared
-between processes count in each). Also one serving process alone with the service warm, the
-base of the target: total <= N x one serving process alone + one service.
+memory of the serving processes, of the compile service's process tree and of the processes'
+own workers is summed (psutil RSS; pages shared between processes count in each). Also one
+serving process alone with the service warm, the base of the target: total <= N x one serving
+process alone + one service.
 """
 
 from __future__ import annotations

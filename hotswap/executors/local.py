@@ -150,10 +150,9 @@ class LocalPools:
 
     def pool(self, size: PoolKey) -> WorkerPool:
         with self._lock:
-            if size in self._reset:  # wanted again since a reset: kept as a warm pool
+            if size in self._reset or size not in self._inflight:
+                # wanted again since a reset, or never ran a job: kept warm for whoever asks
                 self._reset.discard(size)
-                self._idle_since.pop(size, None)
-            elif size not in self._inflight:  # never ran a job: warm for whoever asks now
                 self._idle_since.pop(size, None)
             return self._pool_locked(size)
 
