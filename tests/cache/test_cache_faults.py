@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,45 @@ def test_an_unreadable_entry_is_a_miss_logged_once(tmp_path: Path,
         assert access.get("a" * 64) is None and access.get("b" * 64) is None
     warnings = [r for r in caplog.records if "could not read the artifact cache" in r.message]
     assert len(warnings) == 1 and str(tmp_path) in warnings[0].message
+
+
+def test_a_refused_entry_counts_once_when_another_read_runs_beside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    access = CacheAccess(str(tmp_path), None)
+    access.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])  # opens the cache
+    cache = access._cache
+    assert cache is not None
+    good, bad = "a" * 64, "b" * 64
+    cache.put(good, b"payload", tier="default")
+    cache.put(bad, b"payload", tier="default")
+    path = cache._path(bad)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    # The two reads overlap: both start before the refusal, the hit ends after it.
+    both_in, refused = threading.Barrier(2), threading.Event()
+    read = ArtifactCache.get
+
+    def overlapping(self: ArtifactCache, key: str, **kwargs: bool) -> bytes | bytearray | None:
+        both_in.wait(5)
+        entry = read(self, key, **kwargs)
+        if entry is None:
+            refused.set()
+        else:
+            assert refused.wait(5)
+        return entry
+
+    monkeypatch.setattr(ArtifactCache, "get", overlapping)
+    got: dict[str, object] = {}
+    with hotswap.counters_delta() as d:
+        readers = [threading.Thread(target=lambda k=k: got.update({k: access.get(k)}))
+                   for k in (good, bad)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(10)
+    assert got == {good: b"payload", bad: None}
+    assert d["cache_rejects"] == 1 and cache.rejected == 1
 
 
 def _snapshot(path: Path) -> tuple[int, list[str]]:

@@ -76,6 +76,8 @@ class CacheAccess:
         self._lock = threading.Lock()
         self._claims: dict[str, filelock.FileLock] = {}
         self._notes: dict[str, str] = {}  # what failed -> its first message (status, log)
+        # Refusals of each store already counted in cache_rejects (its ``rejected`` then).
+        self._rejects_seen: dict[int, int] = {}
 
     @property
     def note(self) -> str:
@@ -126,17 +128,27 @@ class CacheAccess:
         """An entry, if the cache has a valid one; a refused entry counts in cache_rejects."""
         if self._cache is None or key is None:
             return None
-        rejected = self._cache.rejected
         try:
             entry = self._cache.get(key, touch=False)
         except OSError as e:  # unreadable, a directory, ...: a miss, never the user's error
             self._warn_once("read", e)
             return None
-        if self._cache.rejected != rejected:
-            bump("cache_rejects")
+        finally:
+            self._count_rejects(self._cache)
         if entry is not None:  # the index notes the use off the user's path (best effort)
             threads.io.submit(self._cache.touch, key)
         return entry
+
+    def _count_rejects(self, store: ArtifactCache | RemoteStore) -> None:
+        """Count in cache_rejects the entries ``store`` refused since it was last looked at,
+        each once, whichever thread looks. (Comparing its count before and after one's own
+        read counted twice a refusal made by a read beside it, and never one made elsewhere.)"""
+        with self._lock:
+            now = store.rejected
+            new = now - self._rejects_seen.get(id(store), 0)
+            self._rejects_seen[id(store)] = now
+        if new > 0:
+            bump("cache_rejects", new)
 
     def _open_remote(self, stamp: dict[str, Any] | None) -> None:
         """The fleet store behind the local cache; without the fleet key, none (said once)."""
@@ -172,14 +184,13 @@ class CacheAccess:
         remote = self._fleet()
         if remote is None:
             return None
-        rejected = remote.rejected
         try:
             entry = remote.get(key)
         except OSError as e:
             self._fleet_failed(e)
             return None
-        if remote.rejected != rejected:
-            bump("cache_rejects")
+        finally:
+            self._count_rejects(remote)
         if entry is not None:
             if tier != VERDICT_TIER:
                 bump("remote_cache_hits")
@@ -227,6 +238,8 @@ class CacheAccess:
         except OSError as e:
             self._warn_once("read", e)
             return None
+        finally:
+            self._count_rejects(self._cache)
 
     def store(self, key: str | None, tier: str, entry: bytes | memoryview,
               origin: str = "") -> CachedEntry | None:

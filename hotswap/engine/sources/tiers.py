@@ -130,7 +130,22 @@ class TierLifecycle:
 
     def _begin_off_caller(self, out: Future[Arrival], journey: GraphJourney, tier: Tier,
                           key: str) -> None:
-        self._begin(out, journey, tier, key, None, off_caller=True)
+        """io lane: ``_begin`` where the fleet store is read (a network away). Whatever that
+        read raises beyond the store's own failures (which are misses) costs the cache, not
+        the tier: it compiles unclaimed, rather than waiting for an answer that never comes."""
+        try:
+            self._begin(out, journey, tier, key, None, off_caller=True)
+        except Exception as e:
+            if out.done():  # it raised after resolving: nothing is left waiting
+                raise
+            log.warning("hotswap: reading the artifact cache for graph %s tier %r failed "
+                        "(%s: %s); compiling it", journey.graph_id, tier.name,
+                        type(e).__name__, e)
+            self._cache.release(key)
+            try:
+                self._compile(out, journey, tier, None)
+            except Exception as again:
+                _resolve(out, error=again)
 
     def _await_holder(self, out: Future[Arrival], journey: GraphJourney, tier: Tier, key: str,
                       wait: HolderWait) -> None:
