@@ -40,7 +40,7 @@ from hotswap.engine import threads
 from hotswap.engine.compose import Route, compose
 from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.graphs import Graphs
-from hotswap.engine.journey import GraphJourney, GraphStatus
+from hotswap.engine.journey import GraphJourney, GraphStatus, TierState
 from hotswap.engine.loading.first_run import FirstRun
 from hotswap.engine.logs import setup_logging
 from hotswap.engine.options import Options, Tier
@@ -155,8 +155,9 @@ class Coordinator:
 
     def _start(self, journey: GraphJourney, route: Route,
                starts: list[tuple[Tier, Buffer | None]],
-               example_inputs: Sequence[Any] = ()) -> None:
-        """Bring the graph's tiers in from ``starts`` (``Ladder.start_points``)."""
+               example_inputs: Sequence[Any] = (), started: list[str] | None = None) -> None:
+        """Bring the graph's tiers in from ``starts`` (``Ladder.start_points``); each tier's
+        name goes to ``started`` once it is under way."""
         if route.first_only:
             # A graph that cannot go to a worker: its first tier compiles right here, in the
             # call (local.py says why not on a thread beside the user's calls).
@@ -169,6 +170,8 @@ class Coordinator:
         for tier, cached in starts:
             arrival = route.source.start(journey, tier, cached=cached,
                                          example_inputs=example_inputs)
+            if started is not None:
+                started.append(tier.name)
             if route.waits:
                 self._serve_first(journey, tier, arrival)
             else:
@@ -176,8 +179,8 @@ class Coordinator:
         self._finish_if_final(journey)
 
     def _start_off_caller(self, journey: GraphJourney, route: Route) -> None:
-        """io lane: ``_start`` for a graph whose tiers the cache holds. A cache that cannot
-        be read here fails the graph's tiers (it stays eager, the reason in its status)
+        """io lane: ``_start`` for a graph whose tiers the cache holds. Whatever fails here
+        fails the graph's tiers not yet under way (it stays eager, the reason in its status)
         instead of leaving them pending for good."""
         try:
             if journey.forgotten:  # a reset since the call: nobody serves it
@@ -191,8 +194,16 @@ class Coordinator:
                 for tier in journey.tiers:
                     self._fail(journey, tier.name, reason)
                 return
-            self._start(journey, route, starts)
+            started: list[str] = []
+            try:
+                self._start(journey, route, starts, started=started)
+            except Exception as e:  # the tiers it had not started yet, none under way
+                reason = f"could not start: {type(e).__name__}: {e}"
+                for tier, _ in starts:
+                    if tier.name not in started and journey.state(tier.name) is TierState.PENDING:
+                        self._fail(journey, tier.name, reason)
         finally:
+            self._finish_if_final(journey)
             self.graphs.moved()
 
     def _keys(self, gm: torch.fx.GraphModule, inputs: tuple[InputMeta, ...], grad: bool,

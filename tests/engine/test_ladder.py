@@ -742,8 +742,9 @@ def test_a_warm_graphs_cache_is_read_off_the_call_and_a_refused_top_entry_falls_
 
 def test_a_cache_that_cannot_be_read_off_the_call_fails_the_tiers_and_eager_serves(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An error reading a present entry on the io thread (not an OSError: those are misses)
-    fails the graph's tiers: the graph serves eager and is final, nothing waits for good."""
+    """An error out of reading a present entry on the io thread (the store's own errors are
+    misses: below) fails the graph's tiers: the graph serves eager and is final, nothing
+    waits for good."""
     from hotswap.engine.sources.cache_access import CacheAccess
 
     cache = str(tmp_path / "cache")
@@ -758,3 +759,74 @@ def test_a_cache_that_cannot_be_read_off_the_call_fails_the_tiers_and_eager_serv
     assert status.tier == "eager" and status.final and d["cache_hits"] == 0
     assert [tier for tier, _ in status.failures] == ["default"]
     assert "the artifact cache could not be read: MemoryError: no room" in status.failures[0][1]
+
+
+def test_a_cache_read_that_raises_is_a_miss_and_the_tier_compiles(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    cache = str(tmp_path / "cache")
+    _run(_fake(), "async", cache_dir=cache)
+    torch._dynamo.reset()
+
+    def broken(self: ArtifactCache, key: str, **kwargs: Any) -> Any:
+        raise RuntimeError("an index in a format this build does not know")
+
+    monkeypatch.setattr(ArtifactCache, "get", broken)
+    fake = _fake()
+    with caplog.at_level("WARNING", logger="hotswap"):
+        _, status, d = _run(fake, "async", cache_dir=cache)
+    assert status.tier == "default" and status.failures == () and d["cache_hits"] == 0
+    assert [tier for _, tier in fake.compiles] == ["default"]
+    assert caplog.text.count("could not read the artifact cache") == 1
+
+
+class _Refusing(FakeCompiler):
+    """A pool that takes none of the compiles of ``tiers`` (all where None): submitting one
+    raises, as a pool that cannot start does."""
+
+    def __init__(self, tiers: set[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tiers = tiers
+
+    def submit(self, request: Any, timeout_s: float | None) -> Future[Any]:
+        if self.tiers is None or request.tier in self.tiers:
+            raise RuntimeError("the pool could not start")
+        return super().submit(request, timeout_s)
+
+
+REFUSED = "RuntimeError: the pool could not start"
+
+
+def test_a_compile_the_pool_will_not_take_fails_its_tier_and_the_call_serves_eager() -> None:
+    coordinator, status, _ = _run(_Refusing(), "async")
+    assert status.tier == "eager" and status.final and status.failures == (("default", REFUSED),)
+    [journey] = coordinator.graphs.journeys()
+    assert journey.request is None  # final: its shipped graph let go
+
+
+def test_a_cached_graph_whose_next_tier_the_pool_will_not_take_serves_the_cached_one(
+        tmp_path: Path) -> None:
+    """Started off the call (its cache holds ``default``), the climb's compile is refused:
+    ``default`` serves, ``max-autotune`` failed, the graph final; nothing waits for good."""
+    cache = str(tmp_path / "cache")
+    _run(_fake(), cache_dir=cache, gate=False, tiers=["default"])
+    torch._dynamo.reset()
+    _, status, d = _run(_Refusing({"max-autotune"}, medians=FAST_TOP), cache_dir=cache, gate=False)
+    assert status.tier == "default" and status.final and d["cache_hits"] == 1
+    assert status.failures == (("max-autotune", REFUSED),)
+
+
+def test_a_compile_after_waiting_out_another_claim_that_the_pool_will_not_take_fails_its_tier(
+        tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    model, inputs = _model()
+    holder = _fake()  # claims the graph's key and compiles until released
+    first = Coordinator(Options.create(mode="async", cache_dir=cache), compiler=holder,
+                        measure=holder.measure)
+    torch.compile(model, backend=first)(*inputs)
+    torch._dynamo.reset()
+    try:  # waits 1 s for the holder, then compiles here: refused
+        _, status, _ = _run(_Refusing(), "async", cache_dir=cache, timeout_s=1.0)
+    finally:
+        holder.release()
+        first.wait(timeout_s=30)
+    assert status.tier == "eager" and status.final and status.failures == (("default", REFUSED),)

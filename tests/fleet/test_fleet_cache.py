@@ -139,7 +139,7 @@ def test_a_store_that_goes_down_mid_run_loses_nothing(
     assert len(_remote_keys(redis_server)) == 4 and _remote_keys(redis_server) <= local
 
 
-def test_a_fleet_read_that_raises_something_unforeseen_leaves_the_tiers_compiling(
+def test_a_fleet_read_that_raises_something_unforeseen_is_a_miss_and_the_tiers_compile(
         tmp_path: Path, redis_server: RedisServer, fleet_key: Path,
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     def garbled(self: FleetStore, key: str) -> bytes | None:
@@ -155,7 +155,8 @@ def test_a_fleet_read_that_raises_something_unforeseen_leaves_the_tiers_compilin
     torch.testing.assert_close(compiled(*inputs), model(*inputs))
     assert status.tier == "max-autotune"
     assert sorted(t for _, t in fake.compiles) == TIERS
-    assert caplog.text.count("reply out of step with its request") == len(TIERS)
+    # the store read as down for a while, said once: the next tier did not ask it
+    assert caplog.text.count("fleet store unreachable (RuntimeError: reply out of step") == 1
 
 
 def test_without_the_fleet_key_nothing_is_read_or_written_remotely(

@@ -130,7 +130,7 @@ class CacheAccess:
             return None
         try:
             entry = self._cache.get(key, touch=False)
-        except OSError as e:  # unreadable, a directory, ...: a miss, never the user's error
+        except Exception as e:  # unreadable, a directory, ...: a miss, never the user's error
             self._warn_once("read", e)
             return None
         finally:
@@ -165,10 +165,11 @@ class CacheAccess:
             return None
         return self._remote
 
-    def _fleet_failed(self, error: OSError) -> None:
+    def _fleet_failed(self, error: Exception) -> None:
         bump("fleet_store_errors")
         self._remote_down_until = time.monotonic() + _REMOTE_RETRY_S
-        note = (f"fleet store unreachable ({error}); serving from the local cache at "
+        said = str(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
+        note = (f"fleet store unreachable ({said}); serving from the local cache at "
                 f"{self._cache.root if self._cache else self._cache_dir}, trying it again "
                 f"every {_REMOTE_RETRY_S:g} s")
         with self._lock:
@@ -186,7 +187,7 @@ class CacheAccess:
             return None
         try:
             entry = remote.get(key)
-        except OSError as e:
+        except Exception as e:  # unreachable, or an answer it could not read: down a while
             self._fleet_failed(e)
             return None
         finally:
@@ -218,7 +219,7 @@ class CacheAccess:
         if self._remote is not None:
             self._remote.release(verdict_key(key + "/deciding"))
 
-    def _warn_once(self, what: str, error: OSError) -> None:
+    def _warn_once(self, what: str, error: Exception) -> None:
         root = self._cache.root if self._cache is not None else self._cache_dir
         note = (f"could not {what} the artifact cache at {root} ({type(error).__name__}: "
                 f"{error}); serving without it where it fails (check its permissions and free "
@@ -235,7 +236,7 @@ class CacheAccess:
             return None
         try:
             return self._cache.get(verdict_key(key), touch=False)
-        except OSError as e:
+        except Exception as e:
             self._warn_once("read", e)
             return None
         finally:

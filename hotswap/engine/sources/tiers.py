@@ -121,7 +121,11 @@ class TierLifecycle:
                     threads.io.submit(self._await_holder, out, journey, tier, key,
                                       self._cache.holder_wait(key))
                     return
-                cached = self._cache.claimed_hit(key)
+                try:
+                    cached = self._cache.claimed_hit(key)
+                except BaseException:
+                    self._cache.release(key)  # ours: others waiting on it may go on
+                    raise
         if cached is None:
             self._compile(out, journey, tier, key)
             return
@@ -130,28 +134,26 @@ class TierLifecycle:
 
     def _begin_off_caller(self, out: Future[Arrival], journey: GraphJourney, tier: Tier,
                           key: str) -> None:
-        """io lane: ``_begin`` where the fleet store is read (a network away). Whatever that
-        read raises beyond the store's own failures (which are misses) costs the cache, not
-        the tier: it compiles unclaimed, rather than waiting for an answer that never comes."""
+        """io lane: ``_begin`` where the fleet store is read (a network away; a store that
+        fails is a miss). Anything else it raises fails the tier, as a failed compile does,
+        rather than leaving it pending for good."""
         try:
             self._begin(out, journey, tier, key, None, off_caller=True)
         except Exception as e:
-            if out.done():  # it raised after resolving: nothing is left waiting
-                raise
-            log.warning("hotswap: reading the artifact cache for graph %s tier %r failed "
-                        "(%s: %s); compiling it", journey.graph_id, tier.name,
-                        type(e).__name__, e)
-            self._cache.release(key)
-            try:
-                self._compile(out, journey, tier, None)
-            except Exception as again:
-                _resolve(out, error=again)
+            log.debug("hotswap: graph %s tier %r could not start", journey.graph_id, tier.name,
+                      exc_info=True)
+            self._on_loader(self._not_started, (journey, out, None, e))
 
     def _await_holder(self, out: Future[Arrival], journey: GraphJourney, tier: Tier, key: str,
                       wait: HolderWait) -> None:
         """Look at the process compiling ``key`` (io lane) until it lets go, then start again
         (its entry is a hit now; if it failed, this process compiles)."""
-        outcome = None if journey.forgotten else wait.look()
+        try:
+            outcome = None if journey.forgotten else wait.look()
+        except Exception as e:  # its holder cannot be looked at: compile here
+            log.debug("hotswap: looking at the holder of %s… failed: %s: %s", key[:12],
+                      type(e).__name__, e)
+            outcome = False
         if journey.forgotten:
             self._compile(out, journey, tier, None)  # resolves it as dropped
         elif outcome is None:
@@ -184,9 +186,25 @@ class TierLifecycle:
             self._cache.release(key)
             return
         submitted = time.monotonic()
-        future = self._compile_fn(journey, tier, self._store_first and tier.name != self._forced)
+        try:
+            future = self._compile_fn(journey, tier,
+                                      self._store_first and tier.name != self._forced)
+        except Exception as e:  # not taken (a pool that cannot start, ...): a failed compile
+            log.debug("hotswap: graph %s tier %r: its compile was not submitted",
+                      journey.graph_id, tier.name, exc_info=True)
+            self._on_loader(self._not_started, (journey, out, key, e))
+            return
         future.add_done_callback(lambda f: self._on_loader(self._compiled, (
             journey, out, tier, f, submitted, time.monotonic(), key)))
+
+    def _not_started(self, journey: GraphJourney, out: Future[Arrival], key: str | None,
+                     error: BaseException) -> None:
+        """Load thread: a tier that could not start fails as a compile that failed does
+        (the caller's handler runs where it runs for those); its claim, if any, released."""
+        try:
+            _resolve(out, error=error)
+        finally:
+            self._cache.release(key)
 
     def _compiled(self, journey: GraphJourney, out: Future[Arrival], tier: Tier,
                   future: CompileFuture, submitted: float, done: float, key: str | None) -> None:
