@@ -226,3 +226,14 @@ def test_the_service_targets_weigh_the_whole_graph_and_show_the_pieces_beside() 
             "compiled once) vs torch.compile's first call: 18.000 / 30.000 = 0.600x for "
             "comparison") in warm
     assert not any("first process ever, first compiled code" in line for line in lines)
+
+
+def test_a_row_whose_workers_were_raised_says_so_and_from_when() -> None:
+    note = ("waiting on CPU: compile workers got under 25% of a core for 2.0 s while your "
+            "process's threads kept the cores busy; raised to your priority")
+    row = {"row": "hotswap:async", "steady_serving_mib": 500.0, "steady_workers_mib": 400.0,
+           "steady_their_children_mib": 0.0, "steady_total_mib": 900.0,
+           "waiting": [[note, 9.25]]}
+    lines = [line.strip() for line in bench_report._footprint([row])]
+    assert lines[1] == f"hotswap:async waited from 9.2 s: {note}"
+    assert len(bench_report._footprint([{**row, "waiting": []}])) == 1

@@ -130,7 +130,8 @@ def _ratios(ratio_line: Any, caller: str, by_row: dict[str, dict[str, Any]]) -> 
 
 def _footprint(results: list[dict[str, Any]]) -> list[str]:
     """Where each hotswap row's memory is once final: the serving process, the workers, and
-    the processes the workers started."""
+    the processes the workers started; and why its tiers waited, where hotswap said (e.g.
+    workers starved by the caller's threads and raised to its priority: starvation.py)."""
     lines = []
     for r in results:
         if "error" in r or "steady_total_mib" not in r or not r["row"].startswith("hotswap:"):
@@ -141,6 +142,8 @@ def _footprint(results: list[dict[str, Any]]) -> list[str]:
                      f"{r['steady_their_children_mib']:.0f} MiB"
                      + (f"; {idle:.0f} MiB once the idle workers exit" if idle is not None
                         else ""))
+        lines += [f"  {r['row']} waited from {at_s:.1f} s: {note}"
+                  for note, at_s in r.get("waiting", [])]
     return lines
 
 

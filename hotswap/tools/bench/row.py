@@ -125,6 +125,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         "timings_s": {k: v for s in statuses for k, v in s.timings_s.items()},
         "counters": {k: v - before.get(k, 0) for k, v in hotswap.counters().items()},
         "tiers": [s.tier for s in statuses],
+        "waiting": [[note, at_s] for note, at_s in _waiting.items()],
         # to place a profile's spans (HOTSWAP_PROFILE_DIR, monotonic) on the user's clock
         "pid": os.getpid(), "started_unix_s": _started_unix_s(),
     }
@@ -186,6 +187,9 @@ def memory_parts() -> dict[str, float]:
 # stays on (a lower tier that arrives after it, kept, changes nothing the caller sees).
 _compiled_at: list[float] = []
 _serving: list[Any] = [(), None]
+# Why a hotswap row's tiers waited, where hotswap said (``GraphStatus.waiting``: e.g. its
+# workers starved by the caller and raised to its priority), each once, when first seen.
+_waiting: dict[str, float] = {}
 
 
 def _stays_s(row: str, final_s: float | None) -> float | None:
@@ -214,6 +218,9 @@ def wrap_row(row: str, model: Any, args: argparse.Namespace
             now = _since_start()  # one clock reading for both: equal where one poll saw both
             if not _compiled_at and statuses and all(s.tier != "eager" for s in statuses):
                 _compiled_at.append(now)  # every graph serves compiled code
+            for s in statuses:
+                if s.waiting:
+                    _waiting.setdefault(s.waiting, now)
             tiers = tuple(s.tier for s in statuses)
             if tiers != _serving[0]:
                 _serving[:] = [tiers, now]
