@@ -830,3 +830,26 @@ def test_a_compile_after_waiting_out_another_claim_that_the_pool_will_not_take_f
         holder.release()
         first.wait(timeout_s=30)
     assert status.tier == "eager" and status.final and status.failures == (("default", REFUSED),)
+
+
+def test_a_tier_kept_while_it_compiled_is_stored_for_the_process_waiting_on_its_claim(
+        tmp_path: Path) -> None:
+    """A tier that arrives after a higher one (kept: it will not serve here) is stored all
+    the same before its claim is released: a process waiting on that claim loads it, instead
+    of finding nothing and compiling it again."""
+    cache = str(tmp_path / "cache")
+    model, inputs = _model()
+    climber = FakeCompiler(hold=True, delay_s={"default": 0.5}, medians=FAST_TOP)
+    climbing = Coordinator(Options.create(mode="progressive", cache_dir=cache, gate=False),
+                           compiler=climber, measure=climber.measure)
+    torch.compile(model, backend=climbing)(*inputs)  # claims both tiers' keys
+    waiter = FakeCompiler()
+    waiting = Coordinator(Options.create(mode="async", cache_dir=cache), compiler=waiter,
+                          measure=waiter.measure)
+    compiled = torch.compile(model, backend=waiting)
+    torch.testing.assert_close(compiled(*inputs), model(*inputs))  # default's claim is held
+    climber.release()  # max-autotune arrives first, default half a second later
+    [top] = climbing.wait(timeout_s=30)
+    [status] = waiting.wait(timeout_s=30)
+    assert top.tier == "max-autotune" and dict(top.states)["default"] == "kept"
+    assert waiter.compiles == [] and status.tier == "default" and status.path == "cache"

@@ -50,7 +50,9 @@ def test_each_tier_compiles_once_across_machines_and_replicas(
         tmp_path: Path, redis_server: RedisServer, fleet_key: Path) -> None:
     model, inputs = _model()
     expected = model(*inputs)
-    fakes = [FakeCompiler(hold=True) for _ in range(4)]
+    # max-autotune a second after default: each replica loads default before max-autotune
+    # serves (it would keep default otherwise, and load one entry fewer from the cache)
+    fakes = [FakeCompiler(hold=True, delay_s={"max-autotune": 1.0}) for _ in range(4)]
     # Two machines, two replicas each, started together: every first call is served eagerly
     # while every compile is held; then all compiles may go.
     replicas = [_replica(tmp_path, f"machine{i // 2}", redis_server.url, fake, model)

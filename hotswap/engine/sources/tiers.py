@@ -221,6 +221,9 @@ class TierLifecycle:
             result = CompileResult.from_wire(future.result())
             bump("worker_compiles")
             if journey.unwanted(tier.name):  # kept while it compiled: a higher tier serves
+                # Stored all the same, then its claim released: processes waiting on the
+                # claim load it instead of finding nothing and compiling it again.
+                self._cache.store(key, tier.name, result.entry, journey.origin)
                 _resolve(out, error=Dropped("a higher tier serves"))
                 return
             journey.to(tier.name, TierState.COMPILED)
