@@ -22,6 +22,7 @@ through ``WorkerJobs`` (sources/jobs.py); its graphs' registry, status and waits
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -155,9 +156,10 @@ class Coordinator:
 
     def _start(self, journey: GraphJourney, route: Route,
                starts: list[tuple[Tier, Buffer | None]],
-               example_inputs: Sequence[Any] = (), started: list[str] | None = None) -> None:
-        """Bring the graph's tiers in from ``starts`` (``Ladder.start_points``); each tier's
-        name goes to ``started`` once it is under way."""
+               example_inputs: Sequence[Any] = ()) -> None:
+        """Bring the graph's tiers in from ``starts`` (``Ladder.start_points``). Whatever
+        raises here (in the call: Ctrl-C, a first tier's failure raised as asked) fails the
+        tiers it had not started, before it goes on up, rather than leaving them pending."""
         if route.first_only:
             # A graph that cannot go to a worker: its first tier compiles right here, in the
             # call (local.py says why not on a thread beside the user's calls).
@@ -167,16 +169,24 @@ class Coordinator:
             starts = starts[:1]
         if self.composition.rung_last:
             starts.sort(key=lambda start: start[0].regions)  # stable: the rung after the rest
-        for tier, cached in starts:
-            arrival = route.source.start(journey, tier, cached=cached,
-                                         example_inputs=example_inputs)
-            if started is not None:
-                started.append(tier.name)
-            if route.waits:
-                self._serve_first(journey, tier, arrival)
-            else:
-                arrival.add_done_callback(functools.partial(self._arrived, journey, tier))
-        self._finish_if_final(journey)
+        started: set[str] = set()
+        try:
+            for tier, cached in starts:
+                arrival = route.source.start(journey, tier, cached=cached,
+                                             example_inputs=example_inputs)
+                started.add(tier.name)
+                if route.waits:
+                    self._serve_first(journey, tier, arrival)
+                else:
+                    arrival.add_done_callback(functools.partial(self._arrived, journey, tier))
+        except BaseException as e:
+            reason = f"could not start: {type(e).__name__}" + (f": {e}" if str(e) else "")
+            for tier, _ in starts:
+                if tier.name not in started and journey.state(tier.name) is TierState.PENDING:
+                    journey.fail(tier.name, reason)
+            raise
+        finally:
+            self._finish_if_final(journey)
 
     def _start_off_caller(self, journey: GraphJourney, route: Route) -> None:
         """io lane: ``_start`` for a graph whose tiers the cache holds. Whatever fails here
@@ -194,14 +204,8 @@ class Coordinator:
                 for tier in journey.tiers:
                     self._fail(journey, tier.name, reason)
                 return
-            started: list[str] = []
-            try:
-                self._start(journey, route, starts, started=started)
-            except Exception as e:  # the tiers it had not started yet, none under way
-                reason = f"could not start: {type(e).__name__}: {e}"
-                for tier, _ in starts:
-                    if tier.name not in started and journey.state(tier.name) is TierState.PENDING:
-                        self._fail(journey, tier.name, reason)
+            with contextlib.suppress(Exception):  # _start failed what it could not start
+                self._start(journey, route, starts)
         finally:
             self._finish_if_final(journey)
             self.graphs.moved()

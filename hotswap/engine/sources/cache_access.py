@@ -211,7 +211,7 @@ class CacheAccess:
             return True
         try:
             return remote.claim(verdict_key(key + "/deciding"))
-        except OSError as e:
+        except Exception as e:  # a store that fails in any way is down a while
             self._fleet_failed(e)
             return True
 
@@ -297,7 +297,7 @@ class CacheAccess:
                     remote.put(todo_key, data, tier=todo_tier, origin=todo_origin)
                 with _unsent_lock:
                     late.pop(todo_key, None)
-        except OSError as e:
+        except Exception as e:
             self._fleet_failed(e)
 
     # ------------------------------------------------------------------ compile claims
@@ -329,7 +329,7 @@ class CacheAccess:
                 if not remote.claim(key):  # another replica compiles it: wait for that one
                     self.release(key)
                     return False
-            except OSError as e:  # compile, claimed on this machine only
+            except Exception as e:  # compile, claimed on this machine only
                 self._fleet_failed(e)
         return True
 
@@ -376,7 +376,7 @@ class CacheAccess:
             return None
         try:
             return remote.held(key)
-        except OSError as e:
+        except Exception as e:
             self._fleet_failed(e)
             return None
 

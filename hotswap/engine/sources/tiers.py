@@ -189,10 +189,12 @@ class TierLifecycle:
         try:
             future = self._compile_fn(journey, tier,
                                       self._store_first and tier.name != self._forced)
-        except Exception as e:  # not taken (a pool that cannot start, ...): a failed compile
+        except BaseException as e:  # not taken (a pool that cannot start, ...): failed
             log.debug("hotswap: graph %s tier %r: its compile was not submitted",
                       journey.graph_id, tier.name, exc_info=True)
             self._on_loader(self._not_started, (journey, out, key, e))
+            if not isinstance(e, Exception):  # Ctrl-C in the call: the user's to see
+                raise
             return
         future.add_done_callback(lambda f: self._on_loader(self._compiled, (
             journey, out, tier, f, submitted, time.monotonic(), key)))
@@ -221,9 +223,16 @@ class TierLifecycle:
             result = CompileResult.from_wire(future.result())
             bump("worker_compiles")
             if journey.unwanted(tier.name):  # kept while it compiled: a higher tier serves
-                # Stored all the same, then its claim released: processes waiting on the
-                # claim load it instead of finding nothing and compiling it again.
-                self._cache.store(key, tier.name, result.entry, journey.origin)
+                # Stored all the same where it loads (as every entry), then its claim
+                # released: processes waiting on the claim load it instead of finding
+                # nothing and compiling it again.
+                try:
+                    self._load(journey, tier, result.entry, "load")
+                except Exception:
+                    log.debug("hotswap: graph %s tier %r, kept: its artifact failed to load; "
+                              "not stored", journey.graph_id, tier.name, exc_info=True)
+                else:
+                    self._cache.store(key, tier.name, result.entry, journey.origin)
                 _resolve(out, error=Dropped("a higher tier serves"))
                 return
             journey.to(tier.name, TierState.COMPILED)
