@@ -121,7 +121,7 @@ class CacheAccess:
             return False
         try:
             return self._cache.entry_path(key).exists()
-        except (OSError, ValueError):  # get() says why, where it is asked
+        except Exception:  # in the user's call: get() says why, where it is asked
             return False
 
     def get(self, key: str | None) -> bytes | bytearray | None:
