@@ -10,7 +10,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import filelock
 import msgpack
 import pytest
 import torch
@@ -854,40 +853,6 @@ def test_a_tier_kept_while_it_compiled_is_stored_for_the_process_waiting_on_its_
     [status] = waiting.wait(timeout_s=30)
     assert top.tier == "max-autotune" and dict(top.states)["default"] == "kept"
     assert waiter.compiles == [] and status.tier == "default" and status.path == "cache"
-
-
-def test_a_kept_tier_whose_artifact_does_not_load_is_not_stored(tmp_path: Path) -> None:
-    """As every entry: stored only where it loaded (the next process would pay a failed
-    load, then compile it all the same)."""
-    class DefaultWillNotLoad(FakeCompiler):
-        def load(self, entry: Any, config: Any) -> Any:
-            if msgpack.unpackb(bytes(entry), raw=False)["tier"] == "default":
-                raise RuntimeError("default's artifact does not load")
-            return super().load(entry, config)
-
-    cache = str(tmp_path / "cache")
-    model, inputs = _model()
-    climber = DefaultWillNotLoad(hold=True, delay_s={"default": 0.5}, medians=FAST_TOP)
-    coordinator = Coordinator(Options.create(mode="progressive", cache_dir=cache, gate=False),
-                              compiler=climber, measure=climber.measure)
-    torch.compile(model, backend=coordinator)(*inputs)
-    climber.release()
-    [status] = coordinator.wait(timeout_s=30)
-    assert status.tier == "max-autotune" and dict(status.states)["default"] == "kept"
-    [journey] = coordinator.graphs.journeys()
-    top, default = journey.keys["max-autotune"], journey.keys["default"]
-    lock = ArtifactCache(cache).compile_lock(default)
-    deadline = time.monotonic() + 10  # default's compile ends after the graph is final,
-    while time.monotonic() < deadline:  # then its claim is released, stored or not
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
-            time.sleep(0.05)
-        else:
-            lock.release()
-            break
-    stored = {e.key for e in ArtifactCache(cache).entries()}
-    assert top in stored and default not in stored
 
 
 def test_ctrl_c_while_a_compile_is_submitted_reaches_the_caller_and_leaves_nothing_held(

@@ -223,16 +223,12 @@ class TierLifecycle:
             result = CompileResult.from_wire(future.result())
             bump("worker_compiles")
             if journey.unwanted(tier.name):  # kept while it compiled: a higher tier serves
-                # Stored all the same where it loads (as every entry), then its claim
-                # released: processes waiting on the claim load it instead of finding
-                # nothing and compiling it again.
-                try:
-                    self._load(journey, tier, result.entry, "load")
-                except Exception:
-                    log.debug("hotswap: graph %s tier %r, kept: its artifact failed to load; "
-                              "not stored", journey.graph_id, tier.name, exc_info=True)
-                else:
-                    self._cache.store(key, tier.name, result.entry, journey.origin)
+                # Stored all the same, then its claim released: processes waiting on the
+                # claim load it instead of finding nothing and compiling it again. Unlike
+                # every other entry it was not loaded here first: a load (and its first run)
+                # in the serving process for a tier it will not serve would compete with
+                # the user's calls; an entry that then fails to load is compiled again.
+                self._cache.store(key, tier.name, result.entry, journey.origin)
                 _resolve(out, error=Dropped("a higher tier serves"))
                 return
             journey.to(tier.name, TierState.COMPILED)
