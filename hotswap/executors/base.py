@@ -21,7 +21,7 @@ from hotswap.workers.inbox import resolve
 
 __all__ = ["BENCH_JOB", "COMPILE_JOB", "ENVIRONMENT_STAMP", "MEASURED_AGAIN_HOLD_S",
            "MEASURED_HOLD_S", "MEASURES", "MEASURE_PICKLED", "WARM_COMPILE_JOB",
-           "WARM_DEVICE_JOB", "Executor", "ExecutorUnavailable", "FallbackExecutor",
+           "WARM_DEVICE_JOB", "WARM_OPS_JOB", "Executor", "ExecutorUnavailable", "FallbackExecutor",
            "RetryFuture", "RetryingExecutor", "hold_for"]
 
 COMPILE_JOB = "hotswap.jobs.compile:compile_graph"
@@ -41,6 +41,7 @@ MEASURED_AGAIN_HOLD_S = 0.5
 # A worker's warm-up steps (run with None), and what a remote worker's build is stamped with.
 WARM_DEVICE_JOB = "hotswap.jobs.compile:warm_device"
 WARM_COMPILE_JOB = "hotswap.jobs.compile:warm_compile"
+WARM_OPS_JOB = "hotswap.jobs.compile:warm_ops"
 ENVIRONMENT_STAMP = "hotswap.engine.shipping.keys:environment_stamp"
 
 

@@ -20,7 +20,13 @@ from concurrent.futures import Future
 from typing import Any
 
 from hotswap import settings
-from hotswap.executors.base import MEASURES, WARM_COMPILE_JOB, WARM_DEVICE_JOB, hold_for
+from hotswap.executors.base import (
+    MEASURES,
+    WARM_COMPILE_JOB,
+    WARM_DEVICE_JOB,
+    WARM_OPS_JOB,
+    hold_for,
+)
 from hotswap.workers import JobFuture, WorkerPool
 from hotswap.workers.pool import default_workers
 
@@ -299,7 +305,7 @@ def _start_pool(size: int, devices: tuple[str, ...] = (), *, yield_to: str = "ca
 
     pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
                       warm_modules=("torch", "torch._inductor.compile_fx",
-                                    WARM_DEVICE_JOB, WARM_COMPILE_JOB),
+                                    WARM_DEVICE_JOB, WARM_COMPILE_JOB, WARM_OPS_JOB),
                       measures=MEASURES, yield_to=yield_to, warm=warm)
     pool.start()
     return pool

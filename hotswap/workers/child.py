@@ -291,17 +291,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     _channel = channel
     # "module:function" entries: warm-up steps, while no job waits (a job pays for itself).
-    # A job queued before we were ready comes within the pool's round trip to READY.
-    wait_s = _READY_ROUND_TRIP_S
-    for entry in entries:
-        if ":" in entry:
-            if channel.pending(wait_s):
-                break
-            wait_s = 0.0
-            _warm(entry, lambda name: resolve_job(name)(None))
+    # A job queued before we were ready comes within the pool's round trip to READY. Steps a
+    # job came before run after it, while no other waits: a worker that serves for hours (the
+    # compile service's) is not left cold for good by a job that came early.
+    steps = [entry for entry in entries if ":" in entry]
+    _warm_while_idle(channel, steps, _READY_ROUND_TRIP_S)
     while True:
         frame = channel.recv()
         if frame is None or frame.kind == MessageKind.SHUTDOWN:
             return 0
         if frame.kind == MessageKind.JOB_REQUEST:
             _run_job(channel, frame)
+            _warm_while_idle(channel, steps, 0.0)
+
+
+def _warm_while_idle(channel: _Channel, steps: list[str], wait_s: float) -> None:
+    """Run warm-up ``steps`` in order (taking each from the list) until a frame waits."""
+    while steps and not channel.pending(wait_s):
+        wait_s = 0.0
+        _warm(steps.pop(0), lambda name: resolve_job(name)(None))
