@@ -180,6 +180,7 @@ def _run_job(channel: _Channel, frame: Frame) -> None:
 
 
 _READY_ROUND_TRIP_S = 0.1
+_IDLE_BEFORE_WARM_S = 1.0
 
 
 def _warm(entry: str, run: Callable[[str], Any]) -> None:
@@ -292,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     _channel = channel
     # "module:function" entries: warm-up steps, while no job waits (a job pays for itself).
     # A job queued before we were ready comes within the pool's round trip to READY. Steps a
-    # job came before run after it, while no other waits: a worker that serves for hours (the
-    # compile service's) is not left cold for good by a job that came early.
+    # job came before run once no job came for _IDLE_BEFORE_WARM_S after the last one: a
+    # worker that serves for hours (the compile service's) is not left cold for good by a job
+    # that came early, and a process's graphs, which come in a burst, do not wait for a step.
     steps = [entry for entry in entries if ":" in entry]
     _warm_while_idle(channel, steps, _READY_ROUND_TRIP_S)
     while True:
@@ -302,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if frame.kind == MessageKind.JOB_REQUEST:
             _run_job(channel, frame)
-            _warm_while_idle(channel, steps, 0.0)
+            _warm_while_idle(channel, steps, _IDLE_BEFORE_WARM_S)
 
 
 def _warm_while_idle(channel: _Channel, steps: list[str], wait_s: float) -> None:

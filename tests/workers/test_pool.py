@@ -237,7 +237,16 @@ def _wait_for_steps(pool: WorkerPool, expected: list[str]) -> None:
     deadline = time.monotonic() + 30
     while (steps := pool.submit(J + "warm_steps").result(timeout=60)) != expected:
         assert time.monotonic() < deadline, steps
-        time.sleep(0.2)
+        time.sleep(2.0)  # each look is a job: the steps wait for the worker to idle after it
+
+
+def test_warm_steps_a_job_went_ahead_of_wait_while_jobs_keep_coming() -> None:
+    with WorkerPool(1, warm_modules=(J + "warm_quickly",)) as pool:
+        assert pool.submit(J + "warm_steps").result(timeout=60) == []
+        for _ in range(5):  # a burst, each job sent 0.2 s after the last ended
+            time.sleep(0.2)
+            assert pool.submit(J + "warm_steps").result(timeout=60) == []
+        _wait_for_steps(pool, ["quick"])
 
 
 @pytest.mark.parametrize(
