@@ -70,8 +70,8 @@ def warm_compile(_: Any = None) -> None:
 
 
 def warm_ops(_: Any = None) -> None:
-    """A GPU worker's warm-up beyond the tiny compile (a step of its own, skipped when a job is
-    waiting): two small graphs in bfloat16 with the op families models are made of (embedding,
+    """A GPU worker's warm-up beyond the tiny compile (a step of its own, once the worker has
+    idled ``idle_s``, below): two small graphs in bfloat16 with the op families models are made of (embedding,
     layer norm, linear, causal attention, GELU, softmax, masking; convolution, batch norm,
     pooling). A first compile with an op family pays that family's lazy set-up (lowerings,
     pattern passes, kernel templates) whatever the model; on the H100 a worker that had
@@ -85,6 +85,12 @@ def warm_ops(_: Any = None) -> None:
 
     if torch.cuda.is_available():
         compile_op_families("cuda", torch.bfloat16)
+
+
+# It runs once its worker has idled this long (workers/child.py): a job that came while it ran
+# would wait for it (3.1-3.7 s on the H100), and a process's first job comes seconds after
+# its workers are ready, or before.
+warm_ops.idle_s = 5.0  # type: ignore[attr-defined]
 
 
 def compile_op_families(device: str, dtype: Any) -> list[Any]:

@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     # job came before run once no job came for _IDLE_BEFORE_WARM_S after the last one: a
     # worker that serves for hours (the compile service's) is not left cold for good by a job
     # that came early, and a process's graphs, which come in a burst, do not wait for a step.
+    # A step whose function has an ``idle_s`` waits for the worker to idle that long (a step a
+    # job need not have done first, which a job coming meanwhile would wait for).
     steps = [entry for entry in entries if ":" in entry]
     _warm_while_idle(channel, steps, _READY_ROUND_TRIP_S)
     while True:
@@ -307,8 +309,16 @@ def main(argv: list[str] | None = None) -> int:
             _warm_while_idle(channel, steps, _IDLE_BEFORE_WARM_S)
 
 
-def _warm_while_idle(channel: _Channel, steps: list[str], wait_s: float) -> None:
-    """Run warm-up ``steps`` in order (taking each from the list) until a frame waits."""
-    while steps and not channel.pending(wait_s):
-        wait_s = 0.0
+def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None:
+    """Run warm-up ``steps`` in order (taking each from the list), each once the worker has
+    idled ``idle_s`` or the step's own ``idle_s``, until a frame waits."""
+    idle_since = time.monotonic()
+    while steps:
+        try:
+            step = resolve_job(steps[0])
+        except Exception:
+            step = None  # _warm says why
+        wait_s = max(idle_s, getattr(step, "idle_s", 0.0)) - (time.monotonic() - idle_since)
+        if channel.pending(max(wait_s, 0.0)):
+            return
         _warm(steps.pop(0), lambda name: resolve_job(name)(None))

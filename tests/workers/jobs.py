@@ -84,6 +84,13 @@ def warm_quickly(_: Any = None) -> None:
     warmed.append("quick")
 
 
+def warm_when_idle(_: Any = None) -> None:
+    warmed.append("idle")
+
+
+warm_when_idle.idle_s = 1.5  # type: ignore[attr-defined]
+
+
 def warm_steps(_: Any = None) -> list[str]:
     return list(warmed)
 

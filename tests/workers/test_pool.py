@@ -240,6 +240,14 @@ def _wait_for_steps(pool: WorkerPool, expected: list[str]) -> None:
         time.sleep(2.0)  # each look is a job: the steps wait for the worker to idle after it
 
 
+def test_a_warm_step_with_an_idle_time_waits_for_the_worker_to_idle_that_long() -> None:
+    with WorkerPool(1, warm_modules=(J + "warm_quickly", J + "warm_when_idle")) as pool:
+        assert pool.wait_ready(60)
+        time.sleep(0.3)  # past the round trip to READY, well within the 1.5 s idle time
+        assert pool.submit(J + "warm_steps").result(timeout=60) == ["quick"]
+        _wait_for_steps(pool, ["quick", "idle"])
+
+
 def test_warm_steps_a_job_went_ahead_of_wait_while_jobs_keep_coming() -> None:
     with WorkerPool(1, warm_modules=(J + "warm_quickly",)) as pool:
         assert pool.submit(J + "warm_steps").result(timeout=60) == []
