@@ -236,13 +236,18 @@ class Coordinator:
 
     def _serve_first(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
         """The call waits for the tier (``subprocess`` and ``inprocess`` modes, and graphs
-        that cannot go to a worker)."""
+        that cannot go to a worker). Ctrl-C in the wait stops the wait, not the compile: the
+        tier is taken in as it arrives, as an ``async`` graph's is, and the interrupt goes on
+        up (it used to leave the tier pending for good)."""
         try:
             arrival = future.result()
         except Exception as e:
             if not self._compiled_here_instead(journey, tier, e, blocking=True):
                 self._fail(journey, tier.name, _reason(e))
             return
+        except BaseException:
+            future.add_done_callback(functools.partial(self._arrived, journey, tier))
+            raise
         journey.arrived(tier.name, arrival.path)
         journey.serve_now(tier.name, arrival.fn)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import signal
+import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -853,6 +855,34 @@ def test_a_tier_kept_while_it_compiled_is_stored_for_the_process_waiting_on_its_
     [status] = waiting.wait(timeout_s=30)
     assert top.tier == "max-autotune" and dict(top.states)["default"] == "kept"
     assert waiter.compiles == [] and status.tier == "default" and status.path == "cache"
+
+
+def test_ctrl_c_while_the_first_call_waits_for_its_tier_leaves_the_tier_to_arrive(
+        tmp_path: Path) -> None:
+    class Interrupting(FakeCompiler):
+        """Ctrl-C reaches the main thread while the compile runs and the call waits for it."""
+
+        def submit(self, request: Any, timeout_s: float | None) -> Future[Any]:
+            main = threading.main_thread().ident
+            assert main is not None
+            threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT)).start()
+            return super().submit(request, timeout_s)
+
+    model, inputs = _model()
+    expected = model(*inputs)
+    fake = Interrupting(delay_s={"default": 2.0})
+    coordinator = Coordinator(Options.create(mode="subprocess", cache_dir=str(tmp_path / "c")),
+                              compiler=fake, measure=fake.measure)
+    compiled = torch.compile(model, backend=coordinator)
+    with pytest.raises(KeyboardInterrupt):
+        compiled(*inputs)
+    # The interrupt stopped the wait, not the compile: the tier arrives and serves.
+    [status] = coordinator.wait(timeout_s=30)
+    assert status.final and status.tier == "default" and not status.failures
+    with hotswap.counters_delta() as d:
+        torch.testing.assert_close(compiled(*inputs), expected)
+    assert (d["eager_calls"], d["worker_compiles"]) == (0, 0)
+    assert fake.compiles == [(status.graph_id, "default")]
 
 
 def test_ctrl_c_while_a_compile_is_submitted_reaches_the_caller_and_leaves_nothing_held(
