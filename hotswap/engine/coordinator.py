@@ -178,7 +178,7 @@ class Coordinator:
                 if route.waits:
                     self._serve_first(journey, tier, arrival)
                 else:
-                    arrival.add_done_callback(functools.partial(self._arrived, journey, tier))
+                    arrival.add_done_callback(functools.partial(self._arrived_here, journey, tier))
         except BaseException as e:
             reason = f"could not start: {type(e).__name__}" + (f": {e}" if str(e) else "")
             for tier, _ in starts:
@@ -246,10 +246,19 @@ class Coordinator:
                 self._fail(journey, tier.name, _reason(e))
             return
         except BaseException:
-            future.add_done_callback(functools.partial(self._arrived, journey, tier))
+            future.add_done_callback(functools.partial(self._arrived_here, journey, tier))
             raise
         journey.arrived(tier.name, arrival.path)
         journey.serve_now(tier.name, arrival.fn)
+
+    def _arrived_here(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
+        """A tier's future is done: ``_arrived`` on the scheduler's thread. Tiers resolve
+        there (their loads run there); one that was in before its callback was attached
+        would otherwise run it in the thread attaching it: the user's call, or the io lane."""
+        if threads.scheduler.here():
+            self._arrived(journey, tier, future)
+        else:
+            self._on_loader(self._arrived, (journey, tier, future))
 
     def _arrived(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
         """Scheduler: a tier is in: offer it to the ladder; or record why it is not."""

@@ -3,6 +3,7 @@ every part of hotswap but inductor and the worker processes, in milliseconds per
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import pickle
 import signal
@@ -855,6 +856,33 @@ def test_a_tier_kept_while_it_compiled_is_stored_for_the_process_waiting_on_its_
     [status] = waiting.wait(timeout_s=30)
     assert top.tier == "max-autotune" and dict(top.states)["default"] == "kept"
     assert waiter.compiles == [] and status.tier == "default" and status.path == "cache"
+
+
+def test_a_tier_that_arrives_before_its_callback_is_attached_is_taken_in_on_the_scheduler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callback that offers a tier to the ladder runs on the scheduler's thread even when
+    the tier was in before ``_start`` attached it (a fast load), not inline in the user's call."""
+    from hotswap.engine.sources.tiers import TierLifecycle
+
+    started = TierLifecycle.start
+
+    def start_then_wait(self: TierLifecycle, *args: Any, **kwargs: Any) -> Future[Any]:
+        future = started(self, *args, **kwargs)
+        concurrent.futures.wait([future], timeout=30)  # in before the callback is attached
+        return future
+
+    threads_seen: list[bool] = []
+    arrived = Coordinator._arrived
+
+    def recording(self: Coordinator, *args: Any) -> None:
+        threads_seen.append(threads.scheduler.here())
+        arrived(self, *args)
+
+    monkeypatch.setattr(TierLifecycle, "start", start_then_wait)
+    monkeypatch.setattr(Coordinator, "_arrived", recording)
+    _, status, d = _run(FakeCompiler(), "async")
+    assert status.tier == "default" and d["swaps"] == 1
+    assert threads_seen == [True]
 
 
 def test_ctrl_c_while_the_first_call_waits_for_its_tier_leaves_the_tier_to_arrive(
