@@ -71,9 +71,9 @@ def warm_compile(_: Any = None) -> None:
 
 def warm_ops(_: Any = None) -> None:
     """A GPU worker's warm-up beyond the tiny compile (a step of its own, once the worker has
-    idled ``idle_s``, below): two small graphs in bfloat16 with the op families models are made of (embedding,
-    layer norm, linear, causal attention, GELU, softmax, masking; convolution, batch norm,
-    pooling). A first compile with an op family pays that family's lazy set-up (lowerings,
+    idled ``idle_s``, below): two small graphs in bfloat16 with the op families models are
+    made of (embedding, layer norm, linear, causal attention, GELU, softmax, masking;
+    convolution, batch norm, pooling). A first compile with an op family pays that family's lazy set-up (lowerings,
     pattern passes, kernel templates) whatever the model; on the H100 a worker that had
     compiled only pointwise graphs then compiled GPT-2 (6 layers) in 4.31 s the first time and
     2.57 s the second; after these two graphs (3.1-3.7 s), 2.69 s the first time. ViT: 6.77
