@@ -236,9 +236,11 @@ class Coordinator:
 
     def _serve_first(self, journey: GraphJourney, tier: Tier, future: Future[Arrival]) -> None:
         """The call waits for the tier (``subprocess`` and ``inprocess`` modes, and graphs
-        that cannot go to a worker). Ctrl-C in the wait stops the wait, not the compile: the
-        tier is taken in as it arrives, as an ``async`` graph's is, and the interrupt goes on
-        up (it used to leave the tier pending for good)."""
+        that cannot go to a worker). Ctrl-C in the wait stops the wait, not the compile
+        (it used to leave the tier pending for good): dynamo installs nothing for a call
+        that raised, so the next call traces a graph of its own and this one is let go; its
+        tier, kept, is stored unloaded as it arrives, and its claim released, so the next
+        call's graph loads it from the cache instead of compiling it again."""
         try:
             arrival = future.result()
         except Exception as e:
@@ -246,7 +248,8 @@ class Coordinator:
                 self._fail(journey, tier.name, _reason(e))
             return
         except BaseException:
-            future.add_done_callback(functools.partial(self._arrived_here, journey, tier))
+            journey.keep(tier.name, "the call that waited for it was interrupted")
+            self.graphs.remove(journey)
             raise
         journey.arrived(tier.name, arrival.path)
         journey.serve_now(tier.name, arrival.fn)

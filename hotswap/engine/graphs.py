@@ -29,6 +29,13 @@ class Graphs:
         with self._cond:
             self._journeys.append(journey)
 
+    def remove(self, journey: GraphJourney) -> None:
+        """Let go of one graph (dynamo will not call it)."""
+        with self._cond:
+            if journey in self._journeys:
+                self._journeys.remove(journey)
+            self._cond.notify_all()
+
     def journeys(self) -> list[GraphJourney]:
         with self._cond:
             return list(self._journeys)

@@ -46,7 +46,6 @@ from hotswap.executors.base import (
     ENVIRONMENT_STAMP,
     WARM_COMPILE_JOB,
     WARM_DEVICE_JOB,
-    WARM_OPS_JOB,
     ExecutorUnavailable,
 )
 from hotswap.executors.registry import check as parse_executor
@@ -118,7 +117,6 @@ def warm_worker() -> None:
     with _job_lock:
         resolve_job(WARM_DEVICE_JOB)(None)
         resolve_job(WARM_COMPILE_JOB)(None)
-        resolve_job(WARM_OPS_JOB)(None)
 
 
 class LocalCluster:

@@ -25,6 +25,7 @@ _files_since_s: float | None = None
 # Whether this worker has compiled a job's graph: warm-up steps a job came before run once no
 # job waits (workers/child.py), and those whose work the job did return at once.
 _compiled_a_job = False
+_ops_warmed = False  # warm_ops ran (once per worker)
 
 
 def warm_device(_: Any = None) -> None:
@@ -73,24 +74,27 @@ def warm_ops(_: Any = None) -> None:
     """A GPU worker's warm-up beyond the tiny compile (a step of its own, once the worker has
     idled ``idle_s``, below): two small graphs in bfloat16 with the op families models are
     made of (embedding, layer norm, linear, causal attention, GELU, softmax, masking;
-    convolution, batch norm, pooling). A first compile with an op family pays that family's lazy set-up (lowerings,
-    pattern passes, kernel templates) whatever the model; on the H100 a worker that had
-    compiled only pointwise graphs then compiled GPT-2 (6 layers) in 4.31 s the first time and
-    2.57 s the second; after these two graphs (3.1-3.7 s), 2.69 s the first time. ViT: 6.77
-    s, then 5.99 s after them.
+    convolution, batch norm, pooling). A first compile with an op family pays that family's
+    lazy set-up (lowerings, pattern passes, kernel templates) whatever the model; on the H100
+    a worker that had compiled only pointwise graphs then compiled GPT-2 (6 layers) in 4.31 s
+    the first time and 2.57 s the second; after these two graphs (3.1-3.7 s), 2.69 s the
+    first time. ViT: 6.77 s, then 5.99 s after them.
 
     On the CPU the same lazy set-up cost ViT 0.35 s, against several seconds of the C++
     compiler per graph on cores the caller uses: nothing is done there."""
+    global _ops_warmed
     import torch
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not _ops_warmed:
+        _ops_warmed = True
         compile_op_families("cuda", torch.bfloat16)
 
 
 # It runs once its worker has idled this long (workers/child.py): a job that came while it ran
 # would wait for it (3.1-3.7 s on the H100), and a process's first job comes seconds after
-# its workers are ready, or before.
-warm_ops.idle_s = 5.0  # type: ignore[attr-defined]
+# its workers are ready, or before. Longer than the 5 s a pool keeps its workers after a
+# reset (executors/local.py: RESET_IDLE_EXIT_S), so that they are not reaped mid-step.
+warm_ops.idle_s = 10.0  # type: ignore[attr-defined]
 
 
 def compile_op_families(device: str, dtype: Any) -> list[Any]:

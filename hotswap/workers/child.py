@@ -311,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None:
     """Run warm-up ``steps`` in order (taking each from the list), each once the worker has
-    idled ``idle_s`` or the step's own ``idle_s``, until a frame waits."""
+    idled ``idle_s`` or the step's own ``idle_s`` (run neither a job nor a step), until a
+    frame waits."""
     idle_since = time.monotonic()
     while steps:
         try:
@@ -322,3 +323,4 @@ def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None
         if channel.pending(max(wait_s, 0.0)):
             return
         _warm(steps.pop(0), lambda name: resolve_job(name)(None))
+        idle_since = time.monotonic()

@@ -248,6 +248,14 @@ def test_a_warm_step_with_an_idle_time_waits_for_the_worker_to_idle_that_long() 
         _wait_for_steps(pool, ["quick", "idle"])
 
 
+def test_a_warm_step_s_idle_time_counts_from_the_end_of_the_step_before() -> None:
+    with WorkerPool(1, warm_modules=(J + "warm_slowly", J + "warm_when_idle")) as pool:
+        assert pool.wait_ready(60)
+        time.sleep(1.8)  # the slow step (1 s) is done; 1.5 s idle after it not yet
+        assert pool.submit(J + "warm_steps").result(timeout=60) == ["slow"]
+        _wait_for_steps(pool, ["slow", "idle"])
+
+
 def test_warm_steps_a_job_went_ahead_of_wait_while_jobs_keep_coming() -> None:
     with WorkerPool(1, warm_modules=(J + "warm_quickly",)) as pool:
         assert pool.submit(J + "warm_steps").result(timeout=60) == []
