@@ -322,5 +322,10 @@ def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None
         wait_s = max(idle_s, getattr(step, "idle_s", 0.0)) - (time.monotonic() - idle_since)
         if channel.pending(max(wait_s, 0.0)):
             return
-        _warm(steps.pop(0), lambda name: resolve_job(name)(None))
+        # The pool sends jobs elsewhere while it may, and starts a job's clock at the end
+        channel.send(MessageKind.WARMING, 0, encode_control({"busy": True}))
+        try:
+            _warm(steps.pop(0), lambda name: resolve_job(name)(None))
+        finally:
+            channel.send(MessageKind.WARMING, 0, encode_control({"busy": False}))
         idle_since = time.monotonic()

@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 _MAX_START_FAILURES = 3
 # How long a worker's start is taken to be before one has been timed in this pool.
 DEFAULT_START_S = 5.0
+# What a job sent to a worker in a warm-up step grants the step beyond its own timeout (the
+# op-family step took 3.1-3.7 s on the H100); the job's deadline is set again at its end.
+WARM_STEP_LIMIT_S = 60.0
 
 
 def _counted_from(worker: WorkerProcess, start_s: float) -> float:
@@ -335,6 +338,15 @@ class Manager:
                 self._start_failures = 0
                 self.inbox.ready_cond.notify_all()
             return
+        if kind == MessageKind.WARMING:
+            worker.warming = bool(decode_control(payload).get("busy"))
+            if not worker.warming and worker.job is not None:
+                # A job sent while a warm-up step ran starts now: its deadline and its time
+                # (what the pool's growth reads) begin here, not at the send.
+                worker.job_started_s = time.monotonic()
+                if worker.job.timeout_s is not None:
+                    worker.deadline_s = worker.job_started_s + worker.job.timeout_s
+            return
         job = worker.job
         if job is None or job.job_id != job_id:
             return  # a late frame of a job that was cancelled or timed out
@@ -384,7 +396,9 @@ class Manager:
         # Workers held for a measurement first (WorkerPool.submit's hold_s): a measurement at
         # the queue's head goes to one of them, and a worker that is not held stays free for
         # the job behind it.
-        for worker in sorted(self.workers.values(), key=lambda w: (w.held_until <= now, w.slot)):
+        # Then workers not in a warm-up step (a job sent to one waits for the step's end).
+        for worker in sorted(self.workers.values(),
+                             key=lambda w: (w.held_until <= now, w.warming, w.slot)):
             if not worker.ready or worker.job is not None or worker.kill_reason is not None:
                 continue
             job = self._take(worker, now)
@@ -396,7 +410,10 @@ class Manager:
             job.future.worker_pid = worker.pid
             job.future.set_running()
             if job.timeout_s is not None:
-                worker.deadline_s = time.monotonic() + job.timeout_s
+                # A worker in a warm-up step starts the job at the step's end (WARMING), when
+                # its deadline is set again; until then the step may take WARM_STEP_LIMIT_S.
+                worker.deadline_s = time.monotonic() + job.timeout_s + (
+                    WARM_STEP_LIMIT_S if worker.warming else 0.0)
             parts = encode_job_request(job.name, job.data)  # job.data: kept for a restart
             worker.send(MessageKind.JOB_REQUEST, job.job_id, *parts)
 

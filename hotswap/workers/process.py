@@ -69,6 +69,8 @@ class WorkerProcess:
         self.deadline_s: float | None = None
         # Until when it takes only a measurement (its last job's ``hold_s``; monotonic)
         self.held_until = 0.0
+        # In a warm-up step (it said so: WARMING): a job sent now waits for the step's end
+        self.warming = False
         self.kill_reason: tuple[str, Any] | None = None
         self.watching_write = False
         self.tmpdir: str | None = None  # its scratch directory (scratch.py), removed with it

@@ -11,6 +11,9 @@ Two anonymous pipes per worker, passed to ``python -m hotswap.workers`` with ``p
                                                      <- JOB_RESULT   sizes, pickle, buffers
                                                      or JOB_FAILED   msgpack {kind, type, message, tb}
     SHUTDOWN    (empty)                              ->  exits 0
+                                                     <- WARMING      msgpack {busy} (job id 0:
+                                                        a warm-up step begins or ends, any time
+                                                        the worker has no job of its own)
 
 Every frame is a fixed 17-byte header (kind: u8, job id: u64, payload length: u64, network
 order) followed by the payload. Control messages are msgpack; payloads and results are pickled
@@ -71,6 +74,7 @@ class MessageKind(enum.IntEnum):
     JOB_FAILED = 5
     STAGE_EVENT = 6
     SHUTDOWN = 7
+    WARMING = 8
 
 
 class ProtocolError(Exception):

@@ -84,6 +84,16 @@ def warm_quickly(_: Any = None) -> None:
     warmed.append("quick")
 
 
+def warm_blocked(_: Any = None) -> None:
+    """A warm-up step that lasts, in a worker whose environment names WARM_BLOCK, until the
+    file it names exists."""
+    import time
+
+    path = os.environ.get("WARM_BLOCK")
+    while path and not os.path.exists(path):
+        time.sleep(0.05)
+
+
 def warm_when_idle(_: Any = None) -> None:
     warmed.append("idle")
 

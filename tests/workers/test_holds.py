@@ -84,7 +84,7 @@ def _manager(workers: int, *held_s: float) -> Manager:
         manager.workers[slot + 1] = SimpleNamespace(  # type: ignore[assignment]
             pid=slot + 1, slot=slot, ready=True, job=None, kill_reason=None, started_s=now,
             ready_s=now, job_started_s=now, jobs_done=1, deadline_s=None,
-            held_until=now + hold if hold else 0.0, send=lambda *parts: None)
+            held_until=now + hold if hold else 0.0, warming=False, send=lambda *parts: None)
     return manager
 
 

@@ -240,6 +240,29 @@ def _wait_for_steps(pool: WorkerPool, expected: list[str]) -> None:
         time.sleep(2.0)  # each look is a job: the steps wait for the worker to idle after it
 
 
+def test_a_job_sent_during_a_warm_step_is_timed_from_the_step_s_end() -> None:
+    with WorkerPool(1, warm_modules=(J + "warm_slowly",)) as pool:
+        assert pool.wait_ready(60)
+        time.sleep(0.3)  # the 1 s step is under way: its rest would be past the job's limit
+        assert pool.submit(F + "echo", 7, timeout_s=0.6).result(timeout=60) == 7
+        assert pool.submit(J + "warm_steps").result(timeout=60) == ["slow"]
+
+
+def test_a_job_goes_to_a_worker_not_in_a_warm_step(tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+
+    def env(slot: int) -> dict[str, str]:  # the first worker stays in its step until the gate
+        return {"WARM_BLOCK": str(gate)} if slot == 0 else {"SLOT": "1"}
+
+    with WorkerPool(2, warm=2, warm_modules=(J + "warm_blocked",), worker_env=env) as pool:
+        try:
+            assert pool.wait_ready(60)
+            time.sleep(0.5)  # past the round trip to READY: the first worker is in its step
+            assert pool.submit(J + "getenv", "SLOT").result(timeout=30) == "1"
+        finally:
+            gate.touch()
+
+
 def test_a_warm_step_with_an_idle_time_waits_for_the_worker_to_idle_that_long() -> None:
     with WorkerPool(1, warm_modules=(J + "warm_quickly", J + "warm_when_idle")) as pool:
         assert pool.wait_ready(60)
