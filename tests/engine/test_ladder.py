@@ -896,9 +896,18 @@ def test_ctrl_c_while_the_first_call_waits_for_its_tier_leaves_its_compile_to_th
             threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT)).start()
             return super().submit(request, timeout_s)
 
+    # Python's own Ctrl-C handler, also where this test runs with SIGINT ignored (a shell's
+    # background job)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_a_wait(tmp_path, Interrupting(delay_s={"default": 2.0}))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_a_wait(tmp_path: Path, fake: FakeCompiler) -> None:
     model, inputs = _model()
     expected = model(*inputs)
-    fake = Interrupting(delay_s={"default": 2.0})
     coordinator = Coordinator(Options.create(mode="subprocess", cache_dir=str(tmp_path / "c")),
                               compiler=fake, measure=fake.measure)
     compiled = torch.compile(model, backend=coordinator)
