@@ -97,22 +97,22 @@ def warm_ops(_: Any = None) -> None:
 warm_ops.idle_s = 10.0  # type: ignore[attr-defined]
 
 
-def compile_op_families(device: str, dtype: Any) -> list[Any]:
-    """``warm_ops``'s compiles on ``device``; returns each compiled graph's output against
-    eager's, as (compiled, eager) pairs."""
+def compile_op_families(device: str, dtype: Any) -> list[tuple[Any, Any, Any]]:
+    """``warm_ops``'s compiles on ``device`` (nothing is run: the warm-up is the compile);
+    returns (compiled, module, example input) per graph."""
     import torch
 
     from hotswap import compat
 
     block, conv = _op_families()
-    outputs = []
+    compiled = []
     with torch.no_grad():
         for module, example in ((block, torch.arange(32, device=device).view(2, 16) % 31),
                                 (conv, torch.randn(2, 3, 16, 16, device=device, dtype=dtype))):
             module.to(device, dtype).eval()
-            compiled = compat.standalone_compile(torch.fx.symbolic_trace(module), [example], {})
-            outputs.append((compiled(example), module(example)))
-    return outputs
+            fn = compat.standalone_compile(torch.fx.symbolic_trace(module), [example], {})
+            compiled.append((fn, module, example))
+    return compiled
 
 
 def _op_families() -> tuple[Any, Any]:
