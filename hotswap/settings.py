@@ -17,6 +17,11 @@ on them at once rather than in a worker or a background thread.
                                                             block with each distinct block
                                                             compiled once), on (async always)
                                                             or off
+    HOTSWAP_PARTS                   auto                    how many parts async's tier compiles
+                                                            in at once where its jobs go to the
+                                                            compile service: auto (2 where the
+                                                            service keeps two workers warm), or
+                                                            a number (1: whole graphs)
     HOTSWAP_TIMEOUT_S               600 (x3 autotuning)     timeout_s=: limit on a compile or a
                                                             wait on one, seconds > 0
     HOTSWAP_GATE_THRESHOLD          0.02                    gate_threshold=: how much faster a
@@ -81,7 +86,7 @@ from typing import TypeVar
 
 __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check_all",
            "claim_ttl_s", "env_number", "executor", "gate_threshold", "gc_freeze", "log_level", "mode",
-           "profile_dir", "pycache", "regions", "service", "service_dir", "service_idle_exit_s",
+           "parts", "profile_dir", "pycache", "regions", "service", "service_dir", "service_idle_exit_s",
            "switch_interval_s", "tiers", "timeout_s", "worker_devices",
            "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes",
            "worker_yield", "workers"]
@@ -130,6 +135,15 @@ def mode() -> str | None:
 
 def regions() -> str | None:
     return _text("HOTSWAP_REGIONS")
+
+
+def parts() -> int | None:
+    """HOTSWAP_PARTS: None for auto."""
+    raw = os.environ.get("HOTSWAP_PARTS", "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    return env_number("HOTSWAP_PARTS", int, lambda v: 1 <= v <= 64,
+                      "auto or a whole number from 1 to 64")
 
 
 def tiers() -> str | None:
@@ -275,5 +289,5 @@ def check_all() -> None:
     for read in (workers, worker_nice, worker_idle, worker_yield, worker_rss_limit_bytes,
                  cache_max_bytes,
                  switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s, service,
-                 service_idle_exit_s, pycache, gc_freeze):
+                 service_idle_exit_s, pycache, gc_freeze, parts):
         read()

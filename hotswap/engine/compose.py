@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from hotswap import settings
 from hotswap.engine.options import REGIONS_SUFFIX, Options, Tier
 from hotswap.engine.policy.gate import Gate
 from hotswap.engine.recording import Recorder, profiled
@@ -54,6 +55,20 @@ def _bridge(tiers: Sequence[Tier]) -> list[Tier]:
     if any(t.name == name for t in tiers) or first.regions:
         return []
     return [replace(first, name=name, regions=True)]
+
+
+def _parts(options: Options, not_async: bool) -> int:
+    """How many parts async's tier compiles in (``HOTSWAP_PARTS``): auto, 2 where its jobs go
+    to the compile service and the service keeps two workers warm (service/server.py
+    ``WARM_WORKERS``; its pool is this machine's default size, as this process reckons it);
+    1 elsewhere: a local pool starts a second worker only for jobs that would wait longer
+    than that start, and a part that waits for a worker makes the whole graph wait."""
+    if not_async or options.executor != registry.SERVICE:
+        return 1
+    asked = settings.parts()
+    if asked is not None:
+        return asked
+    return 2 if default_workers() >= 2 else 1
 
 
 @dataclass(frozen=True)
@@ -96,7 +111,13 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     # There async sends its whole graph first and the pieces after (``rung_last``): a service
     # with one worker free (the first process ever: its second still starting) compiles the
     # tier that stays first, and the pieces, later, serve nothing.
-    wanted = options.regions == "on" or (options.regions == "auto" and (
+    # Where async's jobs go to the compile service, its one tier compiles in parts, one per
+    # warm worker at once (service/parts.py): the tier that stays serves about when the
+    # pieces' rung would have, so there is no rung.
+    parts = _parts(options, plan.climbs or plan.here or plan.waits)
+    if parts > 1:
+        tiers = [replace(t, parts=parts) for t in tiers]
+    wanted = options.regions == "on" or (options.regions == "auto" and parts == 1 and (
         plan.climbs or (options.executor == registry.SERVICE and default_workers() >= 2)))
     rung_last = wanted and options.regions == "auto" and not plan.climbs
     if wanted and not plan.here and not plan.waits:

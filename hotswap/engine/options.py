@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 from hotswap import settings
 from hotswap.executors import registry
 
-__all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "REGIONS", "REGIONS_KEY",
+__all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "PARTS_KEY", "REGIONS",
+           "REGIONS_KEY",
            "REGIONS_SUFFIX",
            "TIER_PRESETS", "Options",
            "Plan", "Tier", "apply_options", "parse_tiers", "split_torch_options"]
@@ -49,6 +50,9 @@ REGIONS_KEY = "hotswap.regions"
 # whole: "auto" (the default), progressive's, and async's where its jobs go to the compile
 # service (compose.py says why); "on", async's always; "off", none.
 REGIONS = ("auto", "on", "off")
+# The load config key that marks a tier compiled as contiguous parts at once (``Tier.parts``;
+# never given to inductor: the entry says how it loads; the key keeps its entries apart).
+PARTS_KEY = "hotswap.parts"
 REGIONS_SUFFIX = "-regions"
 # torch's CUDA graphs switch (reduce-overhead's preset): inductor loads artifacts with CUDA
 # graphs off, so in options it marks every tier to serve through graphs captured after the
@@ -72,13 +76,16 @@ _AUTOTUNE_KEYS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
 @dataclass(frozen=True)
 class Tier:
     """A rung of the ladder: a name, the inductor config patches it compiles under, whether
-    it serves through CUDA graphs captured after the swap, and whether a worker compiles
-    each distinct repeated region of a graph once (``regions``, jobs/regions.py)."""
+    it serves through CUDA graphs captured after the swap, whether a worker compiles
+    each distinct repeated region of a graph once (``regions``, jobs/regions.py), and in how
+    many contiguous parts its graphs compile at once, one per worker (``parts``: the compile
+    service splits such a job, service/parts.py; elsewhere it compiles whole)."""
 
     name: str
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
     cudagraphs: bool = False
     regions: bool = False
+    parts: int = 1
 
     @property
     def load_config(self) -> dict[str, Any]:
@@ -90,6 +97,8 @@ class Tier:
             config[CUDAGRAPHS_KEY] = True
         if self.regions:
             config[REGIONS_KEY] = True
+        if self.parts > 1:
+            config[PARTS_KEY] = self.parts
         return config
 
 

@@ -320,10 +320,12 @@ class ServiceExecutor:
             resolve(outer, error=SerializationFailed(job, "payload", "parent", repr(e)))
             return outer
         outer.add_done_callback(lambda f: self._replies.wake() if f.cancelled() else None)
+        # A compile that asks to be split across the service's warm workers (service/parts.py)
+        parts = payload.get("parts", 1) if job == COMPILE_JOB and isinstance(payload, dict) else 1
 
         def ready(target: _Target | None) -> None:
             try:
-                self._send.submit(self._dispatch, target, outer, job, data, timeout_s)
+                self._send.submit(self._dispatch, target, outer, job, data, timeout_s, parts)
             except RuntimeError:  # shut down meanwhile
                 resolve(outer, error=PoolClosed("hotswap was shut down"))
 
@@ -337,7 +339,7 @@ class ServiceExecutor:
         self._replies.close()
 
     def _dispatch(self, target: _Target | None, outer: JobFuture, job: str, data: bytes,
-                  timeout_s: float | None) -> None:
+                  timeout_s: float | None, parts: int = 1) -> None:
         """On a send thread: connect, send the job, hand the connection to the reader."""
         if outer.done():
             return
@@ -362,7 +364,8 @@ class ServiceExecutor:
             return
         try:
             conn.send_bytes(encode({"kind": "job", "stamp": target.place.stamp, "job": job,
-                                    "payload": data, "timeout_s": timeout_s}))
+                                    "payload": data, "timeout_s": timeout_s,
+                                    "parts": parts}))
         except OSError as e:
             conn.close()
             why = f"the compile service (pid {target.pid}) went away ({type(e).__name__})"

@@ -305,7 +305,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
                   compat.intra_op_threads(request.num_threads),
                   compat.under_compile_id(request.compile_id),
                   precompiled.recording() as codes):
-                data, plan = _compile(gm, inputs, request, dynamic)
+                data, plan, part = _compile(gm, inputs, request, dynamic)
             break
         except Exception as e:
             damaged = kernel_files.damaged_library(e)
@@ -323,19 +323,22 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
         files = kernel_files.compile_outputs(sources, started, _files_since_s)
         reprobe_if_cut_short()  # a tier that read on probed during the compile
         entry = pack_entry(data, files, {**probes(), **source_key.record(),
-                                         **precompiled.record(codes)}, plan)
+                                         **precompiled.record(codes)}, plan, part=part)
     _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()
 
 
 def _compile(gm: Any, inputs: list[Any], request: CompileRequest,
-             dynamic: bool) -> tuple[bytes, dict[str, Any] | None]:
-    """The artifact, and its region plan where the tier compiles region by region and the
-    graph repeats one (jobs/regions.py: static inference graphs only); else the whole graph.
+             dynamic: bool) -> tuple[bytes, dict[str, Any] | None, dict[str, Any] | None]:
+    """The artifact, its region plan where the tier compiles region by region and the graph
+    repeats one (jobs/regions.py: static inference graphs only), and its part's plan where the
+    job is a part (``_compile_part``); else the whole graph.
     ``gm`` is donated to one compile or the other: the pieces are copies of its nodes."""
     from hotswap import compat
 
     trains = request.grad_enabled and any(m.requires_grad for m in request.inputs)
+    if request.part >= 0:
+        return _compile_part(gm, inputs, request, dynamic, trains)
     if request.regions and not dynamic and not trains:  # as shipping/request.py labels them
         from hotswap.jobs.regions import compile_regions
 
@@ -352,5 +355,36 @@ def _compile(gm: Any, inputs: list[Any], request: CompileRequest,
             made = None
         if made is not None:
             artifacts, plan = made
-            return b"".join(artifacts), plan
-    return compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic), None
+            return b"".join(artifacts), plan, None
+    return compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic), None, None
+
+
+def _compile_part(gm: Any, inputs: list[Any], request: CompileRequest,
+                  dynamic: bool, trains: bool
+                  ) -> tuple[bytes, dict[str, Any] | None, dict[str, Any] | None]:
+    """Part ``request.part`` of the graph cut into ``request.parts`` (jobs/regions.py), with
+    the plan, under ``"part"``, that ``artifacts.merge_parts`` puts the parts together by.
+    Where the graph is not cut so (dynamic sizes or training, as for regions; or no place to
+    cut: every part's job finds the same), part 0's job compiles the whole graph and the
+    others return nothing (b""); where a part does not compile alone, its job compiles the
+    whole graph. The merge takes a whole graph as the tier's."""
+    from hotswap import compat
+
+    made = None
+    if not dynamic and not trains:
+        from hotswap.jobs.regions import compile_part
+
+        try:
+            made = compile_part(
+                gm, inputs, [m.static for m in request.inputs], request.part, request.parts,
+                lambda piece, args: compat.compile_saveable(piece, args, request.config_patches))
+        except Exception as e:
+            log.warning("hotswap: part %d of %d does not compile alone, compiled the whole "
+                        "graph: %s: %s", request.part, request.parts, type(e).__name__,
+                        str(e)[:300])
+        else:
+            if made is None and request.part > 0:
+                return b"", None, None
+    if made is not None:
+        return made[0], None, made[1]
+    return compat.compile_saveable(gm, inputs, request.config_patches, dynamic=dynamic), None, None

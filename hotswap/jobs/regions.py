@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from hotswap.engine.shipping.regions import Run, example_value, runs_of, worth
+from hotswap.engine.shipping.regions import Run, example_value, part_labels, runs_of, worth
 from hotswap.workers import stage
 
-__all__ = ["Piece", "Split", "compile_regions", "split"]
+__all__ = ["Piece", "Split", "compile_part", "compile_regions", "split"]
 
 
 @dataclass
@@ -117,6 +117,32 @@ def compile_regions(gm: torch.fx.GraphModule, inputs: list[Any], static: Sequenc
     plan = {"inputs": len(inputs), "sizes": [len(a) for a in artifacts], "steps": steps,
             "outputs": cut.outputs}
     return artifacts, plan
+
+
+def compile_part(gm: torch.fx.GraphModule, inputs: list[Any], static: Sequence[bool],
+                 part: int, parts: int,
+                 compile_one: Callable[[torch.fx.GraphModule, list[Any]], bytes],
+                 ) -> tuple[bytes, dict[str, Any]] | None:
+    """Part ``part`` of ``gm`` cut into ``parts`` contiguous parts (``part_labels``), compiled
+    alone, with the plan that calls all the parts in turn; None where the graph is not cut so.
+    Each of the service's workers that takes a part (service/parts.py) cuts the same graph the
+    same way, so their plans agree, and ``artifacts.merge_parts`` puts the parts together."""
+    from hotswap import compat
+
+    labels = part_labels(gm, parts)
+    runs = None if labels is None else runs_of(gm, labels, static)
+    if runs is None or len(runs) != parts:
+        return None
+    cut = _cut(gm, runs)
+    with stage("regions_examples"):
+        examples = _example_inputs(cut, inputs, {part})
+    piece = cut.pieces[part]
+    compat.mark_static_inputs(piece.gm, [v < len(inputs) and bool(static[v])
+                                         for v in piece.inputs])
+    artifact = compile_one(piece.gm, examples.pop(part))
+    plan = {"inputs": len(inputs), "part": part, "parts": parts, "outputs": cut.outputs,
+            "steps": [[i, p.inputs, p.outputs] for i, p in enumerate(cut.pieces)]}
+    return artifact, plan
 
 
 def _example_inputs(cut: Split, inputs: list[Any], wanted: set[int]) -> dict[int, list[Any]]:

@@ -33,8 +33,9 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from hotswap.executors.base import BENCH_JOB, MEASURE_PICKLED
+from hotswap.executors.base import BENCH_JOB, COMPILE_JOB, MEASURE_PICKLED
 from hotswap.executors.local import LocalExecutor, LocalPools
+from hotswap.service.parts import PartsFuture, submit_parts
 from hotswap.service.place import Place, authkey
 from hotswap.service.wire import (
     HANDSHAKE_TIMEOUT_S,
@@ -271,8 +272,11 @@ class Service:
         done = _Signal()
         try:
             try:
-                future = self._executor.submit(runner_for(job), (job, request["payload"]),
-                                               request.get("timeout_s"))
+                parts = _parts_wanted(request, job)
+                future = (submit_parts(self._executor, job, request["payload"],
+                                       request.get("timeout_s"), parts) if parts > 1 else
+                          self._executor.submit(runner_for(job), (job, request["payload"]),
+                                                request.get("timeout_s")))
             except Exception as e:  # the pool is closing, or the limit is malformed
                 with contextlib.suppress(OSError):
                     conn.send_bytes(encode({"kind": "failed", "error": error_to_wire(e, job)}))
@@ -297,7 +301,8 @@ class Service:
         error = future.exception()
         if error is None:
             try:
-                result = _dumps(future.result())
+                result = _dumps(future.merged() if isinstance(future, PartsFuture)
+                                else future.result())
             except Exception as e:
                 error = e
             else:
@@ -313,6 +318,16 @@ class Service:
         if "job" in fields:  # the worker ran runner_for(job); the client asked for ``job``
             fields["job"] = job
         return encode({"kind": "failed", "error": fields})
+
+
+def _parts_wanted(request: dict[str, Any], job: str) -> int:
+    """How many parts a compile job asks to be split into (``CompileRequest.parts``: the
+    client reads it from the request it pickled), at most ``WARM_WORKERS``: more would wait
+    for a worker to start, and a part that waits makes the whole graph wait."""
+    parts = request.get("parts", 1)
+    if job != COMPILE_JOB or not isinstance(parts, int) or isinstance(parts, bool):
+        return 1
+    return max(1, min(parts, WARM_WORKERS))
 
 
 class _ResultPickler(pickle.Pickler):

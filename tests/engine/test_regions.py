@@ -182,14 +182,23 @@ def test_the_whole_graph_alone_in_async_with_the_local_pool_and_when_off(
     assert d["worker_compiles"] == 1
 
 
+def _composed(**options: Any) -> Any:
+    made = Options.create(**options)
+    return compose(made, cache=CacheAccess(made.cache_dir, made.limit_s(), None),
+                   recorder=Recorder(None), load=lambda *_: None,
+                   job=lambda *_: None, on_loader=lambda *_: None)
+
+
 def _ladder(**options: Any) -> tuple[list[str], bool]:
     """The tiers a backend of these options climbs, the rung of pieces among them, and
     whether the rung is sent after the tier it stands in for."""
-    made = Options.create(**options)
-    composition = compose(made, cache=CacheAccess(made.cache_dir, made.limit_s(), None),
-                          recorder=Recorder(None), load=lambda *_: None,
-                          job=lambda *_: None, on_loader=lambda *_: None)
+    composition = _composed(**options)
     return [tier.name for tier in composition.tiers], composition.rung_last
+
+
+def _parts(**options: Any) -> list[int]:
+    """How many parts each tier of the ladder compiles in (Tier.parts)."""
+    return [tier.parts for tier in _composed(**options).tiers]
 
 
 def test_the_rung_of_pieces_by_mode_executor_and_option(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,10 +207,18 @@ def test_the_rung_of_pieces_by_mode_executor_and_option(monkeypatch: pytest.Monk
     assert _ladder(mode="progressive") == ([*rung, "max-autotune"], False)
     assert _ladder(mode="progressive", regions="off") == (["default", "max-autotune"], False)
     assert _ladder(mode="async")[0] == ["default"]  # the local pool: one worker takes both
-    # the service's two warm workers take both; one worker free takes the whole graph first
+    # the service's two warm workers compile the tier in two parts at once: no rung
+    assert _ladder(mode="async", executor="service://") == (["default"], False)
+    assert _parts(mode="async", executor="service://") == [2]
+    assert _parts(mode="async") == [1]
+    assert _parts(mode="progressive", executor="service://") == [1, 1, 1]
+    monkeypatch.setenv("HOTSWAP_PARTS", "1")  # whole graphs: the service's two warm workers
+    # take the pieces and the whole graph; one worker free takes the whole graph first
     assert _ladder(mode="async", executor="service://") == (rung, True)
+    monkeypatch.delenv("HOTSWAP_PARTS")
     monkeypatch.setenv("HOTSWAP_WORKERS", "1")  # a service of one worker: the whole graph
     assert _ladder(mode="async", executor="service://")[0] == ["default"]
+    assert _parts(mode="async", executor="service://") == [1]
     monkeypatch.setenv("HOTSWAP_WORKERS", "2")
     assert _ladder(mode="async", executor="service://", regions="off")[0] == ["default"]
     assert _ladder(mode="async", regions="on") == (rung, False)  # asked for: sent first

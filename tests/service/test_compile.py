@@ -15,7 +15,7 @@ import torch
 import hotswap
 from hotswap.executors import registry
 from tests.engine.conftest import fresh_dynamo  # noqa: F401  (autouse here too)
-from tests.engine.models import unseen_scale
+from tests.engine.models import Blocks, unseen_scale
 from tests.service.conftest import wait_for
 from tests.service.test_lifecycle import current_status
 
@@ -88,3 +88,27 @@ def test_a_service_refused_is_named_in_status_and_the_tier_arrives_from_the_loca
     [note] = statuses.notes
     assert note.startswith("executor service:// not used: ") and "local pool" in note, note
     assert str(service_dir) in note, note
+
+
+def test_a_graph_compiles_in_parts_on_the_services_two_workers(
+        service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_WORKERS", "2")  # auto: two parts where the service warms two
+    model, x = Blocks(depth=8).requires_grad_(False), torch.randn(4, 16)
+    with hotswap.counters_delta() as d:
+        status = compile_and_wait(model, x, executor="service://")
+    assert status.tier == "default" and status.final and not status.failures, status
+    assert d["remote_compiles"] == 1 and d["cluster_fallbacks"] == 0
+    assert (d["regional_loads"], d["regional_pieces"], d["regional_compiled"]) == (1, 2, 2)
+    served = current_status()
+    assert served is not None and served["jobs_served"] == 1
+
+
+def test_parts_off_compiles_the_whole_graph_in_the_service(
+        service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_WORKERS", "2")
+    monkeypatch.setenv("HOTSWAP_PARTS", "1")
+    model, x = Blocks(depth=8).requires_grad_(False), torch.randn(4, 16)
+    with hotswap.counters_delta() as d:
+        status = compile_and_wait(model, x, executor="service://", regions="off")
+    assert status.tier == "default" and status.final and not status.failures, status
+    assert d["remote_compiles"] == 1 and d["regional_loads"] == 0

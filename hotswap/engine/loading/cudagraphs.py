@@ -62,7 +62,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from hotswap.engine.options import CUDAGRAPHS_KEY, REGIONS_KEY
+from hotswap.engine.options import CUDAGRAPHS_KEY, PARTS_KEY, REGIONS_KEY
 
 __all__ = ["CUDAGRAPHS_KEY", "CudaGraphed", "split_cudagraphs"]
 
@@ -71,9 +71,10 @@ log = logging.getLogger("hotswap")
 
 def split_cudagraphs(config: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
     """(the inductor config alone, whether the tier serves through CUDA graphs). A tier's
-    other hotswap key (REGIONS_KEY) goes too: its entry says itself how it loads."""
+    other hotswap keys (REGIONS_KEY, PARTS_KEY) go too: its entry says itself how it loads."""
     config = dict(config or {})
     config.pop(REGIONS_KEY, None)
+    config.pop(PARTS_KEY, None)
     return config, bool(config.pop(CUDAGRAPHS_KEY, False))
 
 

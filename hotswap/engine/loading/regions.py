@@ -17,31 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hotswap.cache.entry import check_plan
+
 __all__ = ["Regional", "check_plan"]
-
-
-def check_plan(plan: Any, artifact_size: int) -> dict[str, Any]:
-    """``plan`` if well formed for an artifact of ``artifact_size`` bytes, else ValueError."""
-    try:
-        n_inputs, sizes, steps = int(plan["inputs"]), list(plan["sizes"]), list(plan["steps"])
-        outputs = [int(o) for o in plan["outputs"]]
-        made = set(range(n_inputs))
-        for piece, ins, outs in steps:
-            if not 0 <= int(piece) < len(sizes) or any(int(i) not in made for i in ins):
-                raise ValueError(f"step {piece, ins, outs} reads a value not made before it")
-            if any(int(o) < n_inputs or int(o) in made for o in outs) or \
-                    len(set(outs)) != len(outs):
-                raise ValueError(f"step {piece, ins, outs} makes a value made before it")
-            made.update(int(o) for o in outs)
-        if any(o != -1 and o not in made for o in outputs):
-            raise ValueError("an output is never made")
-        if sum(int(n) for n in sizes) != artifact_size or any(int(n) <= 0 for n in sizes):
-            raise ValueError("the pieces' sizes do not add up to the artifact")
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"artifact entry has a malformed region plan: {e}") from e
-    return {"inputs": n_inputs, "sizes": [int(n) for n in sizes], "outputs": outputs,
-            "steps": [(int(p), [int(i) for i in ins], [int(o) for o in outs])
-                      for p, ins, outs in steps]}
 
 
 class Regional:

@@ -27,7 +27,7 @@ import torch
 from torch.fx.node import map_aggregate
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["WORTH", "Run", "example_value", "region_labels", "runs_of"]
+__all__ = ["WORTH", "Run", "example_value", "part_labels", "region_labels", "runs_of"]
 
 log = logging.getLogger("hotswap")
 
@@ -40,6 +40,8 @@ _INDEXED = re.compile(r"^(.+?)(?:\.(\d+)|\[(\d+)\])$")
 # Nodes of no region however they were traced: the graph's inputs and outputs, and the
 # attributes it reads (each run that reads one holds its own reference).
 _OUTSIDE = ("placeholder", "output", "get_attr")
+# A graph cut into parts (``part_labels``) has at least this many calls per part.
+_MIN_PART_NODES = 16
 # How deep in nested regions a graph is cut at most.
 _DEPTHS = 3
 # The call that changes the grad mode for the rest of the graph: each run compiles under the
@@ -182,6 +184,67 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
                                    [flags.get(n, False) for n in inputs], sharing, outputs),
                         any(s >= 0 for s in sharing)))
     return runs
+
+
+def part_labels(gm: torch.fx.GraphModule, parts: int) -> tuple[int, ...] | None:
+    """Per node of ``gm``'s graph, which of ``parts`` contiguous parts it falls in, cut where
+    fewest computed values cross (a transformer's residual stream between two blocks, a
+    convolutional net's between two units) within an eighth of the graph either side of
+    each even share; None where the graph is too small or has no such place outside a
+    context (grad mode, autocast, ``sdpa_kernel``) or free of values that cannot pass
+    between pieces (``_travels``). ``runs_of`` then cuts the graph by them."""
+    nodes = list(gm.graph.nodes)
+    dead = _dead(nodes)
+    compute = [n for n in nodes if n.op in ("call_function", "call_method") and n not in dead]
+    n = len(compute)
+    if parts < 2 or n < parts * _MIN_PART_NODES:
+        return None
+    at = {node: i for i, node in enumerate(compute)}
+    # crossing[c]: values made before compute[c] that a node from c on reads; blocked[c]: of
+    # them, those that cannot travel, plus the contexts open there.
+    crossing, blocked = [0] * (n + 1), [0] * (n + 1)
+    for i, node in enumerate(compute):
+        last = max((at[u] for u in node.users if u in at), default=i)
+        if last > i:
+            crossing[i + 1] += 1
+            crossing[last + 1] -= 1
+            if not _travels(example_value(node)):
+                blocked[i + 1] += 1
+                blocked[last + 1] -= 1
+    ambient = grad = torch.is_grad_enabled()
+    depth, toggled = 0, set[Any]()
+    open_at = [False] * (n + 1)
+    for i, node in enumerate(compute):
+        name = getattr(node.target, "__name__", "")
+        if node.target is _GRAD_MODE and node.args:
+            grad = bool(node.args[0])
+        elif name.startswith("_enter_"):
+            depth += 1
+        elif _is_exit(node):
+            depth -= 1
+        elif name in _SET_AND_RESTORE:
+            toggled ^= {node.target}
+        open_at[i + 1] = depth != 0 or grad != ambient or bool(toggled)
+    running, blocks = 0, 0
+    free = []
+    for c in range(n + 1):
+        running += crossing[c]
+        blocks += blocked[c]
+        free.append(None if blocks or open_at[c] else running)
+    cuts: list[int] = []
+    for j in range(1, parts):
+        target, reach = j * n // parts, max(1, n // (8 * parts))
+        window = [c for c in range(max(1, target - reach), min(n - 1, target + reach) + 1)
+                  if free[c] is not None and (not cuts or c > cuts[-1])]
+        if not window:
+            return None
+        cuts.append(min(window, key=lambda c: (free[c], abs(c - target))))
+    part = {node: sum(i >= c for c in cuts) for i, node in enumerate(compute)}
+    labels, current = [], 0
+    for node in nodes:  # the rest (placeholders, dead calls, the output) go with the part before
+        current = part.get(node, current)
+        labels.append(current)
+    return tuple(labels)
 
 
 def _dead(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:

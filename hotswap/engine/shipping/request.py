@@ -48,7 +48,7 @@ class GraphRequest(NamedTuple):
         return CompileRequest(graph_id, tier.name, dict(tier.config), self.graph_bytes,
                               self.inputs, self.grad_enabled, self.num_threads,
                               self.compile_id, measured,
-                              self.regions if tier.regions else ())
+                              self.regions if tier.regions else (), tier.parts)
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,11 @@ class CompileRequest:
     # Per node of the graph, the repeated region it belongs to (-1: none), for a tier that
     # compiles each distinct region once (shipping/regions.py); empty: the whole graph.
     regions: tuple[int, ...] = ()
+    # Compile the graph as this many contiguous parts, one per worker at once, served in turn
+    # (a tier's ``parts``): the compile service splits such a job (service/parts.py) and sets
+    # ``part`` in each; an executor that does not compiles the whole graph.
+    parts: int = 1
+    part: int = -1
 
     def to_wire(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)},

@@ -1,0 +1,100 @@
+"""A graph compiled in contiguous parts, one job per part (jobs/regions.py ``compile_part``),
+put back together (loading/entry.py ``merge_parts``) and served as its parts in turn: where it
+is cut, what happens where it cannot be, and what a merge refuses."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import pytest
+import torch
+
+import hotswap
+from hotswap.cache.entry import merge_parts, pack_entry
+from hotswap.engine.loading.artifacts import load_entry
+from hotswap.engine.options import PARTS_KEY, Tier
+from hotswap.engine.shipping.regions import part_labels, runs_of
+from hotswap.engine.shipping.request import GraphRequest
+from hotswap.engine.shipping.transport import ship_graph
+from hotswap.engine.shipping.wire import CompileResult
+from hotswap.jobs.compile import compile_graph
+from tests.engine.models import Blocks, mlp
+from tests.engine.test_regions import _dynamo_call
+
+
+def _request(gm: torch.fx.GraphModule, args: list[Any], part: int, parts: int) -> dict[str, Any]:
+    from hotswap.engine.shipping.inputs import describe_inputs
+
+    described = describe_inputs(gm, args)
+    assert not isinstance(described, str)
+    request = GraphRequest(ship_graph(gm), described, torch.is_grad_enabled(),
+                           torch.get_num_threads())
+    wire = request.compile_request("g", Tier("default", parts=parts)).to_wire()
+    return {**wire, "part": part}
+
+
+def _compiled_in_parts(model: torch.nn.Module, x: torch.Tensor, parts: int) -> list[bytes]:
+    """Each part's entry, as each worker of the service compiles it (here, one by one)."""
+    gm, args = _dynamo_call(model, x)
+    return [bytes(CompileResult.from_wire(compile_graph(_request(gm, args, i, parts))).entry)
+            for i in range(parts)]
+
+
+def test_a_stack_of_blocks_is_cut_between_two_blocks() -> None:
+    gm, _ = _dynamo_call(Blocks(depth=8), torch.randn(4, 16))
+    labels = part_labels(gm, 2)
+    assert labels is not None
+    runs = runs_of(gm, labels)
+    assert runs is not None and len(runs) == 2
+    # what crosses is the residual stream alone, made by the last node of a block (its add)
+    [crossing] = [n for n in runs[1].inputs if n.op != "placeholder"]
+    assert crossing.target is operator.add
+    sizes = [len(r.nodes) for r in runs]
+    assert abs(sizes[0] - sizes[1]) <= sum(sizes) // 4
+
+
+def test_a_graph_too_small_to_cut_is_not() -> None:
+    model, (x,) = mlp()
+    gm, _ = _dynamo_call(model, x)
+    assert part_labels(gm, 2) is None
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_the_parts_merged_serve_as_the_graph_does(parts: int) -> None:
+    model, x = Blocks(depth=12).requires_grad_(False), torch.randn(4, 16)
+    entries = _compiled_in_parts(model, x, parts)
+    merged = merge_parts(list(reversed(entries)))  # the order they come back in is any
+    with hotswap.counters_delta() as d:
+        fn = load_entry(merged, {PARTS_KEY: parts})
+    assert (d["regional_loads"], d["regional_pieces"], d["regional_compiled"]) == (1, parts, parts)
+    torch.testing.assert_close(fn(*_dynamo_call(model, x)[1])[0], model(x))
+
+
+def test_a_graph_that_cannot_be_cut_is_compiled_whole_by_the_first_part() -> None:
+    model, (x,) = mlp()
+    model.requires_grad_(False)
+    first, second = _compiled_in_parts(model, x, 2)
+    assert merge_parts([second, first]) == first
+    with hotswap.counters_delta() as d:
+        fn = load_entry(first, {})
+    assert d["regional_loads"] == 0
+    torch.testing.assert_close(fn(*_dynamo_call(model, x)[1])[0], model(x))
+
+
+def test_a_part_is_no_entry_and_parts_that_do_not_make_a_graph_are_refused() -> None:
+    plan = {"part": 0, "parts": 2, "inputs": 1, "outputs": [1], "steps": [[0, [0], [1]]]}
+    part0 = pack_entry(b"abc", {}, None, part=plan)
+    with pytest.raises(ValueError, match="one part of a graph"):
+        load_entry(part0, {})
+    with pytest.raises(ValueError, match="do not make one graph"):
+        merge_parts([part0])  # part 1 missing
+    with pytest.raises(ValueError, match="do not make one graph"):
+        merge_parts([part0, part0])
+    other = pack_entry(b"de", {}, None, part={**plan, "part": 1, "steps": [[1, [0], [2]]]})
+    with pytest.raises(ValueError, match="do not make one graph"):
+        merge_parts([part0, other])  # cut elsewhere
+    with pytest.raises(ValueError, match="malformed part plan"):
+        merge_parts([pack_entry(b"abc", {}, None, part={"part": 0})])
+    with pytest.raises(ValueError, match="no part"):
+        merge_parts([pack_entry(b"", {})])
