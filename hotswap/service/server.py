@@ -33,7 +33,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from hotswap.executors.base import BENCH_JOB, COMPILE_JOB, MEASURE_PICKLED
+from hotswap.executors.base import BENCH_JOB, COMPILE_JOB, MEASURE_PICKLED, WARM_COMPILE_JOB
 from hotswap.executors.local import LocalExecutor, LocalPools
 from hotswap.service.parts import PartsFuture, submit_parts
 from hotswap.service.place import Place, authkey
@@ -47,8 +47,9 @@ from hotswap.service.wire import (
 )
 from hotswap.system import bytecode
 from hotswap.system.proctree import tree_rss_bytes
+from hotswap.workers import WorkerInfo
 
-__all__ = ["RUN_PICKLED", "Service", "install_signals", "runner_for"]
+__all__ = ["RUN_PICKLED", "Service", "install_signals", "parts_for", "runner_for"]
 
 log = logging.getLogger("hotswap.service")
 
@@ -148,6 +149,21 @@ class Service:
             self._pools.shutdown(wait=True)
             log.info("hotswap service %s (pid %d) stopped", self.place.stamp, os.getpid())
 
+    def _parts(self, request: dict[str, Any], job: str) -> int:
+        """How many parts a compile job is split into: as many as it asks for
+        (``CompileRequest.parts``: the client reads it from the request it pickled), at most
+        as many workers as are warm and free now (``_warm``), else 1, the whole graph in one
+        worker. A part that waits for a worker, or that pays a fresh worker's first compile,
+        makes the whole graph wait: on the H200, the first process ever's graph (the service
+        just started, its second worker still in its warm-up) served 2.5-4.7 s later in
+        parts than whole."""
+        parts = request.get("parts", 1)
+        if job != COMPILE_JOB or not isinstance(parts, int) or isinstance(parts, bool) \
+                or parts < 2:
+            return 1
+        pool = self._pools.running(self._executor.size)
+        return parts_for(parts, pool.workers_info() if pool is not None else [])
+
     def status(self) -> dict[str, Any]:
         pool = self._pools.running(self._executor.size)
         workers = pool.workers_info() if pool is not None else []
@@ -160,7 +176,8 @@ class Service:
                 "uid": os.geteuid(), "dir": str(self.place.dir),
                 "uptime_s": round(time.monotonic() - self._started, 3),
                 "idle_exit_s": self.idle_exit_s,
-                "workers": [{"pid": w.pid, "ready": w.ready, "busy": w.busy} for w in workers],
+                "workers": [{"pid": w.pid, "ready": w.ready, "busy": w.busy, "warm": _warm(w)}
+                            for w in workers],
                 "rss_bytes": tree_rss_bytes(os.getpid()),
                 # the bytecode folder it and its workers read (bytecode.child_env), which a
                 # client's load path may read too (bytecode.offer)
@@ -272,7 +289,7 @@ class Service:
         done = _Signal()
         try:
             try:
-                parts = _parts_wanted(request, job)
+                parts = self._parts(request, job)
                 future = (submit_parts(self._executor, job, request["payload"],
                                        request.get("timeout_s"), parts) if parts > 1 else
                           self._executor.submit(runner_for(job), (job, request["payload"]),
@@ -320,14 +337,17 @@ class Service:
         return encode({"kind": "failed", "error": fields})
 
 
-def _parts_wanted(request: dict[str, Any], job: str) -> int:
-    """How many parts a compile job asks to be split into (``CompileRequest.parts``: the
-    client reads it from the request it pickled), at most ``WARM_WORKERS``: more would wait
-    for a worker to start, and a part that waits makes the whole graph wait."""
-    parts = request.get("parts", 1)
-    if job != COMPILE_JOB or not isinstance(parts, int) or isinstance(parts, bool):
-        return 1
-    return max(1, min(parts, WARM_WORKERS))
+def parts_for(asked: int, workers: list[WorkerInfo]) -> int:
+    """``asked`` parts, at most one per warm free worker; 1 (whole) where fewer than two."""
+    free = sum(_warm(w) and not w.busy for w in workers)
+    return min(asked, free) if free >= 2 else 1
+
+
+def _warm(worker: WorkerInfo) -> bool:
+    """Ready, in no warm-up step, and past its first compile's one-time costs: it ran a job
+    or the warm-up compile (a first compile in a process pays seconds of lazy set-up)."""
+    return worker.ready and not worker.warming and (
+        worker.jobs_done > 0 or WARM_COMPILE_JOB in worker.steps_done)
 
 
 class _ResultPickler(pickle.Pickler):

@@ -324,8 +324,9 @@ def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None
             return
         # The pool sends jobs elsewhere while it may, and starts a job's clock at the end
         channel.send(MessageKind.WARMING, 0, encode_control({"busy": True}))
+        name = steps.pop(0)
         try:
-            _warm(steps.pop(0), lambda name: resolve_job(name)(None))
+            _warm(name, lambda name: resolve_job(name)(None))
         finally:
-            channel.send(MessageKind.WARMING, 0, encode_control({"busy": False}))
+            channel.send(MessageKind.WARMING, 0, encode_control({"busy": False, "step": name}))
         idle_since = time.monotonic()

@@ -47,3 +47,6 @@ class WorkerInfo:
     busy: bool
     started_s: float
     ready_s: float | None
+    warming: bool = False            # in a warm-up step
+    jobs_done: int = 0
+    steps_done: tuple[str, ...] = ()  # the warm-up steps it has run, in order

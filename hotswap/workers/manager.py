@@ -96,7 +96,8 @@ class Manager:
 
     def info(self) -> list[WorkerInfo]:
         """A snapshot of every worker, by slot (called under inbox.lock)."""
-        return [WorkerInfo(w.slot, w.pid, w.ready, w.job is not None, w.started_s, w.ready_s)
+        return [WorkerInfo(w.slot, w.pid, w.ready, w.job is not None, w.started_s, w.ready_s,
+                           w.warming, w.jobs_done, tuple(w.steps_done))
                 for w in sorted(self.workers.values(), key=lambda w: w.slot)]
 
     def cpu_note(self) -> str:
@@ -339,7 +340,10 @@ class Manager:
                 self.inbox.ready_cond.notify_all()
             return
         if kind == MessageKind.WARMING:
-            worker.warming = bool(decode_control(payload).get("busy"))
+            control = decode_control(payload)
+            worker.warming = bool(control.get("busy"))
+            if not worker.warming and isinstance(control.get("step"), str):
+                worker.steps_done.append(control["step"])
             if not worker.warming and worker.job is not None:
                 # A job sent while a warm-up step ran starts now: its deadline and its time
                 # (what the pool's growth reads) begin here, not at the send.

@@ -71,6 +71,7 @@ class WorkerProcess:
         self.held_until = 0.0
         # In a warm-up step (it said so: WARMING): a job sent now waits for the step's end
         self.warming = False
+        self.steps_done: list[str] = []  # the warm-up steps it has run (WARMING), in order
         self.kill_reason: tuple[str, Any] | None = None
         self.watching_write = False
         self.tmpdir: str | None = None  # its scratch directory (scratch.py), removed with it

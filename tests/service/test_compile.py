@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hotswap
+from hotswap import cli
 from hotswap.executors import registry
 from tests.engine.conftest import fresh_dynamo  # noqa: F401  (autouse here too)
 from tests.engine.models import Blocks, unseen_scale
@@ -90,9 +91,15 @@ def test_a_service_refused_is_named_in_status_and_the_tier_arrives_from_the_loca
     assert str(service_dir) in note, note
 
 
-def test_a_graph_compiles_in_parts_on_the_services_two_workers(
+def _warm_workers() -> int:
+    return sum(w["warm"] for w in (current_status() or {}).get("workers", []))
+
+
+def test_a_graph_compiles_in_parts_on_two_warm_workers(
         service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOTSWAP_WORKERS", "2")  # auto: two parts where the service warms two
+    assert cli.main(["service", "start"]) == 0
+    wait_for(lambda: _warm_workers() == 2, 240)
     model, x = Blocks(depth=8).requires_grad_(False), torch.randn(4, 16)
     with hotswap.counters_delta() as d:
         status = compile_and_wait(model, x, executor="service://")

@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 
 from hotswap.errors import WorkerCrashed
+from hotswap.executors.base import WARM_COMPILE_JOB, WARM_DEVICE_JOB
 from hotswap.service.parts import RUN_PART, PartsFuture, submit_parts
+from hotswap.service.server import parts_for
+from hotswap.workers import WorkerInfo
 
 
 class Recording:
@@ -60,3 +63,22 @@ def test_the_merge_of_parts_that_do_not_make_a_graph_raises() -> None:
     out.set_result([{"entry": b"not an entry"}])
     with pytest.raises(ValueError, match="not a hotswap artifact entry"):
         out.merged()
+
+
+def _worker(*, ready: bool = True, busy: bool = False, warming: bool = False, jobs: int = 0,
+            steps: tuple[str, ...] = (WARM_DEVICE_JOB, WARM_COMPILE_JOB)) -> WorkerInfo:
+    return WorkerInfo(0, 1, ready, busy, 0.0, 0.0, warming, jobs, steps)
+
+
+def test_a_job_is_split_only_across_warm_free_workers() -> None:
+    warm = _worker()
+    assert parts_for(2, [warm, warm]) == 2
+    assert parts_for(3, [warm, warm]) == 2  # no part waits for a worker
+    assert parts_for(2, [warm, _worker(steps=(), jobs=1)]) == 2  # a job warmed it
+    for cold in (_worker(ready=False, steps=()),  # still starting
+                 _worker(steps=(WARM_DEVICE_JOB,), warming=True),  # in its warm-up
+                 _worker(steps=(WARM_DEVICE_JOB,)),  # no compile yet: a first one's costs
+                 _worker(warming=True),  # in a later step (the op families)
+                 _worker(busy=True)):  # another process's job
+        assert parts_for(2, [warm, cold]) == 1, cold
+    assert parts_for(2, []) == 1

@@ -226,6 +226,8 @@ def test_warm_steps_run_after_ready_and_a_waiting_job_goes_ahead_of_the_rest() -
         assert pool.submit(J + "warm_steps").result(timeout=60) == []
         # Once no job waits, the steps it went ahead of run, in order.
         _wait_for_steps(pool, ["slow", "quick"])
+        [info] = pool.workers_info()  # what the pool was told (the service reads it)
+        assert info.steps_done == steps and info.jobs_done >= 2 and not info.warming
     with WorkerPool(1, warm_modules=steps) as pool:
         assert pool.wait_ready(60)
         time.sleep(0.3)  # the slow step is under way: the job waits for it, then goes first
@@ -259,6 +261,7 @@ def test_a_job_goes_to_a_worker_not_in_a_warm_step(tmp_path: Path) -> None:
             assert pool.wait_ready(60)
             time.sleep(0.5)  # past the round trip to READY: the first worker is in its step
             assert pool.submit(J + "getenv", "SLOT").result(timeout=30) == "1"
+            assert [w.warming for w in pool.workers_info()] == [True, False]
         finally:
             gate.touch()
 
