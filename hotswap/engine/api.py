@@ -135,11 +135,13 @@ def compile(
           signed with the key in HOTSWAP_CACHE_KEY_FILE; the local cache stays in front.
     worker_devices: the GPU each local worker compiles and benchmarks on (["cuda:1"]: off the
           serving GPU; HOTSWAP_WORKER_DEVICES).
-    regions: "auto" (default; HOTSWAP_REGIONS): in progressive, and in async where jobs go
-          to the compile service and it has two workers, a graph that repeats a block (a
+    regions: "auto" (default; HOTSWAP_REGIONS): in progressive (and in async where jobs go
+          to the compile service, with HOTSWAP_PARTS=1), a graph that repeats a block (a
           transformer's layers) is first served region by region, each distinct block
           compiled once, until the whole graph replaces it (a rung of its own,
-          "default-regions"); "on": in async always; "off": never. docs/regions.md.
+          "default-regions"); "on": in async always; "off": never. docs/regions.md. In async
+          with the compile service, the tier compiles in two parts at once on two warm
+          workers instead (HOTSWAP_PARTS; docs/service.md).
     options: inductor config patches, as ``torch.compile(options=...)`` takes them
           ({"max_autotune": True, "epilogue_fusion": False}): applied to every tier, over the
           tier's own config where both set a key, as torch applies them over its mode's;

@@ -15,10 +15,10 @@ backend call (sources/inprocess.py). A route that does not wait returns eager at
 its tiers in as they arrive; one that waits serves its tier from the first call. Which tiers the
 ladder climbs (every tier, or the top one alone) and whether a gate weighs them is the plan's
 too. A route that does not wait and ships its graphs starts (progressive with ``regions="auto"``,
-async too where its jobs go to the compile service, or with ``"on"``) from a rung below the
-first: that tier compiled region by region, each distinct repeated block once
-(``Tier.regions``; jobs/regions.py), for the graphs that repeat one. Nothing past this module
-reads the mode.
+async with ``"on"``) from a rung below the first: that tier compiled region by region, each
+distinct repeated block once (``Tier.regions``; jobs/regions.py), for the graphs that repeat
+one. Async whose jobs go to the compile service compiles its tier in parts at once instead
+(``Tier.parts``; service/parts.py). Nothing past this module reads the mode.
 """
 
 from __future__ import annotations
