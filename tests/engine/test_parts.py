@@ -12,7 +12,7 @@ import torch
 
 import hotswap
 from hotswap.cache.entry import merge_parts, pack_entry
-from hotswap.engine.loading.artifacts import load_entry
+from hotswap.engine.loading.artifacts import entry_parts, load_entry
 from hotswap.engine.options import PARTS_KEY, Tier
 from hotswap.engine.shipping.regions import part_labels, runs_of
 from hotswap.engine.shipping.request import GraphRequest
@@ -80,6 +80,13 @@ def test_a_graph_that_cannot_be_cut_is_compiled_whole_by_the_first_part() -> Non
         fn = load_entry(first, {})
     assert d["regional_loads"] == 0
     torch.testing.assert_close(fn(*_dynamo_call(model, x)[1])[0], model(x))
+
+
+def test_a_graph_that_trains_is_compiled_whole_by_the_first_part_alone() -> None:
+    model, x = Blocks(depth=12), torch.randn(4, 16)  # its parameters need grad: it trains
+    first, second = _compiled_in_parts(model, x, 2)
+    assert len(entry_parts(second)[0]) == 0  # the second part's job compiled nothing
+    assert merge_parts([second, first]) == first
 
 
 def test_a_part_is_no_entry_and_parts_that_do_not_make_a_graph_are_refused() -> None:
