@@ -245,6 +245,7 @@ def _service(args: argparse.Namespace) -> int:
                                   "if no first job comes (started as hotswap was imported; "
                                   "`hotswap service start` lifts that)") + "\n"
               f"workers: {len(workers)} ({sum(w['ready'] for w in workers)} ready, "
+              f"{sum(w.get('warm', False) for w in workers)} warm, "
               f"{sum(w['busy'] for w in workers)} busy)\n"
               f"jobs: {status['jobs_served']} served, {status['jobs_failed']} failed, "
               f"{status['jobs_cancelled']} cancelled, {status['jobs_running']} running\n"
