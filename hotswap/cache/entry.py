@@ -72,20 +72,34 @@ def merge_parts(entries: list[Buffer]) -> bytes:
                          f"{[p[0]['part'] for p in found]} of {first['parts']}")
     artifacts: list[memoryview] = []
     files: dict[str, memoryview] = {}
-    probes: dict[str, Any] = {}
-    for _, view, offset, size, found_probes, spans in found:
+    for _, view, offset, size, _, spans in found:
         artifacts.append(view[offset:offset + size])
         for path, at, n in spans:
             files.setdefault(path, view[at:at + n])
-        for key, value in found_probes.items():
-            if key == "code" and key in probes and _same_code(probes[key], value):
-                probes[key] = [value[0], {**probes[key][1], **value[1]}]  # each part's modules
-            else:
-                probes.setdefault(key, value)
     plan = {"inputs": first["inputs"], "sizes": [len(a) for a in artifacts],
             "steps": first["steps"], "outputs": first["outputs"]}
     check_plan(plan, sum(len(a) for a in artifacts))
+    probes = _merged_probes([p[4] for p in found])
     return pack_entry(b"".join(artifacts), files, probes, plan)  # type: ignore[arg-type]
+
+
+def _merged_probes(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """One entry's probes of the parts' (engine/loading/load_guard.py ``probes``,
+    source_key.py, precompiled.py): the vector ISAs as the worker that probed furthest found
+    them (the list and how far it got go together: a load checks one against the other), and
+    every part's precompiled headers and generated modules' bytecode."""
+    def reach(probes: Any) -> tuple[bool, int]:
+        probed = probes.get("vec_isa_probed")
+        return "vec_isa" in probes and probed is None, probed if isinstance(probed, int) else 0
+
+    merged: dict[str, Any] = dict(max(each, key=reach))
+    headers = {tuple(h): h for p in each for h in p.get("headers", []) if isinstance(h, list)}
+    if headers:
+        merged["headers"] = list(headers.values())
+    codes = [p["code"] for p in each if "code" in p]
+    if codes and all(_same_code(codes[0], c) for c in codes):
+        merged["code"] = [codes[0][0], {k: v for c in codes for k, v in c[1].items()}]
+    return merged
 
 
 def _same_code(a: Any, b: Any) -> bool:

@@ -120,8 +120,8 @@ def compose(options: Options, *, cache: CacheAccess, recorder: Recorder, load: L
     wanted = options.regions == "on" or (options.regions == "auto" and parts == 1 and (
         plan.climbs or (options.executor == registry.SERVICE and default_workers() >= 2)))
     rung_last = wanted and options.regions == "auto" and not plan.climbs
-    if wanted and not plan.here and not plan.waits:
-        tiers = [*_bridge(tiers), *tiers]
+    if wanted and not plan.here and not plan.waits:  # the rung is pieces, not parts
+        tiers = [*(replace(t, parts=1) for t in _bridge(tiers)), *tiers]
     if recorder.profiling:  # kernels named for profilers
         tiers = [profiled(t) for t in tiers]
     gate = Gate(options.gate_threshold, {t.name: t.load_config for t in tiers})

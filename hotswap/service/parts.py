@@ -4,7 +4,9 @@
         submit_parts: k pool jobs RUN_PART (payload, i, k) --> k warm workers, each lands the
                       graph, cuts it into the same k parts and compiles part i (jobs/regions.py)
         PartsFuture   done once every part is, failed at the first part that fails (the rest
-                      cancelled), cancelled with all its parts
+                      cancelled if queued, left to end if running: a cancel kills a
+                      running job's worker, and warm workers are what parts need),
+                      cancelled with all its parts
         merged()      on the connection thread: one entry (artifacts.merge_parts) --> client
 
 Inductor compiles one graph on one thread: its time grows with the graph's nodes (lowering,
@@ -74,7 +76,8 @@ class PartsFuture(Future[Any]):
             except Exception:  # resolved meanwhile (cancelled, or another part failed)
                 pass
             for other in self.parts:  # after: their callbacks find this future done
-                other.cancel()
+                if not other.running():  # queued; a running one ends on its own
+                    other.cancel()
         elif last:
             try:
                 self.set_result([f.result() for f in self.parts])

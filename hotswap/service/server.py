@@ -108,6 +108,8 @@ class Service:
         self._pools = LocalPools(yield_to="all", warm=WARM_WORKERS)
         self._executor = LocalExecutor(workers, (), shared=self._pools)
         self._lock = threading.Lock()
+        self._split_lock = threading.Lock()
+        self._sent: set[Any] = set()  # pool jobs not done (a job's parts, or the job)
         self._connections = 0  # being served (a job's among them)
         self._jobs_running = 0
         self._last_job = time.monotonic()
@@ -162,7 +164,8 @@ class Service:
                 or parts < 2:
             return 1
         pool = self._pools.running(self._executor.size)
-        return parts_for(parts, pool.workers_info() if pool is not None else [])
+        queued = sum(not f.running() and not f.done() for f in list(self._sent))
+        return parts_for(parts, pool.workers_info() if pool is not None else [], queued)
 
     def status(self) -> dict[str, Any]:
         pool = self._pools.running(self._executor.size)
@@ -289,11 +292,17 @@ class Service:
         done = _Signal()
         try:
             try:
-                parts = self._parts(request, job)
-                future = (submit_parts(self._executor, job, request["payload"],
-                                       request.get("timeout_s"), parts) if parts > 1 else
-                          self._executor.submit(runner_for(job), (job, request["payload"]),
-                                                request.get("timeout_s")))
+                # Decided and sent under one lock, so that a job coming at the same moment
+                # counts these parts as taking their workers.
+                with self._split_lock:
+                    parts = self._parts(request, job)
+                    future = (submit_parts(self._executor, job, request["payload"],
+                                           request.get("timeout_s"), parts) if parts > 1 else
+                              self._executor.submit(runner_for(job), (job, request["payload"]),
+                                                    request.get("timeout_s")))
+                    for sent in future.parts if isinstance(future, PartsFuture) else [future]:
+                        self._sent.add(sent)
+                        sent.add_done_callback(self._sent.discard)
             except Exception as e:  # the pool is closing, or the limit is malformed
                 with contextlib.suppress(OSError):
                     conn.send_bytes(encode({"kind": "failed", "error": error_to_wire(e, job)}))
@@ -337,9 +346,10 @@ class Service:
         return encode({"kind": "failed", "error": fields})
 
 
-def parts_for(asked: int, workers: list[WorkerInfo]) -> int:
-    """``asked`` parts, at most one per warm free worker; 1 (whole) where fewer than two."""
-    free = sum(_warm(w) and not w.busy for w in workers)
+def parts_for(asked: int, workers: list[WorkerInfo], queued: int = 0) -> int:
+    """``asked`` parts, at most one per warm free worker, less the jobs ``queued`` for one
+    (sent, on no worker yet); 1 (whole) where fewer than two."""
+    free = sum(_warm(w) and not w.busy for w in workers) - queued
     return min(asked, free) if free >= 2 else 1
 
 

@@ -1,5 +1,5 @@
 """A graph compiled in contiguous parts, one job per part (jobs/regions.py ``compile_part``),
-put back together (loading/entry.py ``merge_parts``) and served as its parts in turn: where it
+put back together (cache/entry.py ``merge_parts``) and served as its parts in turn: where it
 is cut, what happens where it cannot be, and what a merge refuses."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hotswap
-from hotswap.cache.entry import merge_parts, pack_entry
+from hotswap.cache.entry import layout, merge_parts, pack_entry
 from hotswap.engine.loading.artifacts import entry_parts, load_entry
 from hotswap.engine.options import PARTS_KEY, Tier
 from hotswap.engine.shipping.regions import part_labels, runs_of
@@ -105,3 +105,19 @@ def test_a_part_is_no_entry_and_parts_that_do_not_make_a_graph_are_refused() -> 
         merge_parts([pack_entry(b"abc", {}, None, part={"part": 0})])
     with pytest.raises(ValueError, match="no part"):
         merge_parts([pack_entry(b"", {})])
+
+
+def test_the_merged_probes_keep_the_furthest_isa_answer_and_every_header_and_module() -> None:
+    plan = {"parts": 2, "inputs": 1, "outputs": [2], "steps": [[0, [0], [1]], [1, [1], [2]]]}
+    isa = {"name": "avx2", "bits": 256, "flags": "-mavx2", "features": {}}
+    code = "magic-O0"
+    short = {"vec_isa": [isa], "vec_isa_probed": 1, "headers": [["a.h", "cc", "/a.gch"]],
+             "code": [code, {"m1": b"1"}]}
+    full = {"vec_isa": [isa, {**isa, "name": "avx512"}], "headers": [["b.h", "cc", "/b.gch"]],
+            "code": [code, {"m2": b"2"}]}
+    merged = merge_parts([pack_entry(b"x", {}, short, part={**plan, "part": 0}),
+                          pack_entry(b"y", {}, full, part={**plan, "part": 1})])
+    probes = layout(memoryview(merged))[2]
+    assert probes["vec_isa"] == full["vec_isa"] and "vec_isa_probed" not in probes
+    assert sorted(h[0] for h in probes["headers"]) == ["a.h", "b.h"]
+    assert probes["code"] == [code, {"m1": b"1", "m2": b"2"}]

@@ -222,6 +222,9 @@ def test_the_rung_of_pieces_by_mode_executor_and_option(monkeypatch: pytest.Monk
     monkeypatch.setenv("HOTSWAP_WORKERS", "2")
     assert _ladder(mode="async", executor="service://", regions="off")[0] == ["default"]
     assert _ladder(mode="async", regions="on") == (rung, False)  # asked for: sent first
+    # asked for with the service: the rung is the pieces, the tier the parts
+    assert _ladder(mode="async", executor="service://", regions="on") == (rung, False)
+    assert _parts(mode="async", executor="service://", regions="on") == [1, 2]
     assert _ladder(mode="subprocess", executor="service://", regions="on")[0] == ["default"]
 
 

@@ -42,13 +42,16 @@ def test_each_part_is_a_job_and_the_future_waits_for_all() -> None:
     assert out.result() == [{"entry": b"0"}, {"entry": b"1"}, {"entry": b"2"}]
 
 
-def test_a_part_that_fails_fails_the_job_and_cancels_the_rest() -> None:
+def test_a_part_that_fails_fails_the_job_and_cancels_the_queued_rest() -> None:
     executor = Recording()
-    out = submit_parts(executor, "compile", b"payload", None, 2)
-    error = WorkerCrashed(123, -9, "SIGKILL")
+    out = submit_parts(executor, "compile", b"payload", None, 3)
+    executor.futures[1].set_running_or_notify_cancel()  # on a worker: left to end (a cancel
+    error = WorkerCrashed(123, -9, "SIGKILL")            # would kill a warm worker)
     executor.futures[0].set_exception(error)
     assert out.exception() is error
-    assert executor.futures[1].cancelled()
+    assert not executor.futures[1].cancelled() and executor.futures[2].cancelled()
+    executor.futures[1].set_result({"entry": b"1"})  # its end changes nothing
+    assert out.exception() is error
 
 
 def test_cancelling_the_job_cancels_its_parts() -> None:
@@ -82,3 +85,5 @@ def test_a_job_is_split_only_across_warm_free_workers() -> None:
                  _worker(busy=True)):  # another process's job
         assert parts_for(2, [warm, cold]) == 1, cold
     assert parts_for(2, []) == 1
+    assert parts_for(2, [warm, warm, warm], queued=1) == 2  # a job sent, on no worker yet
+    assert parts_for(2, [warm, warm], queued=1) == 1

@@ -189,10 +189,10 @@ def runs_of(gm: torch.fx.GraphModule, labels: Sequence[int],
 def part_labels(gm: torch.fx.GraphModule, parts: int) -> tuple[int, ...] | None:
     """Per node of ``gm``'s graph, which of ``parts`` contiguous parts it falls in, cut where
     fewest computed values cross (a transformer's residual stream between two blocks, a
-    convolutional net's between two units) within an eighth of the graph either side of
-    each even share; None where the graph is too small or has no such place outside a
-    context (grad mode, autocast, ``sdpa_kernel``) or free of values that cannot pass
-    between pieces (``_travels``). ``runs_of`` then cuts the graph by them."""
+    convolutional net's between two units) within ``1 / (8 * parts)`` of the graph either
+    side of each even share (a sixteenth for two); None where the graph is too small or has
+    no such place outside a context (grad mode, autocast, ``sdpa_kernel``) or free of values
+    that cannot pass between pieces (``_travels``). ``runs_of`` then cuts the graph by them."""
     nodes = list(gm.graph.nodes)
     dead = _dead(nodes)
     compute = [n for n in nodes if n.op in ("call_function", "call_method") and n not in dead]
