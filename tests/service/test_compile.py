@@ -119,3 +119,40 @@ def test_parts_off_compiles_the_whole_graph_in_the_service(
         status = compile_and_wait(model, x, executor="service://", regions="off")
     assert status.tier == "default" and status.final and not status.failures, status
     assert d["remote_compiles"] == 1 and d["regional_loads"] == 0
+
+
+class ScaledBlocks(torch.nn.Module):
+    """A stack of blocks times a constant no inductor cache has seen: both parts really compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks, self.scale = Blocks(depth=8).requires_grad_(False), unseen_scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x) * self.scale
+
+
+def test_a_worker_killed_mid_part_the_tier_still_arrives(
+        service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_WORKERS", "2")
+    assert cli.main(["service", "start"]) == 0
+    wait_for(lambda: _warm_workers() == 2, 240)
+    killed: list[int] = []
+
+    def kill_one_part() -> None:
+        def both_busy() -> bool:
+            workers = (current_status() or {}).get("workers", [])
+            return sum(w["busy"] for w in workers) == 2
+        wait_for(both_busy, 120, step_s=0.01)
+        pid = next(w["pid"] for w in current_status()["workers"] if w["busy"])  # type: ignore[index]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    with hotswap.counters_delta() as d:
+        status = compile_and_wait(ScaledBlocks(), torch.randn(4, 16), during=kill_one_part,
+                                  executor="service://")
+    assert killed and status.tier == "default" and status.final, status
+    assert not status.failures, status  # the crash was retried, in the service
+    assert d["cluster_fallbacks"] == 0 and d["remote_compiles"] == 1
+    served = current_status()
+    assert served is not None and served["jobs_failed"] == 1 and served["jobs_served"] == 1
