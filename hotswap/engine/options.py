@@ -23,10 +23,8 @@ from hotswap import settings
 from hotswap.executors import registry
 
 __all__ = ["CUDAGRAPHS_KEY", "CUDAGRAPH_PRESETS", "MODES", "ON_FAILURE", "PARTS_KEY", "REGIONS",
-           "REGIONS_KEY",
-           "REGIONS_SUFFIX",
-           "TIER_PRESETS", "Options",
-           "Plan", "Tier", "apply_options", "parse_tiers", "split_torch_options"]
+           "REGIONS_KEY", "REGIONS_SUFFIX", "TIER_PRESETS", "Options", "Plan", "Tier",
+           "apply_options", "parse_tiers", "split_torch_options"]
 
 MODES = ("inprocess", "subprocess", "async", "progressive")
 ON_FAILURE = ("stay", "raise")
