@@ -183,11 +183,14 @@ _READY_ROUND_TRIP_S = 0.1
 _IDLE_BEFORE_WARM_S = 1.0
 
 
-def _warm(entry: str, run: Callable[[str], Any]) -> None:
+def _warm(entry: str, run: Callable[[str], Any]) -> bool:
+    """Whether ``entry`` ran (else the worker goes on without it, and says why)."""
     try:
         run(entry)
     except Exception as e:  # a missing optional module must not stop the worker
         print(f"hotswap worker {os.getpid()}: could not pre-warm {entry}: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def _kill_own_group_and_exit() -> None:
@@ -324,9 +327,10 @@ def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None
             return
         # The pool sends jobs elsewhere while it may, and starts a job's clock at the end
         channel.send(MessageKind.WARMING, 0, encode_control({"busy": True}))
-        name = steps.pop(0)
+        name, ran = steps.pop(0), False
         try:
-            _warm(name, lambda name: resolve_job(name)(None))
-        finally:
-            channel.send(MessageKind.WARMING, 0, encode_control({"busy": False, "step": name}))
+            ran = _warm(name, lambda name: resolve_job(name)(None))
+        finally:  # the step, where it ran: the pool tells a warm worker by it (WorkerInfo)
+            channel.send(MessageKind.WARMING, 0,
+                         encode_control({"busy": False, **({"step": name} if ran else {})}))
         idle_since = time.monotonic()

@@ -49,4 +49,4 @@ class WorkerInfo:
     ready_s: float | None
     warming: bool = False            # in a warm-up step
     jobs_done: int = 0
-    steps_done: tuple[str, ...] = ()  # the warm-up steps it has run, in order
+    steps_done: tuple[str, ...] = ()  # the warm-up steps it has run (and that ran), in order

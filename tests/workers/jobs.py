@@ -84,6 +84,10 @@ def warm_quickly(_: Any = None) -> None:
     warmed.append("quick")
 
 
+def warm_failing(_: Any = None) -> None:
+    raise RuntimeError("this warm-up step fails")
+
+
 def warm_blocked(_: Any = None) -> None:
     """A warm-up step that lasts, in a worker whose environment names WARM_BLOCK, until the
     file it names exists."""

@@ -235,6 +235,14 @@ def test_warm_steps_run_after_ready_and_a_waiting_job_goes_ahead_of_the_rest() -
         _wait_for_steps(pool, ["slow", "quick"])
 
 
+def test_a_warm_step_that_fails_is_not_counted_as_run() -> None:
+    with WorkerPool(1, warm_modules=(J + "warm_failing", J + "warm_quickly")) as pool:
+        assert pool.wait_ready(60)
+        _wait_for_steps(pool, ["quick"])
+        [info] = pool.workers_info()
+        assert info.steps_done == (J + "warm_quickly",) and not info.warming
+
+
 def _wait_for_steps(pool: WorkerPool, expected: list[str]) -> None:
     deadline = time.monotonic() + 30
     while (steps := pool.submit(J + "warm_steps").result(timeout=60)) != expected:
