@@ -26,21 +26,13 @@ from typing import Any
 
 def _graphs(model: str, device: str) -> tuple[Any, list[tuple[Any, list[Any]]]]:
     import torch
+    from warm_ops_check import graphs_of  # beside this script
 
     from hotswap.tools import zoo
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     workload = zoo.make(model, device=device, dtype=dtype)
-    graphs = []
-
-    def backend(gm: Any, example: list[Any]) -> Any:
-        graphs.append((gm, list(example)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(workload.target, backend=backend)(*workload.inputs(0))  # type: ignore[no-untyped-call]
-    return workload, graphs
+    return workload, graphs_of(workload)
 
 
 def _compile(gm: Any, example: list[Any], part: int, parts: int) -> tuple[bytes, float]:

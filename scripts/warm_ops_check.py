@@ -25,6 +25,22 @@ import time
 from typing import Any
 
 
+def graphs_of(workload: Any) -> list[tuple[Any, list[Any]]]:
+    """The graphs dynamo makes of a zoo workload's first call, with their example inputs."""
+    import torch
+
+    graphs = []
+
+    def backend(gm: Any, example: list[Any]) -> Any:
+        graphs.append((gm, list(example)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(workload.target, backend=backend)(*workload.inputs(0))  # type: ignore[no-untyped-call]
+    return graphs
+
+
 def child(model: str, ops: bool, device: str, repeat: int) -> dict[str, Any]:
     import torch
     import torch._functorch.config as functorch_config
@@ -39,18 +55,6 @@ def child(model: str, ops: bool, device: str, repeat: int) -> dict[str, Any]:
     inductor_config.autotune_local_cache = False
     functorch_config.enable_autograd_cache = False
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-
-    def graphs_of(workload: Any) -> list[tuple[Any, list[Any]]]:
-        graphs = []
-
-        def backend(gm: Any, example: list[Any]) -> Any:
-            graphs.append((gm, list(example)))
-            return gm.forward
-
-        torch._dynamo.reset()
-        with torch.no_grad():
-            torch.compile(workload.target, backend=backend)(*workload.inputs(0))  # type: ignore[no-untyped-call]
-        return graphs
 
     stages: list[dict[str, float]] = []
 
