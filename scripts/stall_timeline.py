@@ -8,6 +8,11 @@ Reads the rows' ``slowest_calls`` and ``probe_worst`` (tools/bench/row.py) and t
 each row's profile (``run-*-<pid>.records.msgpack``: the serving process's own stages and
 those its compile workers reported). Spans are ``time.monotonic()``; a run's first record
 pairs that clock with the wall clock, which places them on the row's clock.
+
+Beside each goes what the row's lateness probe noted of the threads then (``stall_stacks``,
+tools/lateness.py): at a late wake, every other thread's innermost frames, the one that held
+the GIL among them; in a slow call, the caller's frames and the others'. Threads waiting in
+``threading``, ``queue``, ``selectors`` or a pipe's ``connection`` are left out.
 """
 
 from __future__ import annotations
@@ -27,8 +32,23 @@ def _records(profile_dir: str, pid: int) -> list[Any]:
     return read_records(os.path.join(profile_dir, files[0])) if files else []
 
 
+_WAITING = ("(threading.py:", "(queue.py:", "(selectors.py:", "(connection.py:")
+
+
+def _noted(row: dict[str, Any], start: float, end: float) -> list[str]:
+    """The probe's notes taken within [start, end] (2 ms either side), the waiting threads
+    left out."""
+    lines = []
+    for at, what, ms, threads in sorted(row.get("stall_stacks", []), key=lambda n: n[0]):
+        if start - 0.002 <= at <= end + 0.002:
+            lines.append(f"    noted at {what} {at:.3f} s ({ms:.1f} ms):")
+            lines += [f"      {name}: {frames}" for name, frames in threads
+                      if not frames.startswith(_WAITING) and frames]
+    return lines
+
+
 def row_timeline(row: dict[str, Any], profile_dir: str, min_ms: float,
-                 show_spans: bool = False) -> list[str]:
+                 show_spans: bool = False, show_notes: bool = False) -> list[str]:
     records = _records(profile_dir, row["pid"])
     run = next((r for r in records if isinstance(r, RunInfo)), None)
     if run is None:
@@ -52,6 +72,9 @@ def row_timeline(row: dict[str, Any], profile_dir: str, min_ms: float,
         during = [f"{s.tier}/{s.name}{f' [{s.category}]' if s.category else ''}@{s.track} "
                   f"{a:.2f}-{b:.2f}" for a, b, s in spans if a < end and b > at]
         lines.append(f"  {what} {at:.3f} s, {ms:.1f} ms; during: {'; '.join(during) or '-'}")
+        lines += _noted(row, at, end)
+    if show_notes:
+        lines += _noted(row, float("-inf"), float("inf"))
     lines += [f"  compiled from source at {at:.3f} s: {name} ({kb:.0f} KB)"
               for at, kb, name in row.get("source_compiles_largest", [])]
     return lines
@@ -65,12 +88,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out calls and wakes shorter than this (default 20)")
     parser.add_argument("--spans", action="store_true",
                         help="also list every stage span of each row, in order")
+    parser.add_argument("--notes", action="store_true",
+                        help="also list every note of the row's lateness probe, in order")
     args = parser.parse_args(argv)
     with open(args.bench_json) as f:
         rows = json.load(f)["rows"]
     for row in rows:
         if "pid" in row and row["row"].startswith("hotswap:"):
-            print("\n".join(row_timeline(row, args.profile_dir, args.min_ms, args.spans)))
+            print("\n".join(row_timeline(row, args.profile_dir, args.min_ms, args.spans, args.notes)))
     return 0
 
 

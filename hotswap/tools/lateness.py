@@ -15,20 +15,37 @@ inductor a warm-up's imports set one off (129 ms with torch alone on the 2-core 
 wake beside it as long; 220-290 ms in a GPT-2 row). And it lists the Python sources the
 process compiles (the ``compile`` audit event: a module imported without bytecode), each one
 GIL held for its whole compile: 56-146 ms for one of inductor's 300-400 KB modules on the
-2-core box."""
+2-core box.
+
+Where a wake is late by ``SNAPSHOT_LATE_S`` or more, the probe notes every other thread's
+innermost frames as it wakes (``sys._current_frames``): the thread that held the GIL gave it
+up a moment before, at the first point it could, so its frames are where it held it (a thread
+blocked in a call that releases the GIL shows its frames too: the caller's own ``synchronize``,
+a worker thread's wait). Given a view of the caller's calls (``watch_calls``), it notes them
+too once a call has run past a limit: what the caller's thread waits in, and what ran
+beside it."""
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import time
+import types
 import weakref
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Lateness", "LatenessProbe"]
+__all__ = ["SNAPSHOTS", "SNAPSHOT_LATE_S", "Lateness", "LatenessProbe"]
+
+SNAPSHOT_LATE_S = 0.005  # a wake this late notes the other threads' frames
+SNAPSHOTS = 2000  # notes taken per probe (a summary reports its ``top_snapshots`` longest)
+_FRAMES = 4  # innermost frames noted per thread
+# (s since process start, "late wake" or "slow call", ms, ((thread, "inner < outer"), ...))
+Snapshot = tuple[float, str, float, tuple[tuple[str, str], ...]]
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,8 @@ class Lateness:
     compiles: int = 0
     compiled_kb: float = 0.0
     compiles_largest: tuple[tuple[float, float, str], ...] = ()
+    # The threads' innermost frames at late wakes and slow calls (the probe's notes)
+    snapshots: tuple[Snapshot, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {"probe_wakes": self.wakes, "probe_p50_ms": self.p50_ms,
@@ -57,7 +76,9 @@ class Lateness:
                 "gc_collections": self.gc_collections,
                 "gc_worst": [list(w) for w in self.gc_worst],
                 "source_compiles": self.compiles, "source_compiled_kb": self.compiled_kb,
-                "source_compiles_largest": [list(c) for c in self.compiles_largest]}
+                "source_compiles_largest": [list(c) for c in self.compiles_largest],
+                "stall_stacks": [[at, what, ms, [list(t) for t in threads]]
+                                 for at, what, ms, threads in self.snapshots]}
 
 
 # Probes told of each source compiled (``compile`` audit events): one audit hook for the
@@ -100,6 +121,10 @@ class LatenessProbe:
         self._gc = array("d")  # start (perf_counter), seconds, generation of each collection
         gc.callbacks.append(self._collected)
         self._compiles: list[tuple[float, float, str]] = []  # (perf_counter, KB, file)
+        self._snapshots: list[Snapshot] = []  # at: perf_counter until summary()
+        self._call_started: Callable[[], float | None] = lambda: None
+        self._call_limit_s = float("inf")
+        self._noted_call: float | None = None
         _listen(self)
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
@@ -117,6 +142,12 @@ class LatenessProbe:
             self._gc.extend((started, time.perf_counter() - started,
                              float(info.get("generation", -1))))
 
+    def watch_calls(self, started: Callable[[], float | None], limit_s: float) -> None:
+        """Note the threads' frames once per call that has run longer than ``limit_s``:
+        ``started()`` is the perf_counter reading at which the caller's call in progress
+        began, None between calls."""
+        self._call_started, self._call_limit_s = started, limit_s
+
     def _run(self) -> None:
         interval, at, late, stopped = self._interval_s, self._at, self._late, self._stop.wait
         while True:
@@ -125,7 +156,33 @@ class LatenessProbe:
                 return
             now = time.perf_counter()
             at.append(now)
-            late.append(max(0.0, now - before - interval))
+            late_s = now - before - interval
+            late.append(max(0.0, late_s))
+            if late_s >= SNAPSHOT_LATE_S:
+                self._note(before + interval, "late wake", late_s)
+            call = self._call_started()
+            if call is not None and now - call > self._call_limit_s and call != self._noted_call:
+                self._noted_call = call
+                self._note(call, "slow call", now - call)
+
+    def _note(self, at: float, what: str, took_s: float) -> None:
+        if len(self._snapshots) >= SNAPSHOTS:
+            return
+        names = {t.ident: t.name for t in threading.enumerate()}
+        me = threading.get_ident()
+        threads = []
+        for ident, top in sys._current_frames().items():
+            if ident == me:
+                continue
+            where: list[str] = []
+            frame: types.FrameType | None = top
+            while frame is not None and len(where) < _FRAMES:
+                code = frame.f_code
+                where.append(f"{code.co_name} ({os.path.basename(code.co_filename)}:"
+                             f"{frame.f_lineno})")
+                frame = frame.f_back
+            threads.append((names.get(ident, str(ident)), " < ".join(where)))
+        self._snapshots.append((at, what, round(took_s * 1e3, 2), tuple(threads)))
 
     def stop(self) -> None:
         _listening.discard(self)
@@ -135,7 +192,7 @@ class LatenessProbe:
             gc.callbacks.remove(self._collected)
 
     def summary(self, *, since_s: float = float("-inf"), until_s: float = float("inf"),
-                top: int = 5) -> Lateness:
+                top: int = 5, top_snapshots: int = 50) -> Lateness:
         """The wakes between ``since_s`` and ``until_s`` (on the probe's clock)."""
         origin = self._origin
         collections = [(round(self._gc[i] - origin, 3), round(self._gc[i + 1] * 1e3, 2),
@@ -145,7 +202,11 @@ class LatenessProbe:
         compiled = [(round(at - origin, 3), round(kb, 1), name)
                     for at, kb, name in list(self._compiles) if since_s <= at - origin <= until_s]
         largest = tuple(sorted(compiled, key=lambda c: -c[1])[:top])
-        sources = (len(compiled), round(sum(c[1] for c in compiled), 1), largest)
+        sources = (len(compiled), round(sum(c[1] for c in compiled), 1), largest,
+                   tuple(sorted(((round(at - origin, 3), what, ms, threads)
+                                 for at, what, ms, threads in list(self._snapshots)
+                                 if since_s <= at - origin <= until_s),
+                                key=lambda n: -n[2])[:top_snapshots]))
         picked = [i for i, at in enumerate(self._at) if since_s <= at - origin <= until_s]
         if not picked:
             return Lateness(0, 0.0, 0.0, 0.0, (), len(collections), gc_worst, *sources)

@@ -74,3 +74,45 @@ def test_the_probe_lists_the_sources_compiled_while_it_runs() -> None:
     seen = probe.summary()
     assert seen.compiles == 1 and seen.compiles_largest[0][2] == "big_module.py"
     assert seen.compiled_kb == pytest.approx(len("x = 1\n" + "# padding\n" * 300) / 1024, abs=0.1)
+
+
+def _hold(done: threading.Event) -> None:
+    compile("x = 1\n" * 100_000, "<held>", "exec")  # the GIL held for the whole compile
+    done.wait(5)  # still in this function as the probe wakes
+
+
+def test_a_late_wake_notes_the_frames_of_the_thread_that_held_the_gil() -> None:
+    probe = LatenessProbe()
+    time.sleep(0.05)
+    done = threading.Event()
+    holder = threading.Thread(target=_hold, args=(done,), name="holder")
+    holder.start()
+    time.sleep(0.3)
+    probe.stop()
+    done.set()
+    holder.join()
+    notes = probe.summary().snapshots
+    late = [n for n in notes if n[1] == "late wake"]
+    assert late and late[0][2] == max(n[2] for n in notes) > 20  # longest first
+    threads = dict(late[0][3])
+    assert threads["holder"].startswith("_hold (test_lateness.py:")
+    assert "hotswap-lateness" not in threads  # the probe's own thread is left out
+    assert probe.summary().as_dict()["stall_stacks"][0][3] == [list(t) for t in late[0][3]]
+
+
+def test_a_call_past_its_limit_is_noted_once_with_the_callers_frames() -> None:
+    probe = LatenessProbe()
+    calling: list[float | None] = [None]
+    probe.watch_calls(lambda: calling[0], 0.02)
+    calling[0] = time.perf_counter()  # a call of 100 ms
+    time.sleep(0.1)
+    calling[0] = None
+    calling[0] = time.perf_counter()  # one of 5 ms: under the limit
+    time.sleep(0.005)
+    calling[0] = None
+    time.sleep(0.02)
+    probe.stop()
+    slow = [n for n in probe.summary().snapshots if n[1] == "slow call"]
+    assert len(slow) == 1 and 20 <= slow[0][2] < 60
+    assert dict(slow[0][3])["MainThread"].startswith(
+        "test_a_call_past_its_limit_is_noted_once_with_the_callers_frames (test_lateness.py:")

@@ -90,7 +90,7 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         try:
             served = _serve(compiled, inputs, is_final, sync, args, idle=idle,
-                            floor=row == "machine:busy-eager")
+                            floor=row == "machine:busy-eager", probe=probe)
         finally:
             spinners.stop()
             probe.stop()
@@ -280,20 +280,28 @@ class _Served:
 
 
 def _serve(compiled: Any, inputs: Any, is_final: Callable[[], bool], sync: Callable[[], Any],
-           args: argparse.Namespace, *, idle: bool, floor: bool) -> _Served:
+           args: argparse.Namespace, *, idle: bool, floor: bool,
+           probe: LatenessProbe | None = None) -> _Served:
     """Call as the row's caller does (busy: every ``interval_ms``; idle: once) until the final
-    code serves or the row's time is up."""
+    code serves or the row's time is up. ``probe`` is told of each call in progress, and
+    notes the threads' frames in a call slower than twice the median of the calls before the
+    tenth, plus 10 ms (the limit of eager's, roughly: those calls run eager in hotswap's rows)."""
     served = _Served()
     start = time.perf_counter()
     origin = start - _since_start()
     deadline = start + (args.floor_s if floor else args.timeout_s)
+    calling: list[float | None] = [None]
 
     def call() -> None:
-        t = time.perf_counter()
+        calling[0] = t = time.perf_counter()
         compiled(*inputs)
         sync()
+        calling[0] = None
         served.durations.append(time.perf_counter() - t)
         served.offsets.append(t - origin)
+        if probe is not None and len(served.durations) == 10:
+            early = sorted(served.durations[1:])
+            probe.watch_calls(lambda: calling[0], 2 * early[len(early) // 2] + 0.010)
 
     try:
         while time.perf_counter() < deadline:

@@ -84,7 +84,8 @@ def spawn_row(row: str, args: argparse.Namespace, *, again: str = "",
                     stop_service(env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
-        return {"row": label, "error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        why = (out.stderr.strip().splitlines() or ["no output on stderr"])[-1][:200]
+        return {"row": label, "error": f"exit status {out.returncode}: {why}"}
     result: dict[str, Any] = json.loads(lines[-1])
     result["row"] = label
     return result
