@@ -75,7 +75,12 @@ def merge_parts(entries: list[Buffer]) -> bytes:
     for _, view, offset, size, _, spans in found:
         artifacts.append(view[offset:offset + size])
         for path, at, n in spans:
-            files.setdefault(path, view[at:at + n])
+            # Two parts may carry one file: each worker ships what was written in inductor's
+            # folder while it compiled, the other's work too, and a library the other was
+            # still linking comes cut short. The longest copy is the finished one (files
+            # named for their content; a write that renames into place is never seen short).
+            if path not in files or n > len(files[path]):
+                files[path] = view[at:at + n]
     plan = {"inputs": first["inputs"], "sizes": [len(a) for a in artifacts],
             "steps": first["steps"], "outputs": first["outputs"]}
     check_plan(plan, sum(len(a) for a in artifacts))

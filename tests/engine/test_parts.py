@@ -121,3 +121,17 @@ def test_the_merged_probes_keep_the_furthest_isa_answer_and_every_header_and_mod
     assert probes["vec_isa"] == full["vec_isa"] and "vec_isa_probed" not in probes
     assert sorted(h[0] for h in probes["headers"]) == ["a.h", "b.h"]
     assert probes["code"] == [code, {"m1": b"1", "m2": b"2"}]
+
+
+def test_a_file_both_parts_carry_is_merged_as_its_finished_copy() -> None:
+    # Each worker ships what was written in inductor's shared folder while it compiled: the
+    # other worker's library, still being linked, comes cut short in the first part's entry.
+    plan = {"parts": 2, "inputs": 1, "outputs": [2], "steps": [[0, [0], [1]], [1, [1], [2]]]}
+    whole = b"\x7fELF" + bytes(range(256)) * 8
+    merged = merge_parts([
+        pack_entry(b"x", {"ab/cab.main.so": whole[:100], "ab/own.so": b"1"}, None,
+                   part={**plan, "part": 0}),
+        pack_entry(b"y", {"ab/cab.main.so": whole}, None, part={**plan, "part": 1})])
+    view = memoryview(merged)
+    files = {path: bytes(view[at:at + n]) for path, at, n in layout(view)[3]}
+    assert files == {"ab/cab.main.so": whole, "ab/own.so": b"1"}
