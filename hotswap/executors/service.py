@@ -38,11 +38,18 @@ from hotswap.executors import registry
 from hotswap.executors.base import COMPILE_JOB, ExecutorUnavailable
 from hotswap.service import control
 from hotswap.service.place import Place, UntrustedPath, authkey, find_place
-from hotswap.service.wire import PeerRefused, connect, decode, encode, error_from_wire
+from hotswap.service.wire import (
+    PeerRefused,
+    connect,
+    decode_reply,
+    encode,
+    error_from_wire,
+)
 from hotswap.system import bytecode
 from hotswap.system.proctree import is_stopped
 from hotswap.workers import JobFuture, StageEvent
 from hotswap.workers.inbox import resolve
+from hotswap.workers.protocol import decode_result
 
 __all__ = ["REPLY_GRACE_S", "RETRY_AFTER_S", "STOPPED_AFTER_S", "ServiceExecutor",
            "ServiceLink"]
@@ -265,7 +272,7 @@ class _Replies:
     def _receive(self, conn: Connection[bytes, bytes],
                  p: _Pending) -> tuple[Any, BaseException | None]:
         try:
-            reply = decode(conn.recv_bytes())
+            reply, framed = decode_reply(conn.recv_bytes())
         except (EOFError, OSError, ValueError) as e:
             why = (f"the compile service (pid {p.target.pid}) went away while running "
                    f"{p.job} ({type(e).__name__})")
@@ -276,7 +283,9 @@ class _Replies:
             with contextlib.suppress(TypeError, ValueError):
                 p.outer.stage_events = [StageEvent(**e) for e in reply.get("events", [])]
             try:
-                result = pickle.loads(reply["result"])
+                if framed is None:
+                    raise ValueError("a job result with no result framed after its header")
+                result = decode_result(framed)  # the artifact: a view into the reply read
             except Exception as e:
                 return None, SerializationFailed(p.job, "result", "parent", repr(e))
             if p.job == COMPILE_JOB:

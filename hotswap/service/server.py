@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import logging
 import os
 import pickle
@@ -43,6 +42,7 @@ from hotswap.service.wire import (
     accept,
     decode,
     encode,
+    encode_result,
     error_to_wire,
 )
 from hotswap.system import bytecode
@@ -327,17 +327,18 @@ class Service:
         error = future.exception()
         if error is None:
             try:
-                result = _dumps(future.merged() if isinstance(future, PartsFuture)
-                                else future.result())
+                result = _out_of_band(future.merged() if isinstance(future, PartsFuture)
+                                      else future.result())
+                try:
+                    reply = encode_result({"kind": "result", "events": events}, result)
+                except (TypeError, ValueError):  # an event's attrs msgpack cannot carry
+                    reply = encode_result({"kind": "result", "events": []}, result)
             except Exception as e:
                 error = e
             else:
                 with self._lock:
                     self.jobs_served += 1
-                try:
-                    return encode({"kind": "result", "result": result, "events": events})
-                except (TypeError, ValueError):  # an event's attrs msgpack cannot carry
-                    return encode({"kind": "result", "result": result, "events": []})
+                return reply
         with self._lock:
             self.jobs_failed += 1
         fields = error_to_wire(error, job)
@@ -360,20 +361,13 @@ def _warm(worker: WorkerInfo) -> bool:
         worker.jobs_done > 0 or WARM_COMPILE_JOB in worker.steps_done)
 
 
-class _ResultPickler(pickle.Pickler):
-    """A result from the pool holds its artifact as a view into the frame it came in; a view
-    travels on as bytes (copied once, into the pickle)."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, memoryview):
-            return bytes, (pickle.PickleBuffer(obj.toreadonly()),)
-        return NotImplemented
-
-
-def _dumps(result: Any) -> bytes:
-    out = io.BytesIO()
-    _ResultPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
-    return out.getvalue()
+def _out_of_band(result: Any) -> Any:
+    """A compile result from the pool holds its artifact as a view into the frame it came in
+    (a merged one, as bytes): sent on out of band, it reaches the client as a view into the
+    reply it reads, never copied there (wire.encode_result)."""
+    if isinstance(result, dict) and isinstance(result.get("entry"), bytes | memoryview):
+        return {**result, "entry": pickle.PickleBuffer(result["entry"])}
+    return result
 
 
 def install_signals(service: Service) -> None:

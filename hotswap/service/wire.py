@@ -15,6 +15,13 @@ the challenge; hotswap adds no RPC of its own. Control fields are msgpack; a job
 and result are pickles, as the local pool ships them, sent only between processes of one uid
 that both hold the key: the service never unpickles a payload (its worker does), and a client
 unpickles a result only from a service whose uid it checked.
+
+A JobResult is its msgpack header after a 4-byte length, then the result as the local pool
+frames one (``workers.protocol.encode_result``: the pickle, then its large bytes out of band),
+so that the client's copy of the artifact is the one it read from the socket: unpacked from
+a msgpack field and then unpickled, a GPU artifact was copied twice more, each copy one C
+call holding the client's GIL beside the user's calls. Every other message is msgpack alone
+(whose first byte is never 0, as a 4-byte length of a header under 16 MB's is).
 """
 
 from __future__ import annotations
@@ -39,9 +46,11 @@ from hotswap.errors import (
     WorkerStartFailed,
     WorkerStopped,
 )
+from hotswap.workers.protocol import encode_result as encode_frame_result
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "PeerRefused", "accept", "connect", "decode", "encode",
-           "error_from_wire", "error_to_wire", "peer_uid", "set_timeout"]
+__all__ = ["HANDSHAKE_TIMEOUT_S", "PeerRefused", "accept", "connect", "decode", "decode_reply",
+           "encode", "encode_result", "error_from_wire", "error_to_wire", "peer_uid",
+           "set_timeout"]
 
 # How long either end waits for the other through the challenge: a stopped service (SIGSTOP)
 # still accepts connections into its backlog, and must not hold a client longer.
@@ -57,11 +66,34 @@ def encode(message: dict[str, Any]) -> bytes:
     return data
 
 
-def decode(data: bytes) -> dict[str, Any]:
+def decode(data: bytes | memoryview) -> dict[str, Any]:
     message = msgpack.unpackb(data, raw=False)
     if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
         raise ValueError("not a hotswap service message")
     return message
+
+
+_RESULT_HEAD = struct.Struct("!I")
+
+
+def encode_result(header: dict[str, Any], result: Any) -> bytes:
+    """A JobResult: ``header`` (msgpack) and ``result`` framed as the local pool frames one;
+    its large bytes go out of band where it holds them as ``pickle.PickleBuffer``."""
+    head = encode(header)
+    return b"".join([_RESULT_HEAD.pack(len(head)), head, *encode_frame_result(result)])
+
+
+def decode_reply(data: bytes) -> tuple[dict[str, Any], memoryview | None]:
+    """A reply's message, and for a JobResult the view of ``data`` its result is framed in
+    (``workers.protocol.decode_result`` reads it; its out-of-band bytes stay in ``data``)."""
+    view = memoryview(data)
+    if len(view) >= _RESULT_HEAD.size and view[0] == 0:
+        (n,) = _RESULT_HEAD.unpack_from(view)
+        end = _RESULT_HEAD.size + n
+        if end > len(view):
+            raise ValueError("a job result shorter than its header")
+        return decode(view[_RESULT_HEAD.size:end]), view[end:]
+    return decode(data), None
 
 
 def peer_uid(sock: socket.socket) -> int:

@@ -58,7 +58,7 @@ HEADER = struct.Struct("!BQQ")
 # bytearray(n) zero-fills n bytes holding the GIL (17 ms for 22 MB); a mapping's pages are
 # zeroed by the kernel as the read fills them, with the GIL released.
 _MAPPED_BYTES = 1 << 20
-Payload = bytes | bytearray | mmap.mmap
+Payload = bytes | bytearray | mmap.mmap | memoryview
 _NAME_LEN = struct.Struct("!I")
 _COUNT = struct.Struct("!I")
 _SIZE = struct.Struct("!Q")
