@@ -160,16 +160,21 @@ class GraphRunner:
         self.eager_calls += 1
         bump("eager_calls")
         # ``forward``, as dynamo's own eager backend calls it: GraphModule.__call__ would
-        # print the graph's code to stderr on every error the user's inputs cause.
+        # print the graph's code to stderr on every error the user's inputs cause. Marked as
+        # a user call running: hotswap's loads and warm-up stay off the GIL meanwhile.
         clock = self._eager_clock
-        if clock is None or self.eager_calls < self._eager_from:
-            out = self._gm.forward(*args)
-        else:
-            started = clock.start()
-            out = self._gm.forward(*args)
-            self._eager_marks.append(clock.stop(started))
-            if len(self._eager_marks) >= served.WINDOW:
-                self._end_eager_window()
+        running = threads.user_calls.enter()
+        try:
+            if clock is None or self.eager_calls < self._eager_from:
+                out = self._gm.forward(*args)
+            else:
+                started = clock.start()
+                out = self._gm.forward(*args)
+                self._eager_marks.append(clock.stop(started))
+        finally:
+            threads.user_calls.exit(running)
+        if clock is not None and len(self._eager_marks) >= served.WINDOW:
+            self._end_eager_window()
         if self.after_first_call is not None:
             hook, self.after_first_call = self.after_first_call, None
             hook()

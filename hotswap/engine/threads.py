@@ -6,7 +6,8 @@
                                       quick GIL handoff on while it works (below)
     io         ("hotswap-io")         what waits on the disk, the network or another process:
                                       the cache stamp's lookups, index touches, fleet store
-                                      reads, looks at another process's compile claim
+                                      reads, looks at another process's compile claim;
+                                      the same handoff and deferral as the scheduler's
 
 Each is a ``Lane``: one daemon thread at a time that runs the lane's tasks in order and its
 timers (``later``) when due, and ends once it has had nothing to do for ``idle_exit_s`` with no
@@ -23,6 +24,15 @@ takes it back: so while a load ran, each op could wait 5 ms, and an eager 9-op M
 went from 1 ms to 60-250 ms. While the scheduler has work, hotswap lowers the process's switch
 interval (``HOTSWAP_SWITCH_INTERVAL_S``, default 0.2 ms) so a waiting caller gets the GIL back
 within that, and puts the user's value back once the scheduler is idle.
+
+Deferring to the user's calls: the handoff still costs a call of hundreds of ops up to the
+interval per op (ViT on the H200: 17-47 ms calls of a 2 ms eager graph while an artifact
+loaded beside them). So the scheduler's tasks, and the warm-up's steps, stay off the GIL
+while a user call runs on eager (``user_calls``: ``GraphRunner`` marks each eager call):
+as each of their Python functions starts they check, and sleep until the call has ended,
+for at most ``YIELD_DEFER_S`` at a time, then run ``YIELD_RUN_S`` before they defer again (a
+caller with no gap between calls still lets a load through). Where the user's thread waits
+for the work (``full_speed``), it does not defer. A single long C call is not split.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import os
 import sys
 import threading
@@ -42,7 +53,7 @@ from typing import Any
 from hotswap import settings
 
 __all__ = ["Lane", "Timer", "gil_handoff_s", "io", "join_all", "live", "quick_gil_handoff",
-           "scheduler", "start", "stop_lanes", "yielding", "yielding_gil"]
+           "scheduler", "start", "stop_lanes", "user_calls", "yielding", "yielding_gil"]
 
 log = logging.getLogger("hotswap")
 
@@ -147,28 +158,82 @@ quick_gil_handoff = _QuickHandoff()
 YIELD_RUN_S = 0.002
 YIELD_REST_S = 0.004
 YIELD_WANTED_REST_S = 0.001
+# A deferring thread waits for the user's running calls at most this long at a time, looking
+# this often (then it runs YIELD_RUN_S before it defers again).
+YIELD_DEFER_S = 0.010
+YIELD_DEFER_POLL_S = 0.0005
+
+
+class _UserCalls:
+    """The user's calls running now on a graph's eager code (``GraphRunner`` marks them): the
+    threads in one, with how many deep. hotswap's deferring threads stay off the GIL while
+    one runs. A dict's item set and delete are atomic under the GIL, and a thread only
+    touches its own entry."""
+
+    __slots__ = ("_running",)
+
+    def __init__(self) -> None:
+        self._running: dict[int, int] = {}
+
+    def enter(self) -> int:
+        ident = threading.get_ident()
+        self._running[ident] = self._running.get(ident, 0) + 1
+        return ident
+
+    def exit(self, ident: int) -> None:
+        depth = self._running.get(ident, 1) - 1
+        if depth > 0:
+            self._running[ident] = depth
+        else:
+            self._running.pop(ident, None)
+
+    def running(self) -> bool:
+        return bool(self._running)
+
+
+user_calls = _UserCalls()
 
 
 class _Yield:
     """One thread's state inside ``yielding_gil``."""
 
-    __slots__ = ("full_speed", "rest_s", "run_s", "started", "unless", "wanted_rest_s")
+    __slots__ = ("defer", "full_speed", "owed_until", "rest_s", "run_s", "started", "unless",
+                 "wanted_rest_s")
 
     def __init__(self, run_s: float, rest_s: float, unless: Callable[[], bool],
-                 wanted_rest_s: float, full_speed: Callable[[], bool]) -> None:
+                 wanted_rest_s: float, full_speed: Callable[[], bool], defer: bool) -> None:
         self.run_s, self.rest_s, self.unless = run_s, rest_s, unless
-        self.wanted_rest_s, self.full_speed = wanted_rest_s, full_speed
+        self.wanted_rest_s, self.full_speed, self.defer = wanted_rest_s, full_speed, defer
         self.started = time.perf_counter()
+        self.owed_until = 0.0  # after a full deferral: it runs until then before deferring
 
     def tick(self) -> bool:
-        """As a Python frame starts: rest once the thread has run ``run_s``. False: full speed
-        from here (no more ticks wanted)."""
-        if time.perf_counter() - self.started <= self.run_s:
+        """As a Python frame starts: stay off the GIL while a user call runs (``defer``), and
+        rest once the thread has run ``run_s``. False: full speed from here (no more ticks
+        wanted)."""
+        now = time.perf_counter()
+        if self.defer and now >= self.owed_until and user_calls.running():
+            if self.unless() and self.full_speed():
+                return False
+            until = now + YIELD_DEFER_S
+            while now < until and user_calls.running():
+                time.sleep(YIELD_DEFER_POLL_S)
+                now = time.perf_counter()
+            if now >= until:  # calls back to back: a run of ours before deferring again
+                self.owed_until = now + YIELD_RUN_S
+            self.started = now  # that was a rest
+            return True
+        if now - self.started <= self.run_s:
             return True
         wanted = self.unless()
         rest = self.wanted_rest_s if wanted else self.rest_s
-        if rest <= 0 or (wanted and self.full_speed()):
+        if wanted and self.full_speed():
             return False
+        if rest <= 0:
+            if not self.defer:
+                return False
+            self.run_s = math.inf  # from here it only defers
+            return True
         time.sleep(rest)
         self.started = time.perf_counter()
         return True
@@ -266,7 +331,8 @@ _monitoring = _Monitoring()
 def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
                  unless: Callable[[], bool] = lambda: False,
                  wanted_rest_s: float = YIELD_WANTED_REST_S,
-                 full_speed: Callable[[], bool] = lambda: False) -> Iterator[None]:
+                 full_speed: Callable[[], bool] = lambda: False,
+                 defer: bool = True) -> Iterator[None]:
     """Inside the block this thread runs Python for at most about ``run_s`` at a time, then
     sleeps ``rest_s``, holding no GIL; once ``unless()`` (someone waits for the work now) it
     sleeps ``wanted_rest_s`` instead, and once ``full_speed()`` too (0 rest: the user's own
@@ -282,8 +348,12 @@ def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
     Python 3.12+ (``_Monitoring``), else a trace function on this thread alone
     (``sys.settrace``; it asks for no line events), which removes itself at full speed and
     puts the thread's earlier one back after the block. A single C call is not split. (A
-    profile function would also see every C call: the imports then ran 6x slower.)"""
-    state = _Yield(run_s, rest_s, unless, wanted_rest_s, full_speed)
+    profile function would also see every C call: the imports then ran 6x slower.)
+
+    With ``defer`` (the default) it also stays off the GIL while a user call runs on eager
+    (``user_calls``; the module's docstring). ``run_s=math.inf`` defers and never rests; so
+    does a rest of 0 once due (without ``defer``, that is full speed)."""
+    state = _Yield(run_s, rest_s, unless, wanted_rest_s, full_speed, defer)
     if _monitoring.enter(state):
         try:
             yield
@@ -447,8 +517,29 @@ class Lane:
                         task = self._next()
 
 
-scheduler = Lane("hotswap-load", busy=quick_gil_handoff)
-io = Lane("hotswap-io")
+class _Deferring:
+    """A lane's state while it has work: the quick GIL handoff, and its thread defers to the
+    user's running calls (``yielding_gil`` without rests)."""
+
+    def __init__(self) -> None:
+        self._blocks = threading.local()
+
+    def __enter__(self) -> None:
+        quick_gil_handoff.__enter__()
+        block = yielding_gil(math.inf, 0.0)
+        block.__enter__()
+        self._blocks.block = block
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._blocks.block.__exit__(*exc)
+        finally:
+            self._blocks.block = None
+            quick_gil_handoff.__exit__(*exc)
+
+
+scheduler = Lane("hotswap-load", busy=_Deferring())
+io = Lane("hotswap-io", busy=_Deferring())
 
 
 def stop_lanes() -> None:

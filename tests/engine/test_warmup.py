@@ -3,8 +3,11 @@ it leaves out of the collector's full passes."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -109,6 +112,95 @@ def test_yielding_gil_rests_between_short_runs_unless_wanted() -> None:
     with threads.yielding_gil(unless=lambda: True, wanted_rest_s=0):  # no rests
         wall_full, cpu_full = _interpreter_work(0.5)
     assert cpu_full / wall_full > 1.2 * cpu_wanted / wall_wanted, (cpu_full, wall_full)
+
+
+def _tick() -> float:
+    return time.perf_counter()  # a Python function start: the block's check
+
+
+@contextlib.contextmanager
+def _stamped(**block: Any) -> Iterator[list[float]]:
+    """A thread in a yielding block noting the time at every turn of a Python loop, for the
+    length of the ``with``."""
+    stamps: list[float] = []
+    done = threading.Event()
+
+    def run() -> None:
+        with threads.yielding_gil(**block):
+            while not done.is_set():
+                stamps.append(_tick())
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        yield stamps
+    finally:
+        done.set()
+        worker.join(30)
+
+
+def _user_call(seconds: float) -> tuple[float, float]:
+    """A user call on eager that waits without the GIL (as a torch op does): its span."""
+    ident = threads.user_calls.enter()
+    start = time.perf_counter()
+    try:
+        time.sleep(seconds)
+    finally:
+        threads.user_calls.exit(ident)
+    return start, time.perf_counter()
+
+
+def test_a_yielding_thread_stays_off_the_gil_while_a_user_call_runs() -> None:
+    with _stamped(run_s=math.inf, rest_s=0.0) as stamps:
+        time.sleep(0.05)
+        calls = []
+        for _ in range(20):  # each under the longest deferral, 2 ms apart
+            calls.append(_user_call(0.004))
+            time.sleep(0.002)
+    assert not threads.user_calls.running()
+    inside = [t for t in stamps for a, b in calls if a + 0.001 < t < b]
+    # it ran between the calls and not within them, past the moment it looked
+    assert not inside, (len(inside), len(stamps))
+    between = [t for t in stamps for (_, b), (a, _) in itertools.pairwise(calls) if b < t < a]
+    assert between and any(t < calls[0][0] for t in stamps)
+
+
+def test_calls_back_to_back_still_let_a_deferring_thread_run() -> None:
+    with _stamped(run_s=math.inf, rest_s=0.0) as stamps:
+        time.sleep(0.02)
+        start, end = _user_call(0.1)  # ten times the longest deferral
+    during = [t for t in stamps if start + threads.YIELD_DEFER_S < t < end]
+    assert during, "a call that never ends must not stop the work for good"
+    # deferring YIELD_DEFER_S, then running YIELD_RUN_S: under half the call's time
+    ran = {round(t, 3) for t in during}  # the milliseconds it ran in
+    assert len(ran) < 0.5 * (end - start) * 1e3, sorted(ran)
+
+
+def test_a_thread_the_user_waits_for_does_not_defer() -> None:
+    with _stamped(run_s=math.inf, rest_s=0.0, unless=lambda: True,
+                  full_speed=lambda: True) as stamps:
+        time.sleep(0.02)
+        start, _ = _user_call(0.03)
+    assert any(start + 0.002 < t < start + threads.YIELD_DEFER_S for t in stamps)
+
+
+def test_a_user_call_on_eager_is_marked_running() -> None:
+    from hotswap.engine.graph import GraphRunner
+
+    seen: list[bool] = []
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    traced = gm.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        seen.append(threads.user_calls.running())
+        return traced(x)
+
+    gm.forward = forward  # type: ignore[method-assign]
+    runner = GraphRunner("g", gm, ["default"])
+    assert runner(torch.zeros(1)).item() == 1
+    with pytest.raises(TypeError):
+        runner("not a tensor")  # eager raises: the mark goes all the same
+    assert seen == [True, True] and not threads.user_calls.running()
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
