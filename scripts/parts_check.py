@@ -79,7 +79,9 @@ def check(model: str, device: str, parts: int, calls: int) -> list[dict[str, Any
             merged = merge_parts([entry for entry, _ in made])
             fns = {"whole": load_entry(whole, {}), "parts": load_entry(merged, {PARTS_KEY: parts})}
             expected = gm(*example)
-            tol = {"atol": 2e-2, "rtol": 2e-2} if device == "cuda" else {}
+            # bf16 on the GPU: GPT-2's logits differed from eager's by up to 0.027 in 109 of
+            # 33.5 M elements, whole and in parts alike
+            tol = {"atol": 5e-2, "rtol": 5e-2} if device == "cuda" else {}
             for fn in fns.values():
                 for got, want in zip(fn(*example), expected, strict=True):
                     if isinstance(want, torch.Tensor):
