@@ -79,12 +79,14 @@ def check(model: str, device: str, parts: int, calls: int) -> list[dict[str, Any
             merged = merge_parts([entry for entry, _ in made])
             fns = {"whole": load_entry(whole, {}), "parts": load_entry(merged, {PARTS_KEY: parts})}
             expected = gm(*example)
-            # bf16 on the GPU: GPT-2's logits differed from eager's by up to 0.027 in 109 of
-            # 33.5 M elements, whole and in parts alike
-            tol = {"atol": 5e-2, "rtol": 5e-2} if device == "cuda" else {}
             for fn in fns.values():
                 for got, want in zip(fn(*example), expected, strict=True):
                     if isinstance(want, torch.Tensor):
+                        # bf16 on the GPU: a few elements in a thousand one or two bf16 steps
+                        # off eager's (ResNet-18's features by 0.2 near 16), whole and in parts
+                        scale = want.abs().max().item() if want.numel() else 1.0
+                        tol = ({"atol": 2e-2 * max(1.0, scale), "rtol": 5e-2}
+                               if device == "cuda" else {})
                         torch.testing.assert_close(got, want, **tol)
             times: dict[str, list[float]] = {name: [] for name in fns}
             for _ in range(5):
