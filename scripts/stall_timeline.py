@@ -43,7 +43,7 @@ def _noted(row: dict[str, Any], start: float, end: float) -> list[str]:
         if start - 0.002 <= at <= end + 0.002:
             lines.append(f"    noted at {what} {at:.3f} s ({ms:.1f} ms):")
             lines += [f"      {name}: {frames}" for name, frames in threads
-                      if not frames.startswith(_WAITING) and frames]
+                      if frames and not any(w in frames.split(" < ")[0] for w in _WAITING)]
     return lines
 
 

@@ -15,6 +15,7 @@ import torch
 
 from hotswap import compat
 from hotswap.counting import bump
+from hotswap.engine import threads
 from hotswap.engine.coordinator import Coordinator
 from hotswap.engine.journey import Statuses
 from hotswap.engine.loading.warmup import start_warmup, wait_warmup
@@ -362,7 +363,8 @@ def wait(compiled: Any = None, timeout_s: float | None = None, *,
     statuses = Statuses()
     for c in coordinators:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        statuses += c.wait(remaining)
+        with threads.user_waiting():  # the loads it waits for do not defer to other calls
+            statuses += c.wait(remaining)
     statuses.notes = _notes(coordinators)
     if raise_on_timeout and not (all(s.final for s in statuses)
                                  and all(c.entries_written() for c in coordinators)):

@@ -242,7 +242,8 @@ class Coordinator:
         tier, kept, is stored unloaded as it arrives, and its claim released, so the next
         call's graph loads it from the cache instead of compiling it again."""
         try:
-            arrival = future.result()
+            with threads.user_waiting():  # the load it waits for runs at full speed
+                arrival = future.result()
         except Exception as e:
             if not self._compiled_here_instead(journey, tier, e, blocking=True):
                 self._fail(journey, tier.name, _reason(e))

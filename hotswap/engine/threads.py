@@ -31,8 +31,11 @@ loaded beside them). So the scheduler's tasks, and the warm-up's steps, stay off
 while a user call runs on eager (``user_calls``: ``GraphRunner`` marks each eager call):
 as each of their Python functions starts they check, and sleep until the call has ended,
 for at most ``YIELD_DEFER_S`` at a time, then run ``YIELD_RUN_S`` before they defer again (a
-caller with no gap between calls still lets a load through). Where the user's thread waits
-for the work (``full_speed``), it does not defer. A single long C call is not split.
+caller with no gap between calls still lets a load through). Where a thread of the user's
+waits for the work (``user_waiting``, the warm-up's ``full_speed``), it does not defer. A
+single long C call is not split, and a lock the deferring thread holds (a module's import
+lock while it imports) waits with it: a user call that needs it waits up to the
+deferral's pace (2 ms in 12). The lanes defer on Python 3.12+ only (``_Deferring``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ import contextlib
 import heapq
 import itertools
 import logging
-import math
 import os
 import sys
 import threading
@@ -53,7 +55,8 @@ from typing import Any
 from hotswap import settings
 
 __all__ = ["Lane", "Timer", "gil_handoff_s", "io", "join_all", "live", "quick_gil_handoff",
-           "scheduler", "start", "stop_lanes", "user_calls", "yielding", "yielding_gil"]
+           "scheduler", "start", "stop_lanes", "user_calls", "user_waiting", "user_waits",
+           "yielding", "yielding_gil"]
 
 log = logging.getLogger("hotswap")
 
@@ -192,6 +195,19 @@ class _UserCalls:
 
 
 user_calls = _UserCalls()
+# The user's threads waiting for hotswap's work (``user_waiting``): the lanes then run at
+# full speed (deferring to another thread's calls would make the waiting one wait longer).
+user_waits = _UserCalls()
+
+
+@contextlib.contextmanager
+def user_waiting() -> Iterator[None]:
+    """Mark the calling thread (the user's) as waiting for hotswap's work meanwhile."""
+    ident = user_waits.enter()
+    try:
+        yield
+    finally:
+        user_waits.exit(ident)
 
 
 class _Yield:
@@ -232,7 +248,7 @@ class _Yield:
         if rest <= 0:
             if not self.defer:
                 return False
-            self.run_s = math.inf  # from here it only defers
+            self.started = now  # no rest: it defers, and looks again after another run
             return True
         time.sleep(rest)
         self.started = time.perf_counter()
@@ -519,20 +535,28 @@ class Lane:
 
 class _Deferring:
     """A lane's state while it has work: the quick GIL handoff, and its thread defers to the
-    user's running calls (``yielding_gil`` without rests)."""
+    user's running calls (``yielding_gil`` without rests) until a thread of the user's waits
+    for the lane's work (``user_waiting``: then at full speed). Python 3.12+ only: there the
+    check is a ``sys.monitoring`` callback as each function starts; 3.11's trace function
+    puts every instruction of the lane's work through the tracing path (an interpreter-heavy
+    task took 2.3x as long), so there the lanes keep the quick handoff alone."""
 
     def __init__(self) -> None:
         self._blocks = threading.local()
 
     def __enter__(self) -> None:
         quick_gil_handoff.__enter__()
-        block = yielding_gil(math.inf, 0.0)
-        block.__enter__()
+        block = None
+        if sys.version_info >= (3, 12):
+            block = yielding_gil(YIELD_RUN_S, 0.0, unless=lambda: True,
+                                 full_speed=user_waits.running)
+            block.__enter__()
         self._blocks.block = block
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            self._blocks.block.__exit__(*exc)
+            if self._blocks.block is not None:
+                self._blocks.block.__exit__(*exc)
         finally:
             self._blocks.block = None
             quick_gil_handoff.__exit__(*exc)
@@ -556,6 +580,8 @@ def _after_fork_in_child() -> None:
     _live.clear()
     for lane in (scheduler, io):
         lane._start_fresh()
+    for marks in (user_calls, user_waits):  # of threads the child does not have
+        marks._running.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -42,7 +42,7 @@ from typing import Any
 __all__ = ["SNAPSHOTS", "SNAPSHOT_LATE_S", "Lateness", "LatenessProbe"]
 
 SNAPSHOT_LATE_S = 0.005  # a wake this late notes the other threads' frames
-SNAPSHOTS = 2000  # notes taken per probe (a summary reports its ``top_snapshots`` longest)
+SNAPSHOTS = 2000  # notes kept per probe, the longest (a summary reports its ``top_snapshots``)
 _FRAMES = 4  # innermost frames noted per thread
 # (s since process start, "late wake" or "slow call", ms, ((thread, "inner < outer"), ...))
 Snapshot = tuple[float, str, float, tuple[tuple[str, str], ...]]
@@ -166,8 +166,11 @@ class LatenessProbe:
                 self._note(call, "slow call", now - call)
 
     def _note(self, at: float, what: str, took_s: float) -> None:
-        if len(self._snapshots) >= SNAPSHOTS:
-            return
+        if len(self._snapshots) >= SNAPSHOTS:  # full: it takes the shortest one's place
+            shortest = min(range(len(self._snapshots)), key=lambda i: self._snapshots[i][2])
+            if self._snapshots[shortest][2] >= round(took_s * 1e3, 2):
+                return
+            del self._snapshots[shortest]
         names = {t.ident: t.name for t in threading.enumerate()}
         me = threading.get_ident()
         threads = []

@@ -184,6 +184,62 @@ def test_a_thread_the_user_waits_for_does_not_defer() -> None:
     assert any(start + 0.002 < t < start + threads.YIELD_DEFER_S for t in stamps)
 
 
+def test_a_thread_that_only_defers_goes_full_speed_once_the_user_waits() -> None:
+    user_waits = threading.Event()
+    with threads.yielding_gil(unless=lambda: True, wanted_rest_s=0.0,
+                              full_speed=user_waits.is_set):
+        _interpreter_work(0.01)  # past its first run: from here it only defers
+        assert threads.yielding()
+        user_waits.set()
+        _interpreter_work(0.01)
+        assert not threads.yielding()
+
+
+def test_a_lane_defers_on_312_and_a_waiting_user_makes_it_run_at_full_speed() -> None:
+    lane = threads.Lane("test-lane", busy=threads._Deferring())
+    seen: list[bool] = []
+    ran = threading.Event()
+
+    def task() -> None:
+        seen.append(threads.yielding())
+        _interpreter_work(0.01)  # a user waits (below): it stops looking
+        seen.append(threads.yielding())
+        ran.set()
+
+    with threads.user_waiting():
+        lane.submit(task)
+        assert ran.wait(30)
+    lane.stop()
+    # 3.11's trace function would slow every lane task: there the lanes do not defer
+    assert seen == ([True, False] if sys.version_info >= (3, 12) else [False, False])
+
+
+def test_a_forked_child_forgets_the_calls_of_threads_it_does_not_have() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def in_a_call() -> None:
+        ident = threads.user_calls.enter()
+        entered.set()
+        release.wait(30)
+        threads.user_calls.exit(ident)
+
+    caller = threading.Thread(target=in_a_call)
+    caller.start()
+    assert entered.wait(30)
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no caller thread here
+            os.write(write, b"1" if threads.user_calls.running() else b"0")
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 1) == b"0" and threads.user_calls.running()
+        os.waitpid(pid, 0)
+    finally:
+        release.set()
+        caller.join(30)
+
+
 def test_a_user_call_on_eager_is_marked_running() -> None:
     from hotswap.engine.graph import GraphRunner
 

@@ -116,3 +116,14 @@ def test_a_call_past_its_limit_is_noted_once_with_the_callers_frames() -> None:
     assert len(slow) == 1 and 20 <= slow[0][2] < 60
     assert dict(slow[0][3])["MainThread"].startswith(
         "test_a_call_past_its_limit_is_noted_once_with_the_callers_frames (test_lateness.py:")
+
+
+def test_once_full_the_probe_keeps_its_longest_notes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotswap.tools import lateness
+
+    monkeypatch.setattr(lateness, "SNAPSHOTS", 2)
+    probe = LatenessProbe(interval_s=10)
+    probe.stop()
+    for ms in (5, 9, 7, 6):
+        probe._note(time.perf_counter(), "late wake", ms / 1e3)
+    assert sorted(n[2] for n in probe.summary().snapshots) == [7, 9]
