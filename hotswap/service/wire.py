@@ -80,6 +80,8 @@ def encode_result(header: dict[str, Any], result: Any) -> bytes:
     """A JobResult: ``header`` (msgpack) and ``result`` framed as the local pool frames one;
     its large bytes go out of band where it holds them as ``pickle.PickleBuffer``."""
     head = encode(header)
+    if len(head) >= 1 << 24:  # its length's first byte would not be 0: read as msgpack
+        raise ValueError(f"a job result's header of {len(head)} bytes (16 MiB at most)")
     return b"".join([_RESULT_HEAD.pack(len(head)), head, *encode_frame_result(result)])
 
 
