@@ -79,6 +79,8 @@ def merge_parts(entries: list[Buffer]) -> bytes:
             # folder while it compiled, the other's work too, and a library the other was
             # still linking comes cut short. The longest copy is the finished one (files
             # named for their content; a write that renames into place is never seen short).
+            # A linker that sizes its output before writing it (gold) could leave a copy of
+            # full length unfinished: the first part's copy is kept then.
             if path not in files or n > len(files[path]):
                 files[path] = view[at:at + n]
     plan = {"inputs": first["inputs"], "sizes": [len(a) for a in artifacts],
