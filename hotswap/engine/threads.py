@@ -54,9 +54,9 @@ from typing import Any
 
 from hotswap import settings
 
-__all__ = ["Lane", "Timer", "gil_handoff_s", "io", "join_all", "live", "quick_gil_handoff",
-           "scheduler", "start", "stop_lanes", "user_calls", "user_waiting", "user_waits",
-           "yielding", "yielding_gil"]
+__all__ = ["Lane", "Timer", "deferring", "gil_handoff_s", "io", "join_all", "live",
+           "quick_gil_handoff", "scheduler", "start", "stop_lanes", "user_calls", "user_waiting",
+           "user_waits", "yielding", "yielding_gil"]
 
 log = logging.getLogger("hotswap")
 
@@ -533,6 +533,13 @@ class Lane:
                         task = self._next()
 
 
+def deferring() -> contextlib.AbstractContextManager[None]:
+    """A block that never rests but defers to the user's running calls, and runs at full
+    speed once a thread of the user's waits for hotswap's work (``user_waiting``)."""
+    return yielding_gil(YIELD_RUN_S, 0.0, unless=lambda: True, wanted_rest_s=0.0,
+                        full_speed=user_waits.running)
+
+
 class _Deferring:
     """A lane's state while it has work: the quick GIL handoff, and its thread defers to the
     user's running calls (``yielding_gil`` without rests) until a thread of the user's waits
@@ -548,8 +555,7 @@ class _Deferring:
         quick_gil_handoff.__enter__()
         block = None
         if sys.version_info >= (3, 12):
-            block = yielding_gil(YIELD_RUN_S, 0.0, unless=lambda: True,
-                                 full_speed=user_waits.running)
+            block = deferring()
             block.__enter__()
         self._blocks.block = block
 

@@ -195,6 +195,14 @@ def test_a_thread_that_only_defers_goes_full_speed_once_the_user_waits() -> None
         assert not threads.yielding()
 
 
+def test_a_lanes_deferring_block_never_rests_while_no_call_runs() -> None:
+    with threads.deferring():
+        assert threads.yielding()
+        wall, cpu = _interpreter_work(0.3)
+    # no sleep but the deferral's (a rest of 1 ms in 3 would leave about two thirds)
+    assert cpu > 0.85 * wall, (cpu, wall)
+
+
 def test_a_lane_defers_on_312_and_a_waiting_user_makes_it_run_at_full_speed() -> None:
     lane = threads.Lane("test-lane", busy=threads._Deferring())
     seen: list[bool] = []
