@@ -361,9 +361,9 @@ def wait(compiled: Any = None, timeout_s: float | None = None, *,
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     coordinators = _coordinators(compiled)
     statuses = Statuses()
-    for c in coordinators:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        with threads.user_waiting():  # the loads it waits for do not defer to other calls
+    with threads.user_waiting():  # the loads it waits for do not defer to other calls
+        for c in coordinators:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             statuses += c.wait(remaining)
     statuses.notes = _notes(coordinators)
     if raise_on_timeout and not (all(s.final for s in statuses)

@@ -35,7 +35,7 @@ caller with no gap between calls still lets a load through). Where a thread of t
 waits for the work (``user_waiting``, the warm-up's ``full_speed``), it does not defer. A
 single long C call is not split, and a lock the deferring thread holds (a module's import
 lock while it imports) waits with it: a user call that needs it waits up to the
-deferral's pace (2 ms in 12). The lanes defer on Python 3.12+ only (``_Deferring``).
+deferral's pace (2 ms in 12). The lanes defer on Python 3.12+ only (``_lane_busy``).
 """
 
 from __future__ import annotations
@@ -417,17 +417,18 @@ class Timer:
 
 
 class Lane:
-    """Runs tasks in order on one daemon thread at a time, and timers when due. ``busy`` is
-    entered while the lane has work and left once its queue is empty.
+    """Runs tasks in order on one daemon thread at a time, and timers when due. ``busy()``
+    makes the context entered while the lane has work and left once its queue is empty.
 
     Not a ThreadPoolExecutor: those threads are joined at interpreter exit, so exiting would
     wait for a load nobody will use. A daemon thread is simply dropped.
     """
 
     def __init__(self, name: str, *, idle_exit_s: float = IDLE_EXIT_S,
-                 busy: contextlib.AbstractContextManager[Any] | None = None) -> None:
+                 busy: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+                 ) -> None:
         self.name, self._idle_exit_s = name, idle_exit_s
-        self._busy = busy or contextlib.nullcontext()
+        self._busy = busy or contextlib.nullcontext
         self._order = itertools.count()
         self._start_fresh()
 
@@ -520,7 +521,7 @@ class Lane:
 
     def _run(self) -> None:
         while (task := self._next()) is not None:
-            with self._busy:
+            with self._busy():
                 while task is not None:
                     fn, args = task
                     try:
@@ -540,36 +541,21 @@ def deferring() -> contextlib.AbstractContextManager[None]:
                         full_speed=user_waits.running)
 
 
-class _Deferring:
+@contextlib.contextmanager
+def _lane_busy() -> Iterator[None]:
     """A lane's state while it has work: the quick GIL handoff, and its thread defers to the
-    user's running calls (``yielding_gil`` without rests) until a thread of the user's waits
-    for the lane's work (``user_waiting``: then at full speed). Python 3.12+ only: there the
-    check is a ``sys.monitoring`` callback as each function starts; 3.11's trace function
-    puts every instruction of the lane's work through the tracing path (an interpreter-heavy
-    task took 2.3x as long), so there the lanes keep the quick handoff alone."""
-
-    def __init__(self) -> None:
-        self._blocks = threading.local()
-
-    def __enter__(self) -> None:
-        quick_gil_handoff.__enter__()
-        block = None
-        if sys.version_info >= (3, 12):
-            block = deferring()
-            block.__enter__()
-        self._blocks.block = block
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            if self._blocks.block is not None:
-                self._blocks.block.__exit__(*exc)
-        finally:
-            self._blocks.block = None
-            quick_gil_handoff.__exit__(*exc)
+    user's running calls until a thread of the user's waits for hotswap's work
+    (``deferring``). Python 3.12+ only: there the check is a ``sys.monitoring`` callback as
+    each function starts; 3.11's trace function puts every instruction of the lane's work
+    through the tracing path (an interpreter-heavy task took 2.3x as long), so there the
+    lanes keep the quick handoff alone."""
+    with quick_gil_handoff, (deferring() if sys.version_info >= (3, 12)
+                             else contextlib.nullcontext()):
+        yield
 
 
-scheduler = Lane("hotswap-load", busy=_Deferring())
-io = Lane("hotswap-io", busy=_Deferring())
+scheduler = Lane("hotswap-load", busy=_lane_busy)
+io = Lane("hotswap-io", busy=_lane_busy)
 
 
 def stop_lanes() -> None:

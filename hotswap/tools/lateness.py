@@ -205,14 +205,15 @@ class LatenessProbe:
         compiled = [(round(at - origin, 3), round(kb, 1), name)
                     for at, kb, name in list(self._compiles) if since_s <= at - origin <= until_s]
         largest = tuple(sorted(compiled, key=lambda c: -c[1])[:top])
-        sources = (len(compiled), round(sum(c[1] for c in compiled), 1), largest,
-                   tuple(sorted(((round(at - origin, 3), what, ms, threads)
-                                 for at, what, ms, threads in list(self._snapshots)
-                                 if since_s <= at - origin <= until_s),
-                                key=lambda n: -n[2])[:top_snapshots]))
+        sources = (len(compiled), round(sum(c[1] for c in compiled), 1), largest)
+        notes = tuple(sorted(((round(at - origin, 3), what, ms, threads)
+                              for at, what, ms, threads in list(self._snapshots)
+                              if since_s <= at - origin <= until_s),
+                             key=lambda n: -n[2])[:top_snapshots])
         picked = [i for i, at in enumerate(self._at) if since_s <= at - origin <= until_s]
         if not picked:
-            return Lateness(0, 0.0, 0.0, 0.0, (), len(collections), gc_worst, *sources)
+            return Lateness(0, 0.0, 0.0, 0.0, (), len(collections), gc_worst, *sources,
+                            snapshots=notes)
         ordered = sorted(self._late[i] for i in picked)
         n = len(ordered)
         worst: list[tuple[float, float]] = []
@@ -223,4 +224,5 @@ class LatenessProbe:
             if len(worst) == top:
                 break
         return Lateness(n, ordered[n // 2] * 1e3, ordered[int(0.99 * (n - 1))] * 1e3,
-                        ordered[-1] * 1e3, tuple(worst), len(collections), gc_worst, *sources)
+                        ordered[-1] * 1e3, tuple(worst), len(collections), gc_worst, *sources,
+                        snapshots=notes)

@@ -55,7 +55,7 @@ def test_interval_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_loader_runs_tasks_in_order_under_the_handoff_then_restores() -> None:
     seen: list[tuple[int, float]] = []
     done = threading.Event()
-    loader = Lane("hotswap-load-test", busy=quick_gil_handoff)
+    loader = Lane("hotswap-load-test", busy=lambda: quick_gil_handoff)
     release = threading.Event()
     loader.submit(release.wait, 30)  # hold the loader so the next tasks queue up behind it
     for i in range(3):

@@ -204,7 +204,7 @@ def test_a_lanes_deferring_block_never_rests_while_no_call_runs() -> None:
 
 
 def test_a_lane_defers_on_312_and_a_waiting_user_makes_it_run_at_full_speed() -> None:
-    lane = threads.Lane("test-lane", busy=threads._Deferring())
+    lane = threads.Lane("test-lane", busy=threads._lane_busy)
     seen: list[bool] = []
     ran = threading.Event()
 
