@@ -228,6 +228,23 @@ def test_the_service_targets_weigh_the_whole_graph_and_show_the_pieces_beside() 
     assert not any("first process ever, first compiled code" in line for line in lines)
 
 
+def test_a_warm_restart_is_weighed_against_torch_compiles_own_warm_restart() -> None:
+    def row(name: str, first: float, stays: float) -> dict[str, object]:
+        return {"row": name, "first_output_s": first, "to_stays_s": stays,
+                "to_final_s": stays, "eager_ms": 1.0, "largest_call_ms": 15.0, "calls": 9}
+
+    lines = [line.strip() for line in bench_report._targets(
+        [row("torch:eager-backend (warm)", 3.0, 3.0), row("torch:default (warm)", 5.0, 5.0),
+         row("hotswap:async", 2.5, 20.0), row("hotswap:async (warm)", 2.9, 4.4)], None)]
+    assert ("hotswap:async warm restart compiled vs torch.compile's warm first call: "
+            "4.400 / 5.000 = 0.880x (target <= 0.9x) met") in lines
+    assert ("hotswap:async warm restart first output vs dynamo trace + eager call, warm: "
+            "2.900 / 3.000 = 0.967x (target <= 1.05x) met") in lines
+    assert ("hotswap:async (warm) largest call 15.0 ms vs 2x eager + 10 ms = 12.0 ms: "
+            "MISSED") in lines
+    assert not any(line.startswith("hotswap:progressive warm restart") for line in lines)
+
+
 def test_a_row_whose_workers_were_raised_says_so_and_from_when() -> None:
     note = ("waiting on CPU: compile workers got under 25% of a core for 2.0 s while your "
             "process's threads kept the cores busy; raised to your priority")

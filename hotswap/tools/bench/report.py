@@ -102,6 +102,13 @@ def _ratios(ratio_line: Any, caller: str, by_row: dict[str, dict[str, Any]]) -> 
             ratio_line(f"{row} {again} compiled serving vs dynamo trace + eager call",
                        f"{row} ({again})", "to_final_s", "torch:eager-backend",
                        "first_output_s", 1.2)
+    # A warm restart (--warm: every cache its cold run left) against torch.compile's own
+    for row in ("hotswap:async", "hotswap:progressive"):
+        ratio_line(f"{row} warm restart compiled vs torch.compile's warm first call",
+                   f"{row} (warm)", "to_stays_s", "torch:default (warm)", "to_final_s", 0.9)
+        ratio_line(f"{row} warm restart first output vs dynamo trace + eager call, warm",
+                   f"{row} (warm)", "first_output_s", "torch:eager-backend (warm)",
+                   "first_output_s", 1.05)
     ratio_line("async first call vs PyTorch async's first call", "hotswap:async",
                "first_call_s", "pytorch:async+subprocess", "first_call_s", 0.1)
     ratio_line("async compiled on the cluster vs torch.compile's first call",
@@ -150,7 +157,8 @@ def _footprint(results: list[dict[str, Any]]) -> list[str]:
 def _largest_calls(by_row: dict[str, dict[str, Any]]) -> list[str]:
     """The largest call of each serving row vs 2x eager + 10 ms, beside the machine's own."""
     lines = []
-    for row in ("hotswap:async", "hotswap:progressive", "hotswap:async@cluster",
+    for row in ("hotswap:async", "hotswap:async (warm)", "hotswap:progressive",
+                "hotswap:progressive (warm)", "hotswap:async@cluster",
                 "hotswap:async@service", "hotswap:async@service-first",
                 "hotswap:progressive@service", "hotswap:progressive@gpu1", "machine:busy-eager"):
         r = by_row.get(row)
