@@ -19,7 +19,11 @@ once per process, on the scheduler's thread (threads.py), in steps per device ki
 Every step yields the GIL to the user's calls (``threads.yielding_gil``): 2 ms of Python, then
 4 ms asleep, and it stays off the GIL while a user call runs on eager; once a load waits for
 it, it no longer rests but still defers to those calls (full speed once a thread of the user's
-waits: ``prepare(wait=True)``); at the thread's normal priority. The hashes ran at the lowest
+waits: ``prepare(wait=True)``); at the thread's normal priority. On Python 3.11 deferring
+costs more than it spares the calls (``threads.DEFERS``): there a step a load waits for runs at
+full speed, with the lane's quick GIL handoff and under ``SCHED_IDLE`` while a user call runs
+(the imports' 1.42 s of a CPU warm restart were 0.86-0.94 s of work, the rest 3.11's trace
+function; they took 0.80 s so, and the calls beside them at most 20 ms: BENCHMARKS.md). The hashes ran at the lowest
 (niceness 19, ``SCHED_IDLE``) until a CPU row showed the inversion: a thread at that priority
 that holds the GIL waits for a core while the user's threads wait for it. GPT-2 on the 2-core
 box with a caller every 2 ms: torch's source hash, 0.1 s of work, took 4.1 s, and calls
@@ -168,7 +172,8 @@ class _TritonEarly:
             with _stage("warmup:triton_driver"), load_guard.uncounted(), \
                     bytecode.read_for_imports(_COMMON_MODULES + _CUDA_MODULES + _LOAD_MODULES), \
                     threads.yielding_gil(unless=_warmup.needed, wanted_rest_s=0.0,
-                                         full_speed=_warmup.blocking.is_set):
+                                         full_speed=_warmup.blocking.is_set,
+                                         defer=threads.DEFERS):
                 warm()
         except Exception as e:  # the CUDA step pays for it, as before
             self.error = e
@@ -263,7 +268,8 @@ class _Warmup:
             # passes: a step's imports would otherwise set off one over all of it (heap.py).
             _freeze_heap()
             with count_compiler_runs(), threads.yielding_gil(
-                    unless=self.needed, wanted_rest_s=0.0, full_speed=self.blocking.is_set):
+                    unless=self.needed, wanted_rest_s=0.0, full_speed=self.blocking.is_set,
+                    defer=threads.DEFERS):
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
             # Once the interpreter is exiting, steps fail for that reason alone.
