@@ -20,14 +20,14 @@ Every step yields the GIL to the user's calls (``threads.yielding_gil``): 2 ms o
 4 ms asleep, and it stays off the GIL while a user call runs on eager; once a load waits for
 it, it no longer rests but still defers to those calls (full speed once a thread of the user's
 waits: ``prepare(wait=True)``); at the thread's normal priority. On Python 3.11 deferring
-costs more than it spares the calls (``threads.DEFERS``): there a step a load waits for runs at
-full speed, with the lane's quick GIL handoff and under ``SCHED_IDLE`` while a user call runs
-(the imports' 1.42 s of a CPU warm restart were 0.86-0.94 s of work, the rest 3.11's trace
-function; they took 0.80 s so, and the calls beside them at most 20 ms: BENCHMARKS.md). The hashes ran at the lowest
-(niceness 19, ``SCHED_IDLE``) until a CPU row showed the inversion: a thread at that priority
-that holds the GIL waits for a core while the user's threads wait for it. GPT-2 on the 2-core
-box with a caller every 2 ms: torch's source hash, 0.1 s of work, took 4.1 s, and calls
-beside it 125-131 ms.
+costs more than it spares the calls (``threads.DEFERS``): there a step a load waits for runs
+at full speed, with the lane's quick GIL handoff, under ``SCHED_IDLE`` while a user call runs
+and at its normal priority between calls (a CPU warm restart's imports took 0.80-1.02 s so
+against 1.42 s deferring, 3.11's trace function the difference: BENCHMARKS.md). Not under
+``SCHED_IDLE`` throughout: the hashes once ran so (niceness 19) until a CPU row showed the
+inversion, a thread at that priority that holds the GIL waiting for a core while the user's
+threads wait for it. GPT-2 on the 2-core box with a caller every 2 ms: torch's source hash,
+0.1 s of work, took 4.1 s, and calls beside it 125-131 ms.
 
 ``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
 before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
