@@ -35,8 +35,7 @@ caller with no gap between calls still lets a load through). Where a thread of t
 waits for the work (``user_waiting``, the warm-up's ``full_speed``), it does not defer. A
 single long C call is not split, and a lock the deferring thread holds (a module's import
 lock while it imports) waits with it: a user call that needs it waits up to the
-deferral's pace (2 ms in 12). The lanes defer on Python 3.12+ only (``DEFERS``); on 3.11
-they run under ``SCHED_IDLE`` while a user call runs instead (``_IdleInCalls``).
+deferral's pace (2 ms in 12). The lanes defer on Python 3.12+ only (``DEFERS``).
 """
 
 from __future__ import annotations
@@ -166,11 +165,11 @@ YIELD_WANTED_REST_S = 0.001
 # this often (then it runs YIELD_RUN_S before it defers again).
 YIELD_DEFER_S = 0.010
 YIELD_DEFER_POLL_S = 0.0005
-# Whether hotswap's threads defer to the user's calls here (the lanes; the warm-up once a load
-# waits for it). On Python 3.12+ the check is a ``sys.monitoring`` callback as each function
-# starts. 3.11's trace function puts every instruction of the thread through the tracing path:
-# an interpreter-heavy task took 2.3x as long, and the load path's imports 1.44-1.50 s against
-# 0.86-0.94 s (torch 2.13, CPU). There they keep the quick handoff alone.
+# Whether the lanes defer to the user's calls here. On Python 3.12+ the check is a
+# ``sys.monitoring`` callback (``_Monitoring``). 3.11's trace function puts every instruction
+# of the thread through the tracing path: an interpreter-heavy task took 2.3x as long, and the
+# load path's imports 1.44-1.50 s against 0.86-0.94 s (torch 2.13, CPU). There the lanes keep
+# the quick handoff alone (the warm-up, whose imports are most of that, still defers).
 DEFERS = sys.version_info >= (3, 12)
 
 
@@ -188,8 +187,6 @@ class _UserCalls:
     def enter(self) -> int:
         ident = threading.get_ident()
         self._running[ident] = self._running.get(ident, 0) + 1
-        if self is user_calls and _idle_in_calls.threads:
-            _idle_in_calls.update()
         return ident
 
     def exit(self, ident: int) -> None:
@@ -198,94 +195,11 @@ class _UserCalls:
             self._running[ident] = depth
         else:
             self._running.pop(ident, None)
-            if self is user_calls and _idle_in_calls.down:
-                _idle_in_calls.update()
 
     def running(self) -> bool:
         return bool(self._running)
 
 
-class _IdleInCalls:
-    """hotswap's threads that give the CPU up while the user's calls run, where deferring
-    costs too much (``DEFERS``): from the first running call's start to the last one's end
-    they run under ``SCHED_IDLE`` (Linux), else under the policy they had. A user call's
-    intra-op threads then keep the cores: on the 2-core box, the MLP's calls beside the load
-    path's imports at full speed took 45-56 ms (one op in each parallel region waiting for a
-    core), where deferring kept them near 10 ms but made the imports take 1.6x as long. The
-    user's thread switches them (two system calls a call, while any is here); between calls
-    they run as before, so a thread holding the GIL is not left starved of a core while the
-    user's thread waits for it (which a thread kept at ``SCHED_IDLE`` throughout was: 0.1 s of
-    work took 4.1 s). A thread may leave ``SCHED_IDLE`` for its earlier policy unprivileged
-    at the niceness it has. Where the policy cannot be set, nothing is switched."""
-
-    def __init__(self) -> None:
-        # Reentrant: a finalizer run on the user's thread inside update may make a call
-        self._lock = threading.RLock()
-        self.threads: dict[int, int] = {}  # native thread id -> its policy outside calls
-        self.down = False  # they run under SCHED_IDLE now
-        self._works = hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE")
-
-    @contextlib.contextmanager
-    def block(self) -> Iterator[None]:
-        """The calling thread gives the CPU up during the user's calls, inside the block."""
-        if not self._works:
-            yield
-            return
-        tid = threading.get_native_id()
-        try:
-            policy = os.sched_getscheduler(tid)
-        except OSError:
-            policy = -1
-        if policy in (-1, os.SCHED_IDLE):  # unknown, or already at the lowest
-            yield
-            return
-        with self._lock:
-            self.threads[tid] = policy
-            if self.down:
-                self._set({tid: policy}, down=True)
-            else:
-                self._update()  # a call runs already
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.threads.pop(tid, None)
-                if self.down:
-                    self._set({tid: policy}, down=False)
-
-    def update(self) -> None:
-        """After a call starts or ends: switch the threads to match."""
-        with self._lock:
-            self._update()
-
-    def _update(self) -> None:
-        down = user_calls.running() and bool(self.threads)
-        if down != self.down and self._set(self.threads, down=down):
-            self.down = down
-
-    def _set(self, threads: dict[int, int], *, down: bool) -> bool:
-        """Whether every thread now runs as asked (a refusal puts every thread back, and
-        nothing is switched from then on)."""
-        if not self._works:
-            return False
-        param = os.sched_param(0)
-        for tid, policy in list(threads.items()):
-            try:
-                os.sched_setscheduler(tid, os.SCHED_IDLE if down else policy, param)
-            except ProcessLookupError:  # ended without leaving the block (its finally runs)
-                continue
-            except OSError as e:  # not allowed here (a seccomp filter, a sandbox): never again
-                self._works = False
-                log.debug("hotswap: no SCHED_IDLE for a thread during the user's calls: %s", e)
-                for earlier, was in {**self.threads, **threads}.items():  # all back up
-                    with contextlib.suppress(OSError):
-                        os.sched_setscheduler(earlier, was, param)
-                self.down = False
-                return False
-        return True
-
-
-_idle_in_calls = _IdleInCalls()
 user_calls = _UserCalls()
 # The user's threads waiting for hotswap's work (``user_waiting``): the lanes then run at
 # full speed (deferring to another thread's calls would make the waiting one wait longer).
@@ -428,10 +342,12 @@ class _Monitoring:
         state = self._active.get(ident)
         if state is None:
             return sys.monitoring.DISABLE  # type: ignore[attr-defined,unused-ignore]
-        # A tick at every TICK_EVERY-th start: a tick at each made a call-heavy function 12x
-        # as long (0.45 us a start on 3.12); a start comes every microsecond or so
+        # A full tick (the clock, rests) at every TICK_EVERY-th start: a tick at each made a
+        # call-heavy function 12x as long (0.45 us a start on 3.12). Whether a user call runs
+        # is looked at every start: code with C work between its starts (an unpickler) would
+        # otherwise run up to TICK_EVERY of those into a call
         state.skip -= 1
-        if state.skip > 0:
+        if state.skip > 0 and not (state.defer and user_calls._running):
             return None
         state.skip = self.TICK_EVERY
         if not state.tick():
@@ -461,7 +377,8 @@ def yielding_gil(run_s: float = YIELD_RUN_S, rest_s: float = YIELD_REST_S, *,
     the warm-up, a call beside it took 171 ms.
 
     The clock is looked at as each Python function starts: through ``sys.monitoring`` on
-    Python 3.12+ (``_Monitoring``), else a trace function on this thread alone
+    Python 3.12+ (``_Monitoring``: at every 16th start, and whether a user call runs at each),
+    else a trace function on this thread alone
     (``sys.settrace``; it asks for no line events), which removes itself at full speed and
     puts the thread's earlier one back after the block. A single C call is not split. (A
     profile function would also see every C call: the imports then ran 6x slower.)
@@ -645,9 +562,8 @@ def deferring() -> contextlib.AbstractContextManager[None]:
 def _lane_busy() -> Iterator[None]:
     """A lane's state while it has work: the quick GIL handoff, and where ``DEFERS`` its
     thread defers to the user's running calls until a thread of the user's waits for
-    hotswap's work (``deferring``); elsewhere it runs under ``SCHED_IDLE`` while they run
-    (``_IdleInCalls``)."""
-    with quick_gil_handoff, deferring() if DEFERS else _idle_in_calls.block():
+    hotswap's work (``deferring``)."""
+    with quick_gil_handoff, deferring() if DEFERS else contextlib.nullcontext():
         yield
 
 
@@ -664,14 +580,13 @@ def stop_lanes() -> None:
 def _after_fork_in_child() -> None:
     """A forked child has none of hotswap's threads, and a lock one of them held at the fork
     would stay held for good: its exit (which stops the lanes) would hang on it."""
-    global _lock, _idle_in_calls
+    global _lock
     _lock = threading.Lock()
     _live.clear()
     for lane in (scheduler, io):
         lane._start_fresh()
     for marks in (user_calls, user_waits):  # of threads the child does not have
         marks._running.clear()
-    _idle_in_calls = _IdleInCalls()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

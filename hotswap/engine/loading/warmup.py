@@ -19,15 +19,16 @@ once per process, on the scheduler's thread (threads.py), in steps per device ki
 Every step yields the GIL to the user's calls (``threads.yielding_gil``): 2 ms of Python, then
 4 ms asleep, and it stays off the GIL while a user call runs on eager; once a load waits for
 it, it no longer rests but still defers to those calls (full speed once a thread of the user's
-waits: ``prepare(wait=True)``); at the thread's normal priority. On Python 3.11 deferring
-costs more than it spares the calls (``threads.DEFERS``): there a step a load waits for runs
-at full speed, with the lane's quick GIL handoff, under ``SCHED_IDLE`` while a user call runs
-and at its normal priority between calls (a CPU warm restart's imports took 0.80-1.02 s so
-against 1.42 s deferring, 3.11's trace function the difference: BENCHMARKS.md). Not under
-``SCHED_IDLE`` throughout: the hashes once ran so (niceness 19) until a CPU row showed the
-inversion, a thread at that priority that holds the GIL waiting for a core while the user's
-threads wait for it. GPT-2 on the 2-core box with a caller every 2 ms: torch's source hash,
-0.1 s of work, took 4.1 s, and calls beside it 125-131 ms.
+waits: ``prepare(wait=True)``); at the thread's normal priority. On Python 3.11 the check is a
+trace function, which made a CPU warm restart's imports take 1.42 s against 0.86-0.94 s bare;
+it stays: at full speed the caller's calls beside them took 45-56 ms (a core taken from each
+op's parallel region), and running the thread under ``SCHED_IDLE`` during the calls cannot
+be undone without privilege and leaves the GIL's holder starved where other processes keep
+the cores busy (BENCHMARKS.md, 2026-12-06). The hashes ran at the lowest
+(niceness 19, ``SCHED_IDLE``) until a CPU row showed the inversion: a thread at that priority
+that holds the GIL waits for a core while the user's threads wait for it. GPT-2 on the 2-core
+box with a caller every 2 ms: torch's source hash, 0.1 s of work, took 4.1 s, and calls
+beside it 125-131 ms.
 
 ``hotswap.prepare()`` runs it (and starts the workers) at a moment the caller chooses, e.g.
 before serving; otherwise a coordinator starts it on its first graph (dynamo is imported by
@@ -172,8 +173,7 @@ class _TritonEarly:
             with _stage("warmup:triton_driver"), load_guard.uncounted(), \
                     bytecode.read_for_imports(_COMMON_MODULES + _CUDA_MODULES + _LOAD_MODULES), \
                     threads.yielding_gil(unless=_warmup.needed, wanted_rest_s=0.0,
-                                         full_speed=_warmup.blocking.is_set,
-                                         defer=threads.DEFERS):
+                                         full_speed=_warmup.blocking.is_set):
                 warm()
         except Exception as e:  # the CUDA step pays for it, as before
             self.error = e
@@ -268,8 +268,7 @@ class _Warmup:
             # passes: a step's imports would otherwise set off one over all of it (heap.py).
             _freeze_heap()
             with count_compiler_runs(), threads.yielding_gil(
-                    unless=self.needed, wanted_rest_s=0.0, full_speed=self.blocking.is_set,
-                    defer=threads.DEFERS):
+                    unless=self.needed, wanted_rest_s=0.0, full_speed=self.blocking.is_set):
                 _STEPS[step]()
         except Exception as e:  # a load pays for it later, that is all
             # Once the interpreter is exiting, steps fail for that reason alone.
