@@ -105,17 +105,19 @@ def _run(n: int, model: str, device: str, service: str, root: str,
         # The service (python -m hotswap.service --dir ...) and its workers: a child of the
         # process that started it, counted apart from that process's own workers.
         in_service: set[int] = set()
+        itself = 0  # the service's own process, apart from its workers: what grows with clients
         for proc in psutil.process_iter(["cmdline"]):
             cmd = " ".join(proc.info["cmdline"] or [])
             if "hotswap.service" in cmd and os.path.join(root, "service") in cmd:
                 in_service |= {proc.pid, *(d.pid for d in descendants(proc.pid))}
+                itself += _rss(proc.pid)
         service_rss = sum(_rss(pid) for pid in in_service)
         serving = sum(_rss(p.pid) for p in procs)
         workers = sum(_rss(d.pid) for p in procs for d in descendants(p.pid)
                       if d.pid not in in_service)
         return {"serving": serving / MIB, "own workers": workers / MIB,
                 "service": service_rss / MIB, "total": (serving + workers + service_rss) / MIB,
-                "service processes": float(len(in_service))}
+                "service processes": float(len(in_service)), "service itself": itself / MIB}
     finally:
         for p in procs:
             if p.stdin:
@@ -147,10 +149,10 @@ def main() -> int:
             rows[label] = _run(args.processes, args.model, args.device, service, root,
                                args.logs)
     print(f"{'MiB (RSS)':<28}{'serving':>10}{'own workers':>13}{'service':>10}{'total':>10}"
-          f"{'service processes':>19}")
+          f"{'service processes':>19}{'service itself':>16}")
     for label, r in rows.items():
         print(f"{label:<28}{r['serving']:>10.0f}{r['own workers']:>13.0f}{r['service']:>10.0f}"
-              f"{r['total']:>10.0f}{r['service processes']:>19.0f}")
+              f"{r['total']:>10.0f}{r['service processes']:>19.0f}{r['service itself']:>16.0f}")
     one = rows["one process, service"]
     limit = args.processes * one["serving"] + one["service"]
     total = rows[f"{args.processes} processes, service"]["total"]
