@@ -72,7 +72,9 @@ on them at once rather than in a worker or a background thread.
                                                             Python bytecode in its cache dir
                                                             (pycache-<python>): auto, where they
                                                             would otherwise recompile sources at
-                                                            every start; on; off
+                                                            every start; on; off. Inductor's
+                                                            kernel templates are kept there
+                                                            (templates-<python>) unless off
 
 ``HOTSWAP_SCRATCH_DIR`` is no setting: a pool sets it for its workers (hotswap.workers.scratch).
 """

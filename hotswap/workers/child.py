@@ -193,6 +193,10 @@ def _warm(entry: str, run: Callable[[str], Any]) -> bool:
     return True
 
 
+def _install_templates(name: str) -> None:
+    importlib.import_module(name).install()
+
+
 def _kill_own_group_and_exit() -> None:
     # Children that left our process group would survive killpg; kill them by name first.
     try:
@@ -289,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     entries = init.get("warm_modules", [])
     for entry in entries:
         if ":" not in entry:
+            if entry.startswith("torch._inductor"):  # its kernel templates, compiled once
+                _warm("hotswap.engine.loading.templates", _install_templates)
             _warm(entry, importlib.import_module)
     channel.send(
         MessageKind.READY, 0, encode_control({"pid": os.getpid(), "warm_s": time.monotonic() - start})

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from hotswap.engine import threads
-from hotswap.engine.loading import load_guard, source_key
+from hotswap.engine.loading import load_guard, source_key, templates
 from hotswap.engine.loading.load_guard import count_compiler_runs
 from hotswap.profiles.timeline import process_span
 from hotswap.system import bytecode, heap
@@ -87,6 +87,7 @@ def _common() -> None:
             # as the user's thread does, makes one thread wait for the other instead.
             import torch._dynamo
             _freeze_heap()  # and between the largest (heap.py), the user's first trace's too
+            templates.install()  # before inductor's kernel modules build their templates
             import torch._functorch._aot_autograd.autograd_cache
             import torch._inductor.codecache
             _freeze_heap()

@@ -40,8 +40,9 @@ Targets: first output <= 1.1x dynamo trace + eager call; async compiled code ser
 torch.compile's first call with an idle caller, <= 1.2x with a busy one; a replica's compiled
 code <= 0.3x its cold run and <= 1.2x dynamo + eager first output; a warm restart (--warm)
 compiled <= 0.9x torch.compile's warm first call, its first output <= 1.05x dynamo + eager's
-warm (its rows' largest calls too); largest call <= 2x eager + 10 ms; async first call <= 0.1x PyTorch async's; dispatch overhead <= 2 us; memory once the
-idle workers exit <= 1.3x torch.compile's once compiled; async compiled on a cluster <= 1.0x
+warm (its rows' largest calls too); largest call <= 2x eager + 10 ms; async first call <=
+0.1x PyTorch async's; dispatch overhead <= 2 us; memory once the idle workers exit <= 1.3x
+torch.compile's once compiled; async compiled on a cluster <= 1.0x
 torch.compile's first call; the first process ever, starting the compile service
 (@service-first), compiled <= 0.9x torch.compile's first call, and a process with the service
 warm (@service: started and given another model to compile before the rows) <= 0.7x;
