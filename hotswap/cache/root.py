@@ -69,9 +69,13 @@ def claim_root(root: Path, format_version: int) -> Path:
     if root.exists() and not root.is_dir():
         raise _not_a_directory(root)
     if not root.exists():  # nothing is made where another user could swap it for theirs
-        check_way(next(p for p in Path(os.path.abspath(root)).parents if p.exists()))
-        with contextlib.suppress(FileExistsError):
-            root.mkdir(mode=0o700, parents=True)
+        full = Path(os.path.abspath(root))
+        check_way(next(p for p in full.parents if p.exists()))
+        # Each missing folder made 0700 here: mkdir(parents=True) makes those above with the
+        # umask's mode (0775 under umask 002), which check_way then refuses for good
+        for part in [*reversed([p for p in full.parents if not p.exists()]), full]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700)
     root = check_root(root)
     marker = root / MARKER
     if marker.exists():

@@ -161,6 +161,18 @@ def test_a_folder_above_the_cache_that_others_may_write_without_the_sticky_bit_i
     ArtifactCache(open_to_all / "cache", stamp={"t": 1}).put(KEY, b"x")
 
 
+def test_folders_made_on_the_way_to_a_new_cache_are_private_whatever_the_umask(
+        tmp_path: Path) -> None:
+    old = os.umask(0o002)  # user-private groups: mkdir(parents=True) would make them 0775
+    try:
+        cache = ArtifactCache(tmp_path / "a" / "b" / "cache", stamp={"t": 1})
+        cache.put(KEY, b"x")
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "cache"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+
+
 @as_root
 @pytest.mark.parametrize("how", ["foreign owner", "readable by others", "a link"])
 def test_a_key_that_is_not_ours_alone_is_refused(tmp_path: Path, how: str) -> None:

@@ -4,30 +4,38 @@ Importing inductor's kernel modules builds its kernel templates (``TritonTemplat
 module level: mm, bmm, convolution, flex attention, ...), each a Jinja2 template compiled
 from its source: Jinja2 lexes, parses and generates a Python module in Python, then
 ``compile()`` holds the GIL for the generated source (up to 40 KB). On the CPU box 23
-templates took 0.17-0.18 s of the load path's 0.86-0.94 s of imports (torch 2.13), and more
-beside the user's calls, where the warm-up yields; on the GPU machine each large one was a
-GIL hold of its own in the serving process (the bench's probe saw them compiled).
+templates took 0.17-0.18 s of the load path's 0.86-0.94 s of imports (torch 2.13), and twice
+that under 3.11's trace function, which the warm-up's imports run under beside the user's
+calls; on the GPU machine each large one was a GIL hold of its own in the serving process.
 
-``install()`` gives inductor's Jinja2 environment (``codegen.common.jinja2_env()``, the one
-every ``_template_from_string`` uses) a ``compile`` that keeps what it compiles, marshalled,
-in hotswap's cache::
+``install()`` makes inductor's Jinja2 environment (``codegen.common.jinja2_env()``, the one
+every ``_template_from_string`` uses) a ``_CachingEnvironment`` (``_caching_class``), whose ``compile`` keeps
+what it compiles in hotswap's cache::
 
     <cache dir>/templates-<implementation>-<version>/<digest>.code     mode 0700 / 0600
 
-keyed by the template's source, Jinja2's version, the environment's settings and Python's
-bytecode version, and takes it from there the next time: the first process that compiles a
-template (a compile worker, or the serving process's warm-up) writes it, every later one
-reads it. A code object read is executed, so the folder is used only where the cache is this
-user's and writable by no one else (``hotswap.cache.trust``), and each file only if this user
-owns it and no one else may write it; anything else compiles as before. A torch without that
-environment, or a Jinja2 without ``Environment.compile``, is left as it is, and so is every
-process where ``HOTSWAP_PYCACHE=off``.
+and takes it from there the next time: the first process that compiles a template (a compile
+worker, or the serving process's warm-up) writes it, every later one reads it. The digest
+covers the source and everything Jinja2's code generation reads besides it, looked at on
+each compile: the environment's settings, its ``undefined`` class, the filters and tests
+registered then (Jinja2 runs filters on constants while it compiles), the Jinja2, torch and
+Python bytecode versions. An environment with extensions, or a setting that is a function,
+compiles as before. A file holds a format tag and the SHA-256 of the marshalled code after
+it; one that does not match (cut short, damaged) is compiled again and written over.
+
+A code object read is executed, so the folder is used only where the cache is this user's
+and writable by no one else (``hotswap.cache.trust``), and each file only if this user owns
+it and no one else may write it. A torch without that environment, or a Jinja2 without
+``Environment.compile``, is left as it is, and so is every process where
+``HOTSWAP_PYCACHE=off``. Nothing here raises: the templates then compile as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import logging
 import marshal
@@ -44,10 +52,12 @@ from hotswap.cache.root import claim_root, default_cache_dir
 from hotswap.cache.store import FORMAT_VERSION
 from hotswap.cache.trust import ensure_private_dir, open_private
 
-__all__ = ["folder", "install"]
+__all__ = ["counts", "folder", "install"]
 
 log = logging.getLogger("hotswap")
 
+_FORMAT = b"hotswap-template-1\n"
+_DIGEST_BYTES = 32
 # Code objects are for one Python bytecode version and optimization level (-O drops asserts)
 _MAGIC = f"{importlib.util.MAGIC_NUMBER.hex()}-O{sys.flags.optimize}"
 # What Jinja2's code generation reads from its environment besides the source
@@ -58,7 +68,13 @@ _SETTINGS = ("block_start_string", "block_end_string", "variable_start_string",
              "autoescape", "finalize")
 
 _lock = threading.Lock()
-_installed: set[int] = set()  # id() of the environments given the cached compile
+_folder: Path | None = None  # where install() found the folder usable
+_counts = {"read": 0, "compiled": 0}  # templates taken from the folder, and compiled here
+
+
+def counts() -> dict[str, int]:
+    """How many templates this process read from the folder and compiled itself."""
+    return dict(_counts)
 
 
 def folder() -> Path | None:
@@ -80,67 +96,99 @@ def folder() -> Path | None:
 
 
 def install() -> bool:
-    """Give inductor's Jinja2 environment the cached compile (once per process); whether it
-    has it."""
+    """Make inductor's Jinja2 environment keep its compiled templates (once per process);
+    whether it does. Never raises."""
+    global _folder
     try:
         from torch._inductor.codegen import common
-    except ImportError:
-        return False
-    make_env = getattr(common, "jinja2_env", None)
-    env = make_env() if callable(make_env) else None
-    compile_source = getattr(env, "compile", None)
-    if env is None or not callable(compile_source):
-        return False
-    with _lock:
-        if id(env) in _installed:
-            return True
-        key = _settings_key(env)
-        where = folder() if key is not None else None
-        if key is None or where is None:
+
+        make_env = getattr(common, "jinja2_env", None)
+        env = make_env() if callable(make_env) else None
+        if env is None:
             return False
-        env.compile = _CachedCompile(compile_source, where, key)
-        _installed.add(id(env))
-    return True
+        with _lock:
+            caching = _caching_class()
+            if type(env) is caching:
+                return True
+            if type(env) is not caching.__base__:  # someone's subclass: left alone
+                return False
+            where = folder()
+            if where is None:
+                return False
+            _folder = where
+            env.__class__ = caching
+        return True
+    except Exception as e:  # the templates compile as before, that is all
+        log.debug("hotswap: inductor's templates compile as before: %s: %s",
+                  type(e).__name__, e)
+        return False
 
 
-def _settings_key(env: Any) -> str | None:
-    """The environment's settings as text, or None where one is a function of the user's (a
-    ``finalize``, an ``autoescape`` callback, an extension: their code is not in the key)."""
-    import jinja2
+def _named(value: Any) -> str:
+    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
 
+
+def _key(env: Any) -> str | None:
+    """What Jinja2's code generation reads besides the source, as text; None where some of it
+    is the user's code in a form that cannot be named (a setting that is a function, an
+    extension)."""
     values = [getattr(env, name, None) for name in _SETTINGS]
     if any(callable(v) for v in values) or getattr(env, "extensions", None):
         return None
-    return repr((jinja2.__version__, _MAGIC, type(env).__qualname__, values))
+
+    def registered(table: Any) -> list[tuple[str, str, str]]:
+        return sorted((str(name), _named(fn), str(getattr(fn, "jinja_pass_arg", "")))
+                      for name, fn in dict(table).items())
+
+    return repr((_FORMAT, _version("jinja2"), _version("torch"), _MAGIC,
+                 _named(type(env)), _named(env.undefined), values,
+                 registered(env.filters), registered(env.tests)))
 
 
-class _CachedCompile:
-    """``Environment.compile`` for a template's source alone (what ``from_string`` asks),
-    through the folder; any other call goes to Jinja2's own."""
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
 
-    def __init__(self, compile_source: Any, where: Path, settings: str) -> None:
-        self._compile, self._where, self._settings = compile_source, where, settings
-        self.read = self.compiled = 0  # templates taken from the folder, and compiled here
 
-    def __call__(self, source: Any, name: str | None = None, filename: str | None = None,
-                 raw: bool = False, defer_init: bool = False) -> Any:
-        if not isinstance(source, str) or name is not None or filename is not None or raw \
-                or defer_init:
-            return self._compile(source, name, filename, raw, defer_init)
-        digest = hashlib.sha256(f"{self._settings}\0{source}".encode()).hexdigest()
-        path = self._where / f"{digest}.code"
-        code = _read(path)
-        if code is not None:
-            self.read += 1
+@functools.cache
+def _caching_class() -> type:
+    """``_CachingEnvironment``: made on first use (Jinja2 is imported with inductor, not with
+    hotswap)."""
+    import jinja2
+
+    class _CachingEnvironment(jinja2.Environment):
+        """Jinja2's environment whose ``compile`` of a template's source alone (what
+        ``from_string`` asks) goes through the folder; an overlay is one too, and keys its
+        own settings. Any other call is Jinja2's own."""
+
+        def compile(self, source: Any, name: str | None = None,
+                    filename: str | None = None, raw: bool = False,
+                    defer_init: bool = False) -> Any:
+            where = _folder
+            key = None if where is None or not isinstance(source, str) or name is not None \
+                or filename is not None or raw or defer_init else _key(self)
+            if where is None or key is None:
+                own: Any = super().compile  # its overloads, by raw's literal value
+                return own(source, name, filename, raw, defer_init)
+            text = f"{key}\0{source}".encode("utf-8", "surrogatepass")
+            path = where / f"{hashlib.sha256(text).hexdigest()}.code"
+            code = _read(path)
+            if code is not None:
+                _counts["read"] += 1
+                return code
+            code = super().compile(source)
+            _counts["compiled"] += 1
+            if isinstance(code, CodeType):
+                _write(path, code)
             return code
-        code = self._compile(source)
-        self.compiled += 1
-        if isinstance(code, CodeType):
-            _write(path, code)
-        return code
+
+    return _CachingEnvironment
 
 
 def _read(path: Path) -> CodeType | None:
+    """The code in ``path``; None where it is missing, refused, or not what was written."""
     try:
         fd = open_private(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -148,22 +196,28 @@ def _read(path: Path) -> CodeType | None:
     except OSError as e:  # another user's, or writable by others: not run, compiled instead
         log.debug("hotswap: a template's code in the cache was refused: %s", e)
         return None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read()
     try:
-        code = marshal.loads(data)
-    except (EOFError, ValueError, TypeError):  # cut short: compiled again, written over
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        head, digest = len(_FORMAT), data[len(_FORMAT):len(_FORMAT) + _DIGEST_BYTES]
+        payload = data[head + _DIGEST_BYTES:]
+        if not data.startswith(_FORMAT) or hashlib.sha256(payload).digest() != digest:
+            return None  # cut short or damaged: compiled again, written over
+        code = marshal.loads(payload)
+    except Exception as e:
+        log.debug("hotswap: a template's code in the cache could not be read: %s", e)
         return None
     return code if isinstance(code, CodeType) else None
 
 
 def _write(path: Path, code: CodeType) -> None:
     """Write it whole under a temporary name, then rename (a reader never sees half)."""
+    payload = marshal.dumps(code)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(marshal.dumps(code))
+                f.write(_FORMAT + hashlib.sha256(payload).digest() + payload)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
