@@ -97,7 +97,7 @@ def _tree(path: Path) -> list[tuple[str, int, int]]:
 # --------------------------------------------------------------------- cache faults
 
 def test_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "_write_atomic", _raise(errno.ENOSPC, "entries"))
+    monkeypatch.setattr(store, "write_atomic", _raise(errno.ENOSPC, "entries"))
     status, delta, _ = _serve(tmp_path / "cache")
     assert status.tier == "default" and delta["worker_compiles"] == 1
     assert "could not write" in status.cache and "No space left on device" in status.cache
@@ -106,7 +106,7 @@ def test_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_full_disk_under_a_warm_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _warm(tmp_path / "cache")
-    monkeypatch.setattr(store, "_write_atomic", _raise(errno.ENOSPC, "index.msgpack"))
+    monkeypatch.setattr(store, "write_atomic", _raise(errno.ENOSPC, "index.msgpack"))
     status, delta, _ = _serve(tmp_path / "cache")
     assert status.tier == "default" and status.path == "cache"
     assert delta["cache_hits"] == 1 and delta["worker_compiles"] == 0

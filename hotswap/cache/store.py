@@ -58,7 +58,7 @@ from hotswap.cache.trust import (
 )
 
 __all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo", "EntryRejected",
-           "index_record", "is_key", "seal", "split_entry", "unseal"]
+           "index_record", "is_key", "seal", "split_entry", "unseal", "write_atomic"]
 
 # The tier label of the benchmark gate's verdicts (a decision, not an artifact).
 VERDICT_TIER = "gate-verdict"
@@ -216,7 +216,7 @@ class ArtifactCache:
         for sha, o, n in spans:
             self._write_shared(sha, view[o:o + n])
         path = self._path(key, make=True)
-        _write_atomic(path, head, own, mac)
+        write_atomic(path, head, own, mac)
         size = len(head) + len(own) + _MAC_BYTES
         with self._lock:
             index = self._read_index()
@@ -394,7 +394,7 @@ class ArtifactCache:
         with contextlib.suppress(FileNotFoundError):
             if path.lstat().st_size == len(data):
                 return
-        _write_atomic(path, data)
+        write_atomic(path, data)
 
     def _assemble(self, own: bytes, spans: list[list[Any]], *, remove_bad: bool
                   ) -> bytearray:
@@ -530,7 +530,7 @@ class ArtifactCache:
         # get() rewrites it on every hit, inside the caller's first call.
         if self.read_only:
             return
-        _write_atomic(self.root / "index.msgpack", msgpack.packb(index, use_bin_type=True),
+        write_atomic(self.root / "index.msgpack", msgpack.packb(index, use_bin_type=True),
                       durable=False)
 
     def _evict(self, index: dict[str, dict[str, Any]], keep: str) -> None:
@@ -758,8 +758,10 @@ def _read_header(path: Path) -> dict[str, Any] | None:
     return header if isinstance(header, dict) else None
 
 
-def _write_atomic(path: Path, *chunks: bytes | bytearray | memoryview,
-                  durable: bool = True) -> None:
+def write_atomic(path: Path, *chunks: bytes | bytearray | memoryview,
+                 durable: bool = True) -> None:
+    """``chunks`` into ``path`` under a temporary name in its folder, then renamed: a reader
+    sees the old file or the whole new one (``durable``: synced to disk first)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -50,7 +50,8 @@ from hotswap.cache.root import claim_root, default_cache_dir
 from hotswap.cache.store import FORMAT_VERSION
 from hotswap.cache.trust import check_private_dir, check_way, ensure_private_dir
 
-__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env", "compile_rate",
+__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env", "claim_folder",
+           "compile_rate",
            "imported_source_bytes", "offer", "plan", "probe_sources", "read_for_imports",
            "recompile_reason", "usage"]
 
@@ -146,7 +147,7 @@ def recompile_reason(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def _claim(folder: Path) -> Path:
+def claim_folder(folder: Path) -> Path:
     """``folder``, made (0700) in the artifact cache and checked: its real path."""
     root = claim_root(folder.parent, FORMAT_VERSION)
     ensure_private_dir(root / folder.name)
@@ -177,7 +178,7 @@ def plan(env: Mapping[str, str]) -> Bytecode:
             return Bytecode(setting, recompiles, None, "not needed: fresh processes read "
                                                        "bytecode")
     try:
-        return Bytecode(setting, recompiles, _claim(ours))
+        return Bytecode(setting, recompiles, claim_folder(ours))
     except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
         return Bytecode(setting, recompiles, None, _say_once(
             f"not used: {e}; the processes hotswap starts compile Python sources as before"))

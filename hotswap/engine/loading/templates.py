@@ -32,7 +32,6 @@ it and no one else may write it. A torch without that environment, or a Jinja2 w
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -41,16 +40,16 @@ import logging
 import marshal
 import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from types import CodeType
 from typing import Any
 
 from hotswap import settings
-from hotswap.cache.root import claim_root, default_cache_dir
-from hotswap.cache.store import FORMAT_VERSION
-from hotswap.cache.trust import ensure_private_dir, open_private
+from hotswap.cache.root import default_cache_dir
+from hotswap.cache.store import write_atomic
+from hotswap.cache.trust import open_private
+from hotswap.system import bytecode
 
 __all__ = ["counts", "folder", "install"]
 
@@ -86,13 +85,10 @@ def folder() -> Path | None:
     try:
         if settings.pycache() == "off":
             return None
-        root = claim_root(default_cache_dir(), FORMAT_VERSION)
-        path = root / f"templates-{tag}"
-        ensure_private_dir(path)
+        return bytecode.claim_folder(default_cache_dir() / f"templates-{tag}")
     except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
         log.debug("hotswap: inductor's templates compile as before: %s", e)
         return None
-    return path
 
 
 def install() -> bool:
@@ -200,8 +196,8 @@ def _read(path: Path) -> CodeType | None:
     try:
         with os.fdopen(fd, "rb") as f:
             data = f.read()
-        head, digest = len(_FORMAT), data[len(_FORMAT):len(_FORMAT) + _DIGEST_BYTES]
-        payload = data[head + _DIGEST_BYTES:]
+        head = len(_FORMAT)
+        digest, payload = data[head:head + _DIGEST_BYTES], data[head + _DIGEST_BYTES:]
         if not data.startswith(_FORMAT) or hashlib.sha256(payload).digest() != digest:
             return None  # cut short or damaged: compiled again, written over
         code = marshal.loads(payload)
@@ -215,14 +211,6 @@ def _write(path: Path, code: CodeType) -> None:
     """Write it whole under a temporary name, then rename (a reader never sees half)."""
     payload = marshal.dumps(code)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_FORMAT + hashlib.sha256(payload).digest() + payload)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, _FORMAT, hashlib.sha256(payload).digest(), payload, durable=False)
     except OSError as e:  # a full disk costs the next process the compile, nothing else
         log.debug("hotswap: could not keep a template's code: %s", e)
