@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hotswap
@@ -129,7 +130,8 @@ def _cache(args: argparse.Namespace) -> int:
     """ls, verify, clear or stats on the artifact cache (no torch import needed). A cache
     that does not exist is reported empty, not created; ls, stats and verify write nothing;
     clear and ``verify --remove`` touch only a folder with hotswap's marker, and only its
-    entries. A folder that is not a cache, or that another user could write, is refused."""
+    entries (clear: and its folders of compiled Python). A folder that is not a cache, or
+    that another user could write, is refused."""
     from hotswap.cache import ArtifactCache
     from hotswap.cache.root import default_cache_dir
 
@@ -186,10 +188,13 @@ def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
     elif args.action == "clear":
         removed = cache.clear(VERDICT_TIER if args.verdicts else None)
         what = "gate verdicts" if args.verdicts else "entries"
-        print(json.dumps({"removed": removed}) if args.json
-              else f"removed {removed} {what} from {cache.root}")
+        side = {} if args.verdicts else _clear_compiled_python(cache)
+        print(json.dumps({"removed": removed, **side}) if args.json
+              else f"removed {removed} {what} from {cache.root}" + (
+                  f", and {_size(side['python_bytes'])} of compiled Python "
+                  f"({side['python_files']} files)" if side.get("python_files") else ""))
     else:
-        stats = cache.stats()
+        stats = {**cache.stats(), **_compiled_python(cache)}
         if args.json:
             print(json.dumps(stats))
             return 0
@@ -202,7 +207,46 @@ def _cache_commands(args: argparse.Namespace, cache: Any) -> int:
             print(f"  entries' own bytes: {_size(stats['entry_bytes'])}\n"
                   f"  shared, stored once: {_size(stats['shared_bytes'])} in {files} "
                   f"file{'' if files == 1 else 's'} (inductor's precompiled headers)")
+        if stats.get("python_files"):
+            print(f"compiled Python: {_size(stats['python_bytes'])} in {stats['python_files']} "
+                  f"files ({', '.join(stats['python_folders'])}; outside the size limit, "
+                  "removed by clear)")
     return 0
+
+
+def _compiled_python(cache: Any) -> dict[str, Any]:
+    """What a local cache's folders of compiled Python hold (bytecode.side_folders): Python
+    bytecode and inductor's templates, which the size limit does not bound; {} for the fleet
+    store, which has none."""
+    from hotswap.system.bytecode import side_folders, usage
+
+    root = getattr(cache, "root", None)
+    if not isinstance(root, Path):
+        return {}
+    folders = side_folders(root)
+    counts = [usage(f) for f in folders]
+    return {"python_files": sum(n for n, _ in counts), "python_bytes": sum(b for _, b in counts),
+            "python_folders": [f.name for f in folders]}
+
+
+def _clear_compiled_python(cache: Any) -> dict[str, Any]:
+    """Empty a local cache's folders of compiled Python (``_compiled_python``); a folder that
+    is not this user's alone is left, with a message."""
+    from hotswap.cache.trust import UntrustedPath
+    from hotswap.system.bytecode import clear_folder, side_folders
+
+    root = getattr(cache, "root", None)
+    if not isinstance(root, Path):
+        return {}
+    files = size = 0
+    for folder in side_folders(root):
+        try:
+            n, b = clear_folder(folder)
+        except (UntrustedPath, OSError) as e:
+            print(f"hotswap cache: left {folder}: {e}", file=sys.stderr)
+            continue
+        files, size = files + n, size + b
+    return {"python_files": files, "python_bytes": size}
 
 
 def _service(args: argparse.Namespace) -> int:
@@ -283,7 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("action", choices=["ls", "verify", "clear", "stats"],
                        help="ls: entries, most recently used first; verify: check every "
                             "signature and checksum (exit 1 if any is bad; --remove: remove "
-                            "those); clear: remove all entries; stats: totals. ls, stats and "
+                            "those); clear: remove all entries and the compiled Python kept "
+                            "beside them (bytecode, inductor's templates); stats: totals. "
+                            "ls, stats and "
                             "verify write nothing; clear works only on a folder hotswap "
                             "made a cache (its HOTSWAP_CACHE marker)")
     cache.add_argument("--cache-dir", default=None,

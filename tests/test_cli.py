@@ -204,6 +204,56 @@ def test_read_only_commands_write_nothing(tmp_path: Path,
     assert _files(tmp_path / "c") == before
 
 
+def test_clear_empties_the_compiled_python_folders_stats_counts_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bytecode and inductor's templates sit beside the entries, outside the size limit:
+    stats counts them, clear empties them (the folders stay), a folder another user could
+    write is left with a message, and --verdicts leaves them alone."""
+    from hotswap.cache import ArtifactCache
+    from hotswap.system.bytecode import claim_folder
+
+    root = tmp_path / "c"
+    ArtifactCache(root, stamp={"test": 1}).put("ab" * 32, b"x", tier="default")
+    pyc = claim_folder(root / "pycache-cpython-311")
+    (pyc / "usr" / "lib").mkdir(parents=True)
+    (pyc / "usr" / "lib" / "m.cpython-311.pyc").write_bytes(b"p" * 300)
+    (pyc / "usr" / "lib" / "n.cpython-311.pyc").write_bytes(b"p" * 200)
+    templates = claim_folder(root / "templates-cpython-311")
+    (templates / ("ef" * 32 + ".code")).write_bytes(b"t" * 40)
+    (templates / ".tmp-x1y2").write_bytes(b"t" * 10)  # a write that was killed
+    (templates / "elsewhere").symlink_to(tmp_path / "outside")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "keep").write_bytes(b"k")
+    lent = root / "pycache-cpython-312"
+    lent.mkdir(mode=0o777)
+    lent.chmod(0o777)  # others may write it: not ours to empty
+    (lent / "m.cpython-312.pyc").write_bytes(b"q")
+
+    assert main(["cache", "stats", "--json", "--cache-dir", str(root)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["python_files"], stats["python_bytes"]) == (6, 300 + 200 + 40 + 10 + 1 + len(
+        str(tmp_path / "outside")))
+    assert stats["python_folders"] == ["pycache-cpython-311", "pycache-cpython-312",
+                                       "templates-cpython-311"]
+    assert main(["cache", "clear", "--verdicts", "--cache-dir", str(root)]) == 0
+    capsys.readouterr()
+    assert (templates / ".tmp-x1y2").exists()
+
+    assert main(["cache", "clear", "--json", "--cache-dir", str(root)]) == 0
+    captured = capsys.readouterr()
+    cleared = json.loads(captured.out)
+    assert cleared == {"removed": 1, "python_files": 5,
+                       "python_bytes": 300 + 200 + 40 + 10 + len(str(tmp_path / "outside"))}
+    assert f"left {lent}" in captured.err
+    assert list(pyc.iterdir()) == [] and list(templates.iterdir()) == []
+    assert (tmp_path / "outside" / "keep").read_bytes() == b"k"  # a link is not followed
+    assert (lent / "m.cpython-312.pyc").exists()
+    assert main(["cache", "stats", "--cache-dir", str(root)]) == 0
+    assert "compiled Python: 1 bytes in 1 files (pycache-cpython-311, pycache-cpython-312, " \
+        "templates-cpython-311; outside the size limit, removed by clear)" in \
+        capsys.readouterr().out
+
+
 @pytest.mark.parametrize("index", [
     msgpack.packb({"ab" * 32: "not a record"}),
     msgpack.packb({"ab" * 32: {"size": "big", "tier": 3}}),

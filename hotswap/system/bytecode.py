@@ -50,10 +50,10 @@ from hotswap.cache.root import claim_root, default_cache_dir
 from hotswap.cache.store import FORMAT_VERSION
 from hotswap.cache.trust import check_private_dir, check_way, ensure_private_dir
 
-__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env", "claim_folder",
-           "compile_rate",
-           "imported_source_bytes", "offer", "plan", "probe_sources", "read_for_imports",
-           "recompile_reason", "usage"]
+__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env",
+           "claim_folder", "clear_folder", "compile_rate", "imported_source_bytes", "offer",
+           "plan", "probe_sources", "read_for_imports", "recompile_reason", "side_folders",
+           "usage"]
 
 log = logging.getLogger("hotswap")
 
@@ -383,15 +383,56 @@ def child_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def usage(folder: Path) -> tuple[int, int]:
-    """(files, bytes) in the bytecode cache ``folder``."""
+    """(files, bytes) in the bytecode cache ``folder`` (a link counts as a file: it is not
+    followed)."""
     files = size = 0
-    for parent, _, names in os.walk(folder):
-        for name in names:
+    for parent, folders, names in os.walk(folder):
+        links = [d for d in folders if os.path.islink(os.path.join(parent, d))]
+        for name in names + links:
             try:
                 size += os.lstat(os.path.join(parent, name)).st_size
             except OSError:
                 continue
             files += 1
+    return files, size
+
+
+def side_folders(root: Path) -> list[Path]:
+    """The folders of compiled Python in the cache folder ``root``: this module's bytecode
+    caches (``pycache-<python>``) and inductor's compiled templates (``templates-<python>``,
+    engine/loading/templates.py), one per Python that used the cache. Links are left out."""
+    try:
+        found = [Path(e.path) for e in os.scandir(root)
+                 if e.name.startswith(_SIDE_PREFIXES) and e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(found)
+
+
+_SIDE_PREFIXES = ("pycache-", "templates-")
+
+
+def clear_folder(folder: Path) -> tuple[int, int]:
+    """Remove what ``folder`` (one of ``side_folders``) holds, leaving the folder itself (a
+    running process that reads it writes there again); (files, bytes) removed. A folder that
+    is not this user's, or that others may write, is refused (``trust.UntrustedPath``):
+    nothing in it is ours to remove. Never follows a link."""
+    import shutil
+
+    check_private_dir(folder)
+    files = size = 0
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                n, b = usage(Path(entry.path))
+                shutil.rmtree(entry.path, ignore_errors=True)
+                gone = not os.path.lexists(entry.path)
+                files, size = (files + n, size + b) if gone else (files, size)
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                b = entry.stat(follow_symlinks=False).st_size
+                os.unlink(entry.path)
+                files, size = files + 1, size + b
     return files, size
 
 
