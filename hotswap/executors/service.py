@@ -33,6 +33,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from hotswap.engine.loading import templates
 from hotswap.errors import PoolClosed, SerializationFailed
 from hotswap.executors import registry
 from hotswap.executors.base import COMPILE_JOB, ExecutorUnavailable
@@ -126,6 +127,8 @@ class ServiceLink:
             target = _Target(place, authkey(place, create=False), int(status["pid"]))
             if isinstance(status.get("pycache"), str):
                 bytecode.offer(status["pycache"])
+            if isinstance(status.get("templates"), str):
+                templates.offer(status["templates"])
         except (UntrustedPath, PeerRefused, control.OtherBuild) as e:
             self.refuse(str(e))
             attempt.set_result(None)

@@ -32,6 +32,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from hotswap.engine.loading import templates
 from hotswap.executors.base import BENCH_JOB, COMPILE_JOB, MEASURE_PICKLED, WARM_COMPILE_JOB
 from hotswap.executors.local import LocalExecutor, LocalPools
 from hotswap.service.parts import PartsFuture, submit_parts
@@ -184,7 +185,11 @@ class Service:
                 "rss_bytes": tree_rss_bytes(os.getpid()),
                 # the bytecode folder it and its workers read (bytecode.child_env), which a
                 # client's load path may read too (bytecode.offer)
-                "pycache": os.environ.get(bytecode.PREFIX_ENV), **counts}
+                "pycache": os.environ.get(bytecode.PREFIX_ENV),
+                # the folder its workers keep inductor's compiled templates in, which a
+                # client's load path reads what its own lacks from (templates.offer)
+                "templates": str(where) if (where := templates.folder_path()) else None,
+                **counts}
 
     # ------------------------------------------------------------------ the socket
 

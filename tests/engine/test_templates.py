@@ -48,11 +48,12 @@ def _render(env: jinja2.Environment, source: str = SOURCE) -> str:
     return env.from_string(source).render(names=["f", "g"], op="+", body="a\nb")
 
 
-def _compiled(fn: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
-    """What ``fn`` returned, and how many templates it read and compiled."""
+def _compiled(fn: Callable[[], Any], counts: tuple[str, ...] = ("read", "compiled")
+              ) -> tuple[Any, dict[str, int]]:
+    """What ``fn`` returned, and how many templates it read and compiled (``counts``)."""
     before = templates.counts()
     out = fn()
-    return out, {k: v - before[k] for k, v in templates.counts().items()}
+    return out, {k: templates.counts()[k] - before[k] for k in counts}
 
 
 def test_a_template_compiled_once_is_read_back_and_renders_the_same(cache: Path) -> None:
@@ -152,6 +153,55 @@ def test_off_leaves_inductors_templates_alone(cache: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOTSWAP_PYCACHE", "off")
     assert templates.folder() is None
+
+
+@pytest.fixture
+def offered(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The compile service's template folder, filled by its workers: another cache's."""
+    monkeypatch.setattr(templates, "_offered", {})
+    monkeypatch.setenv("HOTSWAP_CACHE_DIR", str(tmp_path / "service-cache"))
+    service = templates.folder()
+    assert service is not None and service != cache
+    monkeypatch.setattr(templates, "_folder", service)
+    _render(_env())  # a worker's compile writes it there
+    monkeypatch.setattr(templates, "_folder", cache)
+    assert list(cache.glob("*.code")) == []
+    return service
+
+
+def test_what_the_folder_lacks_is_read_from_the_compile_services_and_kept(
+        cache: Path, offered: Path) -> None:
+    expected = _render(_env())  # the service not named yet: compiled here
+    for entry in cache.glob("*.code"):
+        entry.unlink()
+    templates.offer(offered)
+    counts = ("read", "offered", "compiled")
+    again, did = _compiled(lambda: _render(_env()), counts)
+    assert again == expected and did == {"read": 1, "offered": 1, "compiled": 0}
+    assert [p.name for p in cache.glob("*.code")] == [p.name for p in offered.glob("*.code")]
+    _, did = _compiled(lambda: _render(_env()), counts)  # now from this process's own folder
+    assert did == {"read": 1, "offered": 0, "compiled": 0}
+
+
+@pytest.mark.parametrize("problem", ["folder others may write", "planted file"])
+def test_a_compile_services_folder_or_file_someone_else_could_have_written_is_not_run(
+        cache: Path, offered: Path, problem: str) -> None:
+    [entry] = list(offered.glob("*.code"))
+    _plant(entry, "raise SystemExit('planted code ran')")
+    if problem == "folder others may write":
+        os.chmod(offered, 0o777)
+    else:
+        os.chmod(entry, 0o602)
+    templates.offer(offered)
+    out, did = _compiled(lambda: _render(_env()), ("read", "offered", "compiled"))
+    assert did == {"read": 0, "offered": 0, "compiled": 1}  # planted code not run
+    assert out == _render(_plain())
+
+
+def _plain() -> jinja2.Environment:
+    plain = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    plain.filters["indent_except_first"] = _indent
+    return plain
 
 
 _INDUCTOR = r"""

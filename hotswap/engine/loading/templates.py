@@ -15,7 +15,9 @@ what it compiles in hotswap's cache::
     <cache dir>/templates-<implementation>-<version>/<digest>.code     mode 0700 / 0600
 
 and takes it from there the next time: the first process that compiles a template (a compile
-worker, or the serving process's warm-up) writes it, every later one reads it. The digest
+worker, or the serving process's warm-up) writes it, every later one reads it. A process whose
+folder lacks one reads it from the compile service's (``offer``: its status names the folder
+its workers write) and keeps a copy in its own. The digest
 covers the source and everything Jinja2's code generation reads besides it, looked at on
 each compile: the environment's settings, its ``undefined`` class, the filters and tests
 registered then (Jinja2 runs filters on constants while it compiles), the Jinja2, torch and
@@ -48,10 +50,10 @@ from typing import Any
 from hotswap import settings
 from hotswap.cache.root import default_cache_dir
 from hotswap.cache.store import write_atomic
-from hotswap.cache.trust import open_private
+from hotswap.cache.trust import check_private_dir, check_way, open_private
 from hotswap.system import bytecode
 
-__all__ = ["counts", "folder", "install"]
+__all__ = ["counts", "folder", "folder_path", "install", "offer"]
 
 log = logging.getLogger("hotswap")
 
@@ -68,12 +70,26 @@ _SETTINGS = ("block_start_string", "block_end_string", "variable_start_string",
 
 _lock = threading.Lock()
 _folder: Path | None = None  # where install() found the folder usable
-_counts = {"read": 0, "compiled": 0}  # templates taken from the folder, and compiled here
+# templates taken from a folder (of them, from the compile service's), and compiled here
+_counts = {"read": 0, "offered": 0, "compiled": 0}
 
 
 def counts() -> dict[str, int]:
-    """How many templates this process read from the folder and compiled itself."""
+    """How many templates this process read from a folder (``offered``: of those, from the
+    compile service's) and compiled itself."""
     return dict(_counts)
+
+
+def folder_path() -> Path | None:
+    """Where this Python's template folder is in hotswap's cache, neither made nor checked
+    (None: this Python keeps no bytecode, or HOTSWAP_PYCACHE is off). No torch: the compile
+    service names its workers' folder in its status."""
+    tag = sys.implementation.cache_tag
+    try:
+        return default_cache_dir() / f"templates-{tag}" if tag and \
+            settings.pycache() != "off" else None
+    except ValueError:  # a HOTSWAP_PYCACHE of no known value: folder() says why
+        return None
 
 
 def folder() -> Path | None:
@@ -89,6 +105,36 @@ def folder() -> Path | None:
     except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
         log.debug("hotswap: inductor's templates compile as before: %s", e)
         return None
+
+
+# Template folders of this build's compile service (its status names the one its workers
+# write): a template this process's own folder lacks is read from one of them, then kept in
+# its own. Each is checked once, as the cache's own folders are.
+_offered: dict[Path, bool | None] = {}  # folder -> trusted (None: not looked at yet)
+
+
+def offer(where: str | os.PathLike[str]) -> None:
+    """A template folder to read what this process's own lacks from: the compile service's,
+    which its workers filled. Used only if it is this user's, writable by no one else, below
+    folders no one else can swap (checked at its first use); each file as this process's own."""
+    with _lock:
+        _offered.setdefault(Path(where), None)
+
+
+def _from_offered(name: str) -> CodeType | None:
+    for where, trusted in list(_offered.items()):
+        if trusted is None:
+            try:
+                check_private_dir(where)
+                check_way(where.parent)
+                trusted = True
+            except (OSError, ValueError) as e:  # UntrustedPath is a PermissionError
+                log.debug("hotswap: the compile service's templates are not read: %s", e)
+                trusted = False
+            _offered[where] = trusted
+        if trusted and where != _folder and (code := _read(where / name)) is not None:
+            return code
+    return None
 
 
 def install() -> bool:
@@ -174,6 +220,12 @@ def _caching_class() -> type:
             code = _read(path)
             if code is not None:
                 _counts["read"] += 1
+                return code
+            code = _from_offered(path.name)
+            if code is not None:
+                _counts["read"] += 1
+                _counts["offered"] += 1
+                _write(path, code)
                 return code
             code = super().compile(source)
             _counts["compiled"] += 1
