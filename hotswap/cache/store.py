@@ -58,7 +58,8 @@ from hotswap.cache.trust import (
 )
 
 __all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo", "EntryRejected",
-           "index_record", "is_key", "seal", "split_entry", "unseal", "write_atomic"]
+           "Unread", "has_unread", "index_record", "is_key", "seal", "split_entry", "unseal",
+           "write_atomic"]
 
 # The tier label of the benchmark gate's verdicts (a decision, not an artifact).
 VERDICT_TIER = "gate-verdict"
@@ -90,6 +91,19 @@ class EntryInfo:
     used_s: float
     origin: str = ""  # where the graph came from: "forward (model.py:12)"
     shared_bytes: int = 0  # content stored once under shared/ that this entry refers to
+
+
+class Unread(bytearray):
+    """A payload some of whose shared spans were left unread, as zeros (``get(have=...)``: its
+    reader holds their content already, where it will use it): ``unread`` names them, as
+    (offset, length). Only for that reader: ``put`` refuses one."""
+
+    unread: tuple[tuple[int, int], ...] = ()
+
+
+def has_unread(payload: object) -> bool:
+    """Whether ``payload`` (or the buffer a memoryview shows) has spans left unread."""
+    return bool(getattr(getattr(payload, "obj", payload), "unread", ()))
 
 
 class EntryRejected(Exception):
@@ -149,10 +163,15 @@ class ArtifactCache:
 
     # ------------------------------------------------------------------ entries
 
-    def get(self, key: str, *, touch: bool = True) -> bytes | bytearray | None:
+    def get(self, key: str, *, touch: bool = True,
+            have: Callable[[memoryview, int, int], bool] | None = None
+            ) -> bytes | bytearray | None:
         """The payload stored under ``key``, or None (missing, or rejected and removed).
         ``touch=False`` leaves noting the use (for eviction) to a later ``touch(key)``: a
-        caller on the user's path reads, and writes nothing."""
+        caller on the user's path reads, and writes nothing. ``have(payload, offset, length)``
+        (the payload as far as it is filled: everything before that shared span): whether the
+        caller already holds that span's content where it will use it; such a span is neither
+        read nor checked, and the payload is an ``Unread`` naming it."""
         try:
             parts = _read_entry(self._path(key))
         except FileNotFoundError:  # no entry, or (read-only) no entries folder yet
@@ -161,7 +180,7 @@ class ArtifactCache:
         try:
             header, payload = self._verify(parts, key)
             if header.get("shared"):
-                payload = self._assemble(payload, header["shared"], remove_bad=True)
+                payload = self._assemble(payload, header["shared"], remove_bad=True, have=have)
         except EntryRejected as e:
             with self._count_lock:
                 self.rejected += 1
@@ -199,6 +218,8 @@ class ArtifactCache:
         ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``.
         ``shared``: (offset, length) spans of ``payload`` that other entries may hold too,
         each stored once in this cache (``get`` returns the payload whole all the same)."""
+        if has_unread(payload):
+            raise ValueError("a payload read with spans left unread cannot be stored")
         if self.stamp is None or self.read_only:
             raise ValueError("this ArtifactCache was opened read-only or without a stamp; it "
                              "cannot write")
@@ -396,21 +417,30 @@ class ArtifactCache:
                 return
         write_atomic(path, data)
 
-    def _assemble(self, own: bytes, spans: list[list[Any]], *, remove_bad: bool
-                  ) -> bytearray:
+    def _assemble(self, own: bytes, spans: list[list[Any]], *, remove_bad: bool,
+                  have: Callable[[memoryview, int, int], bool] | None = None) -> bytearray:
         """An entry's payload whole: its own bytes with each shared span read into place
-        (no copy of a span, and the reads and hashes release the GIL). A blob that is
-        missing, of another length or another digest rejects the entry; ``remove_bad``: a
-        blob of the wrong content is removed too, so the next ``put`` writes it anew."""
-        out = bytearray(len(own) + sum(n for _, _, n in spans))
+        (no copy of a span, and the reads and hashes release the GIL), but those ``have``
+        says the caller holds (``get``). A blob that is missing, of another length or
+        another digest rejects the entry; ``remove_bad``: a blob of the wrong content is
+        removed too, so the next ``put`` writes it anew."""
+        size = len(own) + sum(n for _, _, n in spans)
+        out = Unread(size) if have is not None else bytearray(size)
         view = memoryview(out)
         done = used = 0  # bytes of out filled, bytes of own used
+        unread = []
         for sha, offset, n in spans:
             view[done:offset] = own[used:used + offset - done]
             used += offset - done
-            self._read_shared(sha, view[offset:offset + n], remove_bad=remove_bad)
+            if have is not None and have(view, offset, n):
+                unread.append((offset, n))
+            else:
+                self._read_shared(sha, view[offset:offset + n], remove_bad=remove_bad)
             done = offset + n
         view[done:] = own[used:]
+        if unread:
+            assert isinstance(out, Unread)
+            out.unread = tuple(unread)
         return out
 
     def _read_shared(self, sha: str, into: memoryview, *, remove_bad: bool) -> None:

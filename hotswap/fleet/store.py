@@ -31,6 +31,7 @@ from hotswap import settings
 from hotswap.cache.store import (
     EntryInfo,
     EntryRejected,
+    has_unread,
     index_record,
     is_key,
     seal,
@@ -164,6 +165,8 @@ class FleetStore:
             origin: str = "") -> None:
         if self.stamp is None:
             raise ValueError("this FleetStore was opened without a stamp; it cannot write")
+        if has_unread(payload):
+            raise ValueError("a payload read with spans left unread cannot be stored")
         _check(key)
         head, mac = seal(self._secret, key, payload, tier=tier, origin=origin, stamp=self.stamp)
         blob = b"".join((head, payload, mac))

@@ -183,6 +183,49 @@ def test_an_entry_whose_shared_content_is_bad_is_refused(tmp_path: Path, damage:
     assert cache.get(KEY_A) == entry
 
 
+def test_a_header_in_place_is_neither_read_nor_restored_and_such_a_read_is_never_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load whose precompiled header is where inductor looks, whole, does not read it (a
+    warm restart read and hashed 149 MiB for nothing): the span comes as zeros, named unread,
+    and ``load_entry``'s files leave it out; such a payload is never stored. Not in place (or
+    of another size), it is read and checked as before."""
+    import sys
+    import types
+
+    from hotswap.cache.store import Unread
+    from hotswap.engine.loading import artifacts, kernel_files
+
+    headers = tmp_path / "inductor" / kernel_files.HEADERS_DIR
+    monkeypatch.setattr(kernel_files, "headers_dir", lambda: str(headers))
+    if "torch._inductor.codecache" not in sys.modules:  # as after a dynamo trace
+        monkeypatch.setitem(sys.modules, "torch._inductor.codecache",
+                            types.ModuleType("torch._inductor.codecache"))
+    cache = _cache(tmp_path / "c")
+    header = bytes(range(256)) * 512
+    entry = _entry(b"a" * 3000, header)
+    _put_entry(cache, KEY_A, entry)
+    [blob] = (tmp_path / "c" / "shared").glob("*/*.blob")
+
+    read = cache.get(KEY_A, have=artifacts.headers_in_place())  # not in place: read
+    assert read == entry and not getattr(read, "unread", ())
+    headers.mkdir(parents=True)
+    (headers / "c7ud.h.gch").write_bytes(b"x" * (len(header) - 1))  # cut short: read
+    assert cache.get(KEY_A, have=artifacts.headers_in_place()) == entry
+    (headers / "c7ud.h.gch").write_bytes(header)
+    blob.unlink()  # not even opened: its absence goes unnoticed by this read
+    unread = cache.get(KEY_A, have=artifacts.headers_in_place())
+    assert isinstance(unread, Unread) and len(unread) == len(entry)
+    [(offset, n)] = unread.unread
+    assert n == len(header) and unread[offset:offset + n] == bytes(n)
+    assert unread[:offset] == entry[:offset] and unread[offset + n:] == entry[offset + n:]
+    _, files = artifacts.entry_parts(unread)
+    assert list(files) == ["ab/cab.so"]  # the header is not restored from zeros
+    for data in (unread, memoryview(unread)):
+        with pytest.raises(ValueError, match="unread"):
+            cache.put(KEY_B, data, tier="default")
+    assert cache.get(KEY_A) is None  # a whole read still checks the blob: refused
+
+
 def test_shared_content_another_user_may_write_is_refused(tmp_path: Path) -> None:
     cache = _cache(tmp_path / "c")
     _put_entry(cache, KEY_A, _entry(b"a" * 500, b"h" * (128 * 1024)))

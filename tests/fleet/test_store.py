@@ -55,6 +55,18 @@ def test_an_entry_travels_and_bad_ones_are_refused_and_removed(
     assert store.get(KEY) is None and store.rejected == 4
 
 
+def test_a_payload_read_with_spans_left_unread_is_never_sent(redis_server: RedisServer) -> None:
+    from hotswap.cache.store import Unread
+
+    unread = Unread(b"entry with a header left as zeros")
+    unread.unread = ((11, 6),)
+    store = _store(redis_server, os.urandom(32))
+    for data in (unread, memoryview(unread)):
+        with pytest.raises(ValueError, match="unread"):
+            store.put(KEY, data, tier="default")
+    assert store.get(KEY) is None and store.entries() == []
+
+
 def test_verify_and_clear(redis_server: RedisServer) -> None:
     secret = os.urandom(32)
     store = _store(redis_server, secret)

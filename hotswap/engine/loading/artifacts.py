@@ -12,7 +12,7 @@ being served. (msgpack's bin type would copy each part when unpacked.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hotswap import compat
@@ -24,7 +24,8 @@ from hotswap.engine.loading import kernel_files, load_guard, precompiled, source
 from hotswap.engine.loading.cudagraphs import CudaGraphed, split_cudagraphs
 from hotswap.engine.loading.regions import Regional
 
-__all__ = ["entry_parts", "load_entry", "merge_parts", "pack_entry", "shared_spans"]
+__all__ = ["entry_parts", "headers_in_place", "load_entry", "merge_parts", "pack_entry",
+           "shared_spans"]
 
 # Inductor's precompiled headers: torch's C++ headers prepared once per set of compiler flags
 # (a 149 MiB file on x86), alike for every kernel built with those flags, and shipped by the
@@ -48,11 +49,33 @@ def shared_spans(entry: Buffer) -> list[tuple[int, int]]:
             if path.startswith(_SHARED_DIR) and n >= _SHARED_MIN_BYTES]
 
 
+def headers_in_place() -> Callable[[memoryview, int, int], bool]:
+    """For a read from the cache (``ArtifactCache.get(have=...)``) that loads the entry here:
+    whether a shared span is a precompiled header that is in place already, whole, so that
+    ``load_entry`` would not write it: on a warm restart of the CPU box, 149 MiB read and
+    hashed for nothing beside the user's calls. Such a span is left out of the entry (zeros,
+    ``store.Unread``) and out of what ``load_entry`` restores."""
+    found: dict[int, tuple[str, int]] = {}
+
+    def have(payload: memoryview, offset: int, length: int) -> bool:
+        if not found:
+            try:
+                _, _, _, spans, _ = _layout(payload)
+            except ValueError:
+                return False
+            found.update({at: (path, n) for path, at, n in spans})
+        path, n = found.get(offset, ("", -1))
+        return n == length and kernel_files.header_in_place(path, n)
+
+    return have
+
+
 def _unpack(entry: Buffer) -> tuple[memoryview, dict[str, memoryview], dict[str, Any],
                                     dict[str, Any] | None]:
     view = memoryview(entry)
     offset, artifact_size, probes, spans, plan = _layout(view)
-    files = {path: view[at:at + n] for path, at, n in spans}
+    unread = set(getattr(view.obj, "unread", ()))  # store.Unread: in place, not read
+    files = {path: view[at:at + n] for path, at, n in spans if (at, n) not in unread}
     return view[offset:offset + artifact_size], files, probes, plan
 
 

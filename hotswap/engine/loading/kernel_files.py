@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
@@ -42,6 +43,7 @@ __all__ = [
     "compile_outputs",
     "damaged_library",
     "files_written_since",
+    "header_in_place",
     "headers_dir",
     "headers_written_since",
     "inductor_cache_dir",
@@ -269,10 +271,29 @@ def restore_files(root: str, files: Mapping[str, Buffer]) -> int:
 
 
 def _whole(path: str, data: Buffer) -> bool:
+    return _of_size(path, memoryview(data).nbytes)
+
+
+def _of_size(path: str, size: int) -> bool:
     try:
-        return os.path.getsize(path) == memoryview(data).nbytes
+        return os.path.getsize(path) == size
     except OSError:
         return False
+
+
+def header_in_place(rel: str, size: int) -> bool:
+    """Whether the precompiled header an entry ships as ``rel`` is where inductor looks for
+    it, whole (``restore`` would leave it as it is): its bytes need not be read. False where
+    that cannot be told without importing inductor (its ``codecache``, which a dynamo trace
+    imports, not imported yet: an import on the reading thread would hold the GIL)."""
+    if not rel.startswith(HEADERS_DIR + "/") or "torch._inductor.codecache" not in sys.modules:
+        return False
+    try:
+        root = os.path.dirname(headers_dir())
+    except Exception:  # a torch that keeps them elsewhere: read them
+        return False
+    path = os.path.realpath(os.path.join(root, rel))
+    return path.startswith(os.path.realpath(root) + os.sep) and _of_size(path, size)
 
 
 # A library the dynamic loader refuses as cut short or garbled (glibc's messages).

@@ -125,11 +125,13 @@ class CacheAccess:
             return False
 
     def get(self, key: str | None) -> bytes | bytearray | None:
-        """An entry, if the cache has a valid one; a refused entry counts in cache_rejects."""
+        """An entry to load here, if the cache has a valid one; a refused entry counts in
+        cache_rejects. Its precompiled headers that are in place already are not read
+        (``artifacts.headers_in_place``): what a benchmark of it loads elsewhere is ``ref``."""
         if self._cache is None or key is None:
             return None
         try:
-            entry = self._cache.get(key, touch=False)
+            entry = self._cache.get(key, touch=False, have=artifacts.headers_in_place())
         except Exception as e:  # unreadable, a directory, ...: a miss, never the user's error
             self._warn_once("read", e)
             return None

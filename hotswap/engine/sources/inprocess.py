@@ -59,7 +59,7 @@ class InProcess:
                 log.warning("hotswap: cached artifact failed to load (%s); compiling", e)
             else:
                 bump("cache_hits")
-                return Arrival(fn, "cache", entry)
+                return Arrival(fn, "cache", self._cache.ref(key) or entry)
         path = f"inprocess: {journey.here_because}" if journey.here_because else "inprocess"
         t = time.monotonic()
         try:
