@@ -170,8 +170,9 @@ class ArtifactCache:
         ``touch=False`` leaves noting the use (for eviction) to a later ``touch(key)``: a
         caller on the user's path reads, and writes nothing. ``have(payload, offset, length)``
         (the payload as far as it is filled: everything before that shared span): whether the
-        caller already holds that span's content where it will use it; such a span is neither
-        read nor checked, and the payload is an ``Unread`` naming it."""
+        caller already holds that span's content where it will use it; such a span is not
+        read or hashed (its blob must still be there, trusted and of its length), and the
+        payload is an ``Unread`` naming it."""
         try:
             parts = _read_entry(self._path(key))
         except FileNotFoundError:  # no entry, or (read-only) no entries folder yet
@@ -433,9 +434,10 @@ class ArtifactCache:
             view[done:offset] = own[used:used + offset - done]
             used += offset - done
             if have is not None and have(view, offset, n):
-                unread.append((offset, n))
+                unread.append((offset, n))  # still there, trusted, whole in length
+                self._read_shared(sha, None, n, remove_bad=remove_bad)
             else:
-                self._read_shared(sha, view[offset:offset + n], remove_bad=remove_bad)
+                self._read_shared(sha, view[offset:offset + n], n, remove_bad=remove_bad)
             done = offset + n
         view[done:] = own[used:]
         if unread:
@@ -443,7 +445,10 @@ class ArtifactCache:
             out.unread = tuple(unread)
         return out
 
-    def _read_shared(self, sha: str, into: memoryview, *, remove_bad: bool) -> None:
+    def _read_shared(self, sha: str, into: memoryview | None, n: int, *,
+                     remove_bad: bool) -> None:
+        """Read blob ``sha`` (``n`` bytes) into ``into`` and check its digest; ``into`` None:
+        only that it is there, trusted and of its length (a span the reader holds already)."""
         path = self.root / "shared" / sha[:2] / f"{sha}.blob"
         try:
             fd = open_private(self._shared_path(sha), os.O_RDONLY)
@@ -452,14 +457,15 @@ class ArtifactCache:
         except UntrustedPath as e:  # a link, or a file another user may write
             raise EntryRejected(f"shared content {sha[:12]}… is not trusted: {e}") from None
         with os.fdopen(fd, "rb", buffering=0) as f:
-            whole = os.fstat(f.fileno()).st_size == len(into)
+            whole = os.fstat(f.fileno()).st_size == n
             got = 0
-            while whole and got < len(into):
-                n = f.readinto(into[got:])
-                if not n:
+            while into is not None and whole and got < n:
+                read = f.readinto(into[got:])
+                if not read:
                     break
-                got += n
-        if got != len(into) or hashlib.sha256(into).hexdigest() != sha:
+                got += read
+        if not whole or (into is not None and (
+                got != n or hashlib.sha256(into).hexdigest() != sha)):
             if remove_bad and not self.read_only:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hotswap.cache.store import has_unread
 from hotswap.counting import bump
 from hotswap.engine import served
 from hotswap.engine.graph import GraphRunner, TierFailed
@@ -518,7 +519,13 @@ class GraphJourney:
     def remember(self, tier: str, entry: Entry, *, only_instead: bool = False) -> None:
         """A loaded tier's packed artifact, or where the cache holds it (then the bytes are
         not sent again): what a later benchmark of this graph loads. ``only_instead``: only
-        in place of one remembered already (not once the graph has let go of its entries)."""
+        in place of one remembered already (not once the graph has let go of its entries).
+        A payload read with spans left unread (``store.Unread``: the cache's read for a load)
+        is not: a benchmark loads it elsewhere, where those spans may be needed."""
+        if has_unread(entry):  # tiers.py remembers where the cache holds it instead
+            log.warning("hotswap: graph %s tier %r: not kept for a benchmark (a partial read "
+                        "of its cache entry)", self.graph_id, tier)
+            return
         with self._lock:
             if not only_instead or tier in self._entries:
                 self._entries[tier] = entry

@@ -188,7 +188,8 @@ class Service:
                 "pycache": os.environ.get(bytecode.PREFIX_ENV),
                 # the folder its workers keep inductor's compiled templates in, which a
                 # client's load path reads what its own lacks from (templates.offer)
-                "templates": str(where) if (where := templates.folder_path()) else None,
+                "templates": os.path.realpath(where) if (where := templates.folder_path())
+                else None,
                 **counts}
 
     # ------------------------------------------------------------------ the socket

@@ -160,11 +160,11 @@ class CorruptingStore:
     def __init__(self, inner: Any, plan: FaultPlan, active: threading.Event) -> None:
         self._inner, self._plan, self._active = inner, plan, active
 
-    def get(self, key: str, *, touch: bool = True) -> bytes | None:
+    def get(self, key: str, *, touch: bool = True, have: Any = None) -> bytes | None:
         if self._active.is_set() and not _is_verdict(self._inner, key) \
                 and self._plan.draw_cache_fault() and corrupt_entry(self._inner, key):
             self._plan.count("corrupt-cache")
-        result: bytes | None = self._inner.get(key, touch=touch)
+        result: bytes | None = self._inner.get(key, touch=touch, have=have)
         return result
 
     def __getattr__(self, name: str) -> Any:

@@ -44,6 +44,50 @@ def test_every_call_is_served_when_the_disk_fills_under_a_warm_cache(
     assert d["cache_hits"] == 1 and d["worker_compiles"] == 0
 
 
+def test_a_warm_cache_is_a_hit_inside_fault_injection_that_draws_no_fault(
+        tmp_path: Path) -> None:
+    """``testing.inject`` wraps the local store (``stores.wrap_local``): the wrapper takes
+    every argument of a read for a load (a read it refused was a miss, and every run of
+    ``hotswap stress`` compiled what its cache held)."""
+    from hotswap import testing
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+    x = torch.randn(4, 8)
+    torch._dynamo.reset()
+    hotswap.compile(model, mode="subprocess", workers=1, cache_dir=str(tmp_path))(x)  # warm
+    torch._dynamo.reset()
+    with testing.inject(testing.FaultPlan({"corrupt-cache": 0.0})), \
+            hotswap.counters_delta() as d:
+        compiled = hotswap.compile(model, mode="subprocess", workers=1, cache_dir=str(tmp_path))
+        torch.testing.assert_close(compiled(x), model(x))
+    assert d["cache_hits"] == 1 and d["worker_compiles"] == 0
+
+
+def test_a_read_for_a_load_leaves_a_header_in_place_unread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from hotswap.engine.loading import artifacts, kernel_files
+
+    headers = tmp_path / "inductor" / kernel_files.HEADERS_DIR
+    monkeypatch.setattr(kernel_files, "headers_dir", lambda: str(headers))
+    if "torch._inductor.codecache" not in sys.modules:  # as after a dynamo trace
+        monkeypatch.setitem(sys.modules, "torch._inductor.codecache",
+                            types.ModuleType("torch._inductor.codecache"))
+    access = CacheAccess(str(tmp_path / "cache"), None)
+    access.keys(torch.fx.symbolic_trace(torch.nn.ReLU()), (), False, [])  # opens the cache
+    header = b"h" * (128 * 1024)
+    entry = artifacts.pack_entry(b"a" * 500, {"precompiled_headers/c7ud.h.gch": header})
+    access._put("d" * 64, entry, "default")
+    headers.mkdir(parents=True)
+    (headers / "c7ud.h.gch").write_bytes(header)
+    read = access.get("d" * 64)
+    assert read is not None and len(read) == len(entry)
+    assert [n for _, n in getattr(read, "unread", ())] == [len(header)]
+    assert artifacts.entry_parts(read)[1] == {}  # nothing to restore: it is in place
+
+
 def test_an_unreadable_entry_is_a_miss_logged_once(tmp_path: Path,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     access = CacheAccess(str(tmp_path), None)

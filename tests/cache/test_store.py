@@ -212,7 +212,7 @@ def test_a_header_in_place_is_neither_read_nor_restored_and_such_a_read_is_never
     (headers / "c7ud.h.gch").write_bytes(b"x" * (len(header) - 1))  # cut short: read
     assert cache.get(KEY_A, have=artifacts.headers_in_place()) == entry
     (headers / "c7ud.h.gch").write_bytes(header)
-    blob.unlink()  # not even opened: its absence goes unnoticed by this read
+    _flip_blob(blob)  # not read: a changed byte goes unnoticed by this read
     unread = cache.get(KEY_A, have=artifacts.headers_in_place())
     assert isinstance(unread, Unread) and len(unread) == len(entry)
     [(offset, n)] = unread.unread
@@ -224,6 +224,11 @@ def test_a_header_in_place_is_neither_read_nor_restored_and_such_a_read_is_never
         with pytest.raises(ValueError, match="unread"):
             cache.put(KEY_B, data, tier="default")
     assert cache.get(KEY_A) is None  # a whole read still checks the blob: refused
+    _put_entry(cache, KEY_A, entry)
+    [blob] = (tmp_path / "c" / "shared").glob("*/*.blob")
+    blob.write_bytes(blob.read_bytes()[:-1])  # cut short: even a read that skips it refuses
+    assert cache.get(KEY_A, have=artifacts.headers_in_place()) is None
+    assert cache.rejected == 2 and not blob.exists()
 
 
 def test_shared_content_another_user_may_write_is_refused(tmp_path: Path) -> None:

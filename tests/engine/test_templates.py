@@ -183,6 +183,23 @@ def test_what_the_folder_lacks_is_read_from_the_compile_services_and_kept(
     assert did == {"read": 1, "offered": 0, "compiled": 0}
 
 
+def test_a_compile_services_folder_made_after_it_was_offered_is_read_once_there(
+        cache: Path, offered: Path) -> None:
+    """The service names its folder before its workers have made it: not there yet is no
+    verdict on it."""
+    moved = offered.with_name(offered.name + "-later")
+    offered.rename(moved)
+    templates.offer(offered)
+    counts = ("read", "offered", "compiled")
+    _, did = _compiled(lambda: _env().compile(SOURCE), counts)  # compiled here: nothing there
+    assert did == {"read": 0, "offered": 0, "compiled": 1}
+    for entry in cache.glob("*.code"):
+        entry.unlink()
+    moved.rename(offered)  # its workers made it meanwhile
+    _, did = _compiled(lambda: _env().compile(SOURCE), counts)
+    assert did == {"read": 1, "offered": 1, "compiled": 0}
+
+
 @pytest.mark.parametrize("problem", ["folder others may write", "planted file"])
 def test_a_compile_services_folder_or_file_someone_else_could_have_written_is_not_run(
         cache: Path, offered: Path, problem: str) -> None:

@@ -128,6 +128,8 @@ def _from_offered(name: str) -> CodeType | None:
                 check_private_dir(where)
                 check_way(where.parent)
                 trusted = True
+            except FileNotFoundError:  # its workers have not made it yet: looked at again
+                continue
             except (OSError, ValueError) as e:  # UntrustedPath is a PermissionError
                 log.debug("hotswap: the compile service's templates are not read: %s", e)
                 trusted = False
