@@ -255,6 +255,33 @@ def test_a_compile_services_folder_still_being_written_is_read_once_written_thro
     assert children == ([] if written == "meanwhile" else [["json"]])
 
 
+def test_this_processs_own_folder_still_being_written_by_its_workers_is_waited_for(
+        sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its workers write the same folder (and so does the compile service it starts, with its
+    environment): compile_fx's bytecode is there before ir.py's. The load path reads the
+    folder once ir.py's is there too, instead of compiling ir.py (351 KB) from source beside
+    the user's calls."""
+    monkeypatch.setenv(NO_WRITE, "1")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(bytecode, "_offered", [])
+    own = bytecode.plan(dict(os.environ)).folder
+    assert own is not None
+    for source in sources:
+        py_compile.compile(str(source), cfile=str(bytecode._bytecode_path(source, str(own))))
+    ir = sources[1].parent / "ir.py"
+    ir.write_text("Y = 2\n")
+    children: list[object] = []
+    monkeypatch.setattr(bytecode, "_compile_in_a_child", children.append)
+    writer = threading.Timer(0.3, py_compile.compile, args=(str(ir),), kwargs={
+        "cfile": str(bytecode._bytecode_path(ir, str(own)))})
+    writer.start()
+    start = time.monotonic()
+    with bytecode.read_for_imports(["json"]) as folder:
+        assert folder == own and time.monotonic() - start >= 0.3
+    assert children == []
+
+
 @pytest.mark.parametrize("attack", [
     "others may write it",
     pytest.param("another uid's", marks=pytest.mark.skipif(
