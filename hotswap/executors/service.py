@@ -33,7 +33,6 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from hotswap.engine.loading import templates
 from hotswap.errors import PoolClosed, SerializationFailed
 from hotswap.executors import registry
 from hotswap.executors.base import COMPILE_JOB, ExecutorUnavailable
@@ -128,7 +127,7 @@ class ServiceLink:
             if isinstance(status.get("pycache"), str):
                 bytecode.offer(status["pycache"])
             if isinstance(status.get("templates"), str):
-                templates.offer(status["templates"])
+                bytecode.offer_templates(status["templates"])
         except (UntrustedPath, PeerRefused, control.OtherBuild) as e:
             self.refuse(str(e))
             attempt.set_result(None)

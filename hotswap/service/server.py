@@ -32,7 +32,6 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from hotswap.engine.loading import templates
 from hotswap.executors.base import BENCH_JOB, COMPILE_JOB, MEASURE_PICKLED, WARM_COMPILE_JOB
 from hotswap.executors.local import LocalExecutor, LocalPools
 from hotswap.service.parts import PartsFuture, submit_parts
@@ -187,8 +186,8 @@ class Service:
                 # client's load path may read too (bytecode.offer)
                 "pycache": os.environ.get(bytecode.PREFIX_ENV),
                 # the folder its workers keep inductor's compiled templates in, which a
-                # client's load path reads what its own lacks from (templates.offer)
-                "templates": os.path.realpath(where) if (where := templates.folder_path())
+                # client's load path reads what its own lacks from (bytecode.offer_templates)
+                "templates": os.path.realpath(where) if (where := bytecode.templates_folder())
                 else None,
                 **counts}
 

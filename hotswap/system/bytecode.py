@@ -52,8 +52,8 @@ from hotswap.cache.trust import check_private_dir, check_way, ensure_private_dir
 
 __all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env",
            "claim_folder", "clear_folder", "compile_rate", "imported_source_bytes", "offer",
-           "plan", "probe_sources", "read_for_imports", "recompile_reason", "side_folders",
-           "usage"]
+           "offer_templates", "offered_templates", "plan", "probe_sources", "read_for_imports",
+           "recompile_reason", "side_folders", "templates_folder", "usage"]
 
 log = logging.getLogger("hotswap")
 
@@ -77,6 +77,18 @@ def cache_folder() -> Path | None:
     """Where this Python's bytecode cache lives (None: this Python caches no bytecode)."""
     tag = sys.implementation.cache_tag
     return default_cache_dir() / f"pycache-{tag}" if tag else None
+
+
+def templates_folder() -> Path | None:
+    """Where this Python's compiled kernel templates live (engine/loading/templates.py),
+    neither made nor checked (None: this Python keeps no bytecode, or HOTSWAP_PYCACHE is off).
+    The compile service names its workers' folder in its status."""
+    tag = sys.implementation.cache_tag
+    try:
+        return default_cache_dir() / f"templates-{tag}" if tag and \
+            settings.pycache() != "off" else None
+    except ValueError:  # a HOTSWAP_PYCACHE of no known value: the templates say why
+        return None
 
 
 def probe_sources() -> list[Path]:
@@ -273,6 +285,23 @@ def offer(folder: str | os.PathLike[str]) -> None:
     path = Path(folder)
     if path not in _offered:
         _offered.append(path)
+
+
+# Template folders of this build's compile service (its status names the one its workers
+# write): engine/loading/templates.py reads a template this process's own folder lacks from
+# one of them.
+_offered_templates: list[Path] = []
+
+
+def offer_templates(folder: str | os.PathLike[str]) -> None:
+    """A template folder this process may read what its own lacks from (checked when used)."""
+    path = Path(folder)
+    if path not in _offered_templates:
+        _offered_templates.append(path)
+
+
+def offered_templates() -> list[Path]:
+    return list(_offered_templates)
 
 
 def _trusted(folder: Path) -> bool:

@@ -16,6 +16,7 @@ import jinja2
 import pytest
 
 from hotswap.engine.loading import templates
+from hotswap.system import bytecode
 
 SOURCE = """{% for name in names %}def {{name}}(x):
     return x {{op}} {{loop.index}}
@@ -158,7 +159,8 @@ def test_off_leaves_inductors_templates_alone(cache: Path,
 @pytest.fixture
 def offered(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The compile service's template folder, filled by its workers: another cache's."""
-    monkeypatch.setattr(templates, "_offered", {})
+    monkeypatch.setattr(bytecode, "_offered_templates", [])
+    monkeypatch.setattr(templates, "_trusted", {})
     monkeypatch.setenv("HOTSWAP_CACHE_DIR", str(tmp_path / "service-cache"))
     service = templates.folder()
     assert service is not None and service != cache
@@ -174,7 +176,7 @@ def test_what_the_folder_lacks_is_read_from_the_compile_services_and_kept(
     expected = _render(_env())  # the service not named yet: compiled here
     for entry in cache.glob("*.code"):
         entry.unlink()
-    templates.offer(offered)
+    bytecode.offer_templates(offered)
     counts = ("read", "offered", "compiled")
     again, did = _compiled(lambda: _render(_env()), counts)
     assert again == expected and did == {"read": 1, "offered": 1, "compiled": 0}
@@ -189,7 +191,7 @@ def test_a_compile_services_folder_made_after_it_was_offered_is_read_once_there(
     verdict on it."""
     moved = offered.with_name(offered.name + "-later")
     offered.rename(moved)
-    templates.offer(offered)
+    bytecode.offer_templates(offered)
     counts = ("read", "offered", "compiled")
     _, did = _compiled(lambda: _env().compile(SOURCE), counts)  # compiled here: nothing there
     assert did == {"read": 0, "offered": 0, "compiled": 1}
@@ -209,7 +211,7 @@ def test_a_compile_services_folder_or_file_someone_else_could_have_written_is_no
         os.chmod(offered, 0o777)
     else:
         os.chmod(entry, 0o602)
-    templates.offer(offered)
+    bytecode.offer_templates(offered)
     out, did = _compiled(lambda: _render(_env()), ("read", "offered", "compiled"))
     assert did == {"read": 0, "offered": 0, "compiled": 1}  # planted code not run
     assert out == _render(_plain())
@@ -225,6 +227,7 @@ _INDUCTOR = r"""
 import json
 import torch, torch._dynamo
 from hotswap.engine.loading import templates
+from hotswap.system import bytecode
 installed = templates.install()
 import torch._inductor.compile_fx
 from torch._inductor.select_algorithm import TritonTemplate

@@ -194,18 +194,16 @@ def test_sixteen_processes_at_once_share_one_service(service_dir: Path) -> None:
 
 def test_the_service_names_its_bytecode_and_template_folders_and_its_clients_are_offered_them(
         service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hotswap.engine.loading import templates
-
     monkeypatch.setenv("HOTSWAP_PYCACHE", "on")  # the service and its workers use the cache
     monkeypatch.setattr(bytecode, "_offered", [])
-    monkeypatch.setattr(templates, "_offered", {})
+    monkeypatch.setattr(bytecode, "_offered_templates", [])
     link = ServiceLink()
     assert link.client(120) is not None
     status = current_status()
     assert status is not None and status["pycache"] == str(bytecode.plan(os.environ).folder)
     assert bytecode._offered == [Path(status["pycache"])]
-    assert status["templates"] == str(templates.folder_path())  # its workers' cache is ours
-    assert list(templates._offered) == [Path(status["templates"])]
+    assert status["templates"] == os.path.realpath(bytecode.templates_folder())  # as ours
+    assert bytecode.offered_templates() == [Path(status["templates"])]
 
 
 @pytest.mark.parametrize(("argv", "own"), [

@@ -16,8 +16,8 @@ what it compiles in hotswap's cache::
 
 and takes it from there the next time: the first process that compiles a template (a compile
 worker, or the serving process's warm-up) writes it, every later one reads it. A process whose
-folder lacks one reads it from the compile service's (``offer``: its status names the folder
-its workers write) and keeps a copy in its own. The digest
+folder lacks one reads it from the compile service's (``bytecode.offer_templates``: its
+status names the folder its workers write) and keeps a copy in its own. The digest
 covers the source and everything Jinja2's code generation reads besides it, looked at on
 each compile: the environment's settings, its ``undefined`` class, the filters and tests
 registered then (Jinja2 runs filters on constants while it compiles), the Jinja2, torch and
@@ -48,12 +48,11 @@ from types import CodeType
 from typing import Any
 
 from hotswap import settings
-from hotswap.cache.root import default_cache_dir
 from hotswap.cache.store import write_atomic
 from hotswap.cache.trust import check_private_dir, check_way, open_private
 from hotswap.system import bytecode
 
-__all__ = ["counts", "folder", "folder_path", "install", "offer"]
+__all__ = ["counts", "folder", "install"]
 
 log = logging.getLogger("hotswap")
 
@@ -80,49 +79,27 @@ def counts() -> dict[str, int]:
     return dict(_counts)
 
 
-def folder_path() -> Path | None:
-    """Where this Python's template folder is in hotswap's cache, neither made nor checked
-    (None: this Python keeps no bytecode, or HOTSWAP_PYCACHE is off). No torch: the compile
-    service names its workers' folder in its status."""
-    tag = sys.implementation.cache_tag
-    try:
-        return default_cache_dir() / f"templates-{tag}" if tag and \
-            settings.pycache() != "off" else None
-    except ValueError:  # a HOTSWAP_PYCACHE of no known value: folder() says why
-        return None
-
-
 def folder() -> Path | None:
     """This Python's template folder in hotswap's cache, made and checked (None: it cannot be
     used here, this Python keeps no bytecode, or HOTSWAP_PYCACHE is off)."""
-    tag = sys.implementation.cache_tag
-    if not tag:
-        return None
     try:
-        if settings.pycache() == "off":
-            return None
-        return bytecode.claim_folder(default_cache_dir() / f"templates-{tag}")
+        settings.pycache()  # a value it does not know raises, said below
+        where = bytecode.templates_folder()
+        return bytecode.claim_folder(where) if where is not None else None
     except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
         log.debug("hotswap: inductor's templates compile as before: %s", e)
         return None
 
 
-# Template folders of this build's compile service (its status names the one its workers
-# write): a template this process's own folder lacks is read from one of them, then kept in
-# its own. Each is checked once, as the cache's own folders are.
-_offered: dict[Path, bool | None] = {}  # folder -> trusted (None: not looked at yet)
-
-
-def offer(where: str | os.PathLike[str]) -> None:
-    """A template folder to read what this process's own lacks from: the compile service's,
-    which its workers filled. Used only if it is this user's, writable by no one else, below
-    folders no one else can swap (checked at its first use); each file as this process's own."""
-    with _lock:
-        _offered.setdefault(Path(where), None)
+# The compile service's template folders (``bytecode.offer_templates``: its status names the
+# one its workers write), each checked once, as the cache's own folders are: a template this
+# process's own folder lacks is read from one of them, then kept in its own.
+_trusted: dict[Path, bool] = {}
 
 
 def _from_offered(name: str) -> CodeType | None:
-    for where, trusted in list(_offered.items()):
+    for where in bytecode.offered_templates():
+        trusted = _trusted.get(where)
         if trusted is None:
             try:
                 check_private_dir(where)
@@ -133,7 +110,7 @@ def _from_offered(name: str) -> CodeType | None:
             except (OSError, ValueError) as e:  # UntrustedPath is a PermissionError
                 log.debug("hotswap: the compile service's templates are not read: %s", e)
                 trusted = False
-            _offered[where] = trusted
+            _trusted[where] = trusted
         if trusted and where != _folder and (code := _read(where / name)) is not None:
             return code
     return None
