@@ -9,15 +9,17 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hotswap.engine.shipping.wire import CompileRequest, CompileResult, InputMeta
 from hotswap.workers import emit_stage, stage
 
-__all__ = ["compile_graph", "compile_op_families", "landed", "real_inputs", "warm_compile",
-           "warm_device", "warm_ops"]
+__all__ = ["compile_graph", "compile_op_families", "landed", "past_damaged_libraries",
+           "real_inputs", "warm_compile", "warm_device", "warm_ops"]
 
 log = logging.getLogger("hotswap")
+T = TypeVar("T")
 
 
 # Ship precompiled headers written after this time with the next result (set by warm_device).
@@ -87,7 +89,7 @@ def warm_ops(_: Any = None) -> None:
 
     if torch.cuda.is_available() and not _ops_warmed:
         _ops_warmed = True
-        compile_op_families("cuda", torch.bfloat16)
+        past_damaged_libraries(lambda: compile_op_families("cuda", torch.bfloat16))
 
 
 # It runs once its worker has idled this long (workers/child.py): a job that came while it ran
@@ -149,6 +151,27 @@ def _op_families() -> tuple[Any, Any]:
     return Block(), Conv()
 
 
+def past_damaged_libraries(compile: Callable[[], T]) -> T:
+    """``compile()``; where it failed on a kernel library the loader refused as cut short (a
+    compile killed while linking it: inductor links in place), that library removed from
+    inductor's cache and ``compile()`` once more. Left there, inductor's caches serve it to
+    every later compile on the machine: a worker killed while linking its warm-up compile's
+    library left every later worker's warm-up failing, and no worker ever warm."""
+    from hotswap.engine.loading import kernel_files
+
+    try:
+        return compile()
+    except Exception as e:
+        damaged = kernel_files.damaged_library(e)
+        if damaged is None:
+            raise
+        log.warning("hotswap: removed a damaged kernel library from inductor's cache, "
+                    "compiling again: %s", damaged)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(damaged)
+    return compile()
+
+
 def _compile_once(device: str) -> None:
     """One tiny compile end to end (graph -> AOTAutograd -> inductor -> kernels). The first
     compile in a process pays lazy set-up that imports do not (decomposition tables, fake
@@ -162,8 +185,8 @@ def _compile_once(device: str) -> None:
         return (x * 2 + 1).relu()
 
     with torch.no_grad():
-        compat.standalone_compile(torch.fx.symbolic_trace(tiny),
-                                  [torch.randn(64, device=device)], {})
+        past_damaged_libraries(lambda: compat.standalone_compile(
+            torch.fx.symbolic_trace(tiny), [torch.randn(64, device=device)], {}))
 
 
 def _make_input(meta: InputMeta) -> Any:
@@ -295,28 +318,19 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
             probe_vec_isa()  # answered from inductor's caches once probed
     global _files_since_s
     started = time.time() - 1.0  # mtime granularity
-    for attempt in range(2):
-        with stage("graph_unpickle", tier=request.tier):
+
+    def attempt() -> tuple[Any, ...]:
+        with stage("graph_unpickle", tier=request.tier):  # a compile consumes its graph
             gm, inputs, dynamic = landed(request.graph_bytes, request.inputs)
-        try:
-            with (stage("inductor_compile", tier=request.tier),
-                  compat.inductor_events() as events,
-                  torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
-                  compat.intra_op_threads(request.num_threads),
-                  compat.under_compile_id(request.compile_id),
-                  precompiled.recording() as codes):
-                data, plan, part = _compile(gm, inputs, request, dynamic)
-            break
-        except Exception as e:
-            damaged = kernel_files.damaged_library(e)
-            if damaged is None or attempt:
-                raise
-            # A kernel library cut short (a compile killed while linking it: inductor links
-            # in place) that inductor's cache would serve to every later compile.
-            log.warning("hotswap: removed a damaged kernel library from inductor's cache, "
-                        "compiling again: %s", damaged)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(damaged)
+        with (stage("inductor_compile", tier=request.tier),
+              compat.inductor_events() as events,
+              torch.set_grad_enabled(request.grad_enabled), cpp_sources() as sources,
+              compat.intra_op_threads(request.num_threads),
+              compat.under_compile_id(request.compile_id),
+              precompiled.recording() as codes):
+            return (*_compile(gm, inputs, request, dynamic), events, sources, codes)
+
+    data, plan, part, events, sources, codes = past_damaged_libraries(attempt)
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
