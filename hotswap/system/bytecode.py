@@ -261,8 +261,8 @@ def _with_bytecode(folder: Path, modules: Sequence[str]) -> Path:
     ResNet-18, H100)."""
     if not modules or _written_through(folder):
         return folder
-    with _compiling:  # a block beside this one may be writing it now
-        if _written_through(folder):
+    with _compiling:  # a block beside this one may have written it meanwhile
+        if _written_through(folder, wait=False):  # waited for above already
             return folder
         served = next((f for f in list(_offered) if _trusted(f) and _written_through(f)),
                       None)
@@ -336,11 +336,11 @@ SERVED_WAIT_S = 30.0
 SERVED_STALL_S = 5.0
 
 
-def _written_through(folder: Path) -> bool:
+def _written_through(folder: Path, *, wait: bool = True) -> bool:
     """Whether a bytecode folder has the probed modules' bytecode and that of
     ``_largest_sources``: where it has begun (the probed modules are there) but not all of
     it, workers are writing it now (the compile service's, or this process's own pool's),
-    and this waits while they make progress."""
+    and this waits while they make progress (``wait=False``: it looks once)."""
     probed = probe_sources()
     sources = probed + _largest_sources(probed)
     start = since = time.monotonic()
@@ -350,7 +350,7 @@ def _written_through(folder: Path) -> bool:
         if all(there):
             return True
         now = time.monotonic()
-        if not all(there[:len(probed)]) or now - start >= SERVED_WAIT_S:
+        if not wait or not all(there[:len(probed)]) or now - start >= SERVED_WAIT_S:
             return False
         if (count := sum(there)) > seen:
             seen, since = count, now
@@ -456,8 +456,8 @@ def clear_folder(folder: Path) -> tuple[int, int]:
             if entry.is_dir(follow_symlinks=False):
                 n, b = usage(Path(entry.path))
                 shutil.rmtree(entry.path, ignore_errors=True)
-                gone = not os.path.lexists(entry.path)
-                files, size = (files + n, size + b) if gone else (files, size)
+                if not os.path.lexists(entry.path):  # counted only once gone whole
+                    files, size = files + n, size + b
                 continue
             with contextlib.suppress(FileNotFoundError):
                 b = entry.stat(follow_symlinks=False).st_size
