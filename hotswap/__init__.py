@@ -4,6 +4,9 @@ Importing hotswap must stay cheap and torch-free: every worker process imports i
 torch-facing API (compile, backend, status, wait) is therefore loaded on first use.
 """
 
+# First: hotswap's other modules are then read as bytecode where Python would compile them.
+from hotswap.system import own_bytecode as _own_bytecode  # noqa: F401  # isort: skip
+
 from typing import TYPE_CHECKING, Any
 
 from hotswap.counting import counters, counters_delta

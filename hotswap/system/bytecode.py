@@ -18,11 +18,12 @@ Dask cluster) get a bytecode cache of hotswap's own::
 (HOTSWAP_PYCACHE: ``auto``, the default, where a process started with that environment would
 otherwise recompile torch's sources at every start and the environment names no
 PYTHONPYCACHEPREFIX of its own; ``on``: always; ``off``: never). The caller's own process
-writes nothing there, ``-B`` included (a flag, not passed on to the processes hotswap starts);
-but where it writes no bytecode anyway (``sys.dont_write_bytecode``) and has none of torch's,
-``read_for_imports`` points the load path's own imports at that folder (``sys.pycache_prefix``,
-for those imports alone): inductor's modules, which the load path imports while the user's
-calls run, then come as bytecode instead of being compiled from source holding the GIL (the
+writes nothing of torch's there, ``-B`` included (a flag, not passed on to the processes
+hotswap starts; hotswap's own modules are ``own_bytecode.py``'s). But where it writes no
+bytecode anyway (``sys.dont_write_bytecode``) and has none of torch's, ``read_for_imports``
+points the load path's own imports at that folder (``sys.pycache_prefix``, for those imports
+alone): inductor's modules, which the load path imports while the user's calls run, then
+come as bytecode instead of being compiled from source holding the GIL (the
 serving process's stalls of 400-750 ms on the GPU machine).
 
 Bytecode in that folder is executed: it is used only if the folder is this user's, writable
@@ -46,11 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hotswap import settings
-from hotswap.cache.root import claim_root, default_cache_dir
-from hotswap.cache.store import FORMAT_VERSION
-from hotswap.cache.trust import check_private_dir, check_way, ensure_private_dir
+from hotswap.cache.root import default_cache_dir
+from hotswap.cache.trust import check_private_dir, check_way
+from hotswap.system.own_bytecode import bytecode_path, cache_folder, claim_folder, current
 
-__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "cache_folder", "child_env",
+__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "bytecode_path", "cache_folder", "child_env",
            "claim_folder", "clear_folder", "compile_rate", "imported_source_bytes", "offer",
            "offer_templates", "offered_templates", "plan", "probe_sources", "read_for_imports",
            "recompile_reason", "side_folders", "templates_folder", "usage"]
@@ -71,12 +72,6 @@ class Bytecode:
     recompiles: str | None   # why such a process compiles torch's sources at every start
     folder: Path | None      # hotswap's bytecode cache, when they use it
     note: str | None = None  # why they do not, when they do not
-
-
-def cache_folder() -> Path | None:
-    """Where this Python's bytecode cache lives (None: this Python caches no bytecode)."""
-    tag = sys.implementation.cache_tag
-    return default_cache_dir() / f"pycache-{tag}" if tag else None
 
 
 def templates_folder() -> Path | None:
@@ -106,36 +101,6 @@ def probe_sources() -> list[Path]:
             if p.is_file()]
 
 
-def _bytecode_path(source: Path, prefix: str | None) -> Path:
-    """Where a process reads ``source``'s bytecode: beside it, or mirrored under ``prefix`` (as
-    ``importlib.util.cache_from_source`` does for ``sys.pycache_prefix``)."""
-    name = f"{source.stem}.{sys.implementation.cache_tag}.pyc"
-    folder = os.path.abspath(source.parent)
-    if prefix:
-        return Path(os.path.abspath(prefix), folder.lstrip(os.sep), name)
-    return Path(folder, "__pycache__", name)
-
-
-def _current(source: Path, pyc: Path) -> bool:
-    """Whether ``pyc`` is bytecode this Python would use for ``source`` as it is now."""
-    try:
-        with open(pyc, "rb") as f:
-            head = f.read(16)
-        st = source.stat()
-    except OSError:
-        return False
-    if len(head) < 16 or head[:4] != importlib.util.MAGIC_NUMBER:
-        return False
-    flags = int.from_bytes(head[4:8], "little")
-    if flags & 0b01:  # hash-based: unchecked serves as it is, checked if the hash matches
-        try:
-            return not flags & 0b10 or head[8:16] == importlib.util.source_hash(source.read_bytes())
-        except OSError:
-            return False
-    return (int.from_bytes(head[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
-            and int.from_bytes(head[12:16], "little") == st.st_size & 0xFFFFFFFF)
-
-
 def _writable(pyc: Path) -> bool:
     """Whether a process may write ``pyc`` (Python makes the folders it lacks)."""
     folder = pyc.parent
@@ -148,22 +113,15 @@ def recompile_reason(env: Mapping[str, str]) -> str | None:
     """Why a Python process started with ``env`` compiles torch's sources at every start
     (None: it reads bytecode, or writes it for the next start)."""
     prefix = env.get(PREFIX_ENV) or None
-    missing = [s for s in probe_sources() if not _current(s, _bytecode_path(s, prefix))]
+    missing = [s for s in probe_sources() if not current(s, bytecode_path(s, prefix))]
     if not missing:
         return None
     where = f"in {PREFIX_ENV} ({prefix})" if prefix else "beside them"
     if env.get(_NO_WRITE_ENV):
         return f"{_NO_WRITE_ENV} is set and torch's modules have no bytecode {where}"
-    if not all(_writable(_bytecode_path(s, prefix)) for s in missing):
+    if not all(_writable(bytecode_path(s, prefix)) for s in missing):
         return f"torch's modules have no bytecode {where}, and it cannot be written there"
     return None
-
-
-def claim_folder(folder: Path) -> Path:
-    """``folder``, made (0700) in the artifact cache and checked: its real path."""
-    root = claim_root(folder.parent, FORMAT_VERSION)
-    ensure_private_dir(root / folder.name)
-    return root / folder.name
 
 
 def plan(env: Mapping[str, str]) -> Bytecode:
@@ -346,7 +304,7 @@ def _written_through(folder: Path, *, wait: bool = True) -> bool:
     start = since = time.monotonic()
     seen = -1
     while True:
-        there = [_current(s, _bytecode_path(s, str(folder))) for s in sources]
+        there = [current(s, bytecode_path(s, str(folder))) for s in sources]
         if all(there):
             return True
         now = time.monotonic()

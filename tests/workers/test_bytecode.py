@@ -85,18 +85,26 @@ def test_the_reason_names_what_makes_every_start_recompile(sources: list[Path]) 
     assert bytecode.recompile_reason({}) is None
 
 
-@pytest.mark.parametrize("problem", ["another uid", "group-writable", "world-writable"])
-def test_a_folder_another_user_could_write_is_refused_with_one_note(
-        problem: str, sources: list[Path], caplog: pytest.LogCaptureFixture) -> None:
-    folder = bytecode.cache_folder()
-    assert folder is not None
-    assert bytecode.child_env({NO_WRITE: "1"})[PREFIX] == str(folder)  # made, and ours
+OPEN_TO_OTHERS = ["another uid", "group-writable", "world-writable"]
+
+
+def open_to_others(folder: Path, problem: str) -> None:
+    """Gives ``folder`` to uid 65534 (root only: skipped otherwise), or opens it to writes."""
     if problem == "another uid":
         if os.geteuid() != 0:
             pytest.skip("giving a folder away takes root")
         os.chown(folder, 65534, 65534)
     else:
         folder.chmod(0o770 if problem == "group-writable" else 0o707)
+
+
+@pytest.mark.parametrize("problem", OPEN_TO_OTHERS)
+def test_a_folder_another_user_could_write_is_refused_with_one_note(
+        problem: str, sources: list[Path], caplog: pytest.LogCaptureFixture) -> None:
+    folder = bytecode.cache_folder()
+    assert folder is not None
+    assert bytecode.child_env({NO_WRITE: "1"})[PREFIX] == str(folder)  # made, and ours
+    open_to_others(folder, problem)
     env = {NO_WRITE: "1"}
     with caplog.at_level(logging.WARNING, logger="hotswap"):
         assert bytecode.child_env(env) is env
@@ -180,7 +188,7 @@ def test_a_process_is_left_alone_where_reading_the_cache_would_change_more_than_
     monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path) if case == "own prefix" else None)
     if case == "bytecode beside":
         for source in sources:
-            py_compile.compile(str(source), cfile=str(bytecode._bytecode_path(source, None)))
+            py_compile.compile(str(source), cfile=str(bytecode.bytecode_path(source, None)))
     if case == "off":
         monkeypatch.setenv("HOTSWAP_PYCACHE", "off")
     before = sys.pycache_prefix
@@ -213,7 +221,7 @@ def served(sources: list[Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     folder = tmp_path / "service-pycache"
     folder.mkdir(mode=0o700)
     for source in sources:
-        py_compile.compile(str(source), cfile=str(bytecode._bytecode_path(source, str(folder))))
+        py_compile.compile(str(source), cfile=str(bytecode.bytecode_path(source, str(folder))))
     monkeypatch.setattr(bytecode, "_offered", [])
     bytecode.offer(folder)
     return folder
@@ -242,7 +250,7 @@ def test_a_compile_services_folder_still_being_written_is_read_once_written_thro
     children: list[object] = []
     monkeypatch.setattr(bytecode, "_compile_in_a_child", children.append)
     writer = threading.Timer(0.3, py_compile.compile, args=(str(ir),), kwargs={
-        "cfile": str(bytecode._bytecode_path(ir, str(served)))})
+        "cfile": str(bytecode.bytecode_path(ir, str(served)))})
     if written == "meanwhile":
         writer.start()
     start = time.monotonic()
@@ -268,13 +276,13 @@ def test_this_processs_own_folder_still_being_written_by_its_workers_is_waited_f
     own = bytecode.plan(dict(os.environ)).folder
     assert own is not None
     for source in sources:
-        py_compile.compile(str(source), cfile=str(bytecode._bytecode_path(source, str(own))))
+        py_compile.compile(str(source), cfile=str(bytecode.bytecode_path(source, str(own))))
     ir = sources[1].parent / "ir.py"
     ir.write_text("Y = 2\n")
     children: list[object] = []
     monkeypatch.setattr(bytecode, "_compile_in_a_child", children.append)
     writer = threading.Timer(0.3, py_compile.compile, args=(str(ir),), kwargs={
-        "cfile": str(bytecode._bytecode_path(ir, str(own)))})
+        "cfile": str(bytecode.bytecode_path(ir, str(own)))})
     writer.start()
     start = time.monotonic()
     with bytecode.read_for_imports(["json"]) as folder:
