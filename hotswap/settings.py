@@ -74,7 +74,9 @@ on them at once rather than in a worker or a background thread.
                                                             would otherwise recompile sources at
                                                             every start; on; off. Inductor's
                                                             kernel templates are kept there
-                                                            (templates-<python>) unless off
+                                                            (templates-<python>), and hotswap's
+                                                            own modules where this process would
+                                                            compile them, unless off
 
 ``HOTSWAP_SCRATCH_DIR`` is no setting: a pool sets it for its workers (hotswap.workers.scratch).
 """

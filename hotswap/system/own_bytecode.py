@@ -14,11 +14,16 @@ without current bytecode there is compiled from source as before, and its byteco
 there for the next process. The standard library's modules and torch's are left to Python:
 a prefix for them would hide the ``__pycache__`` beside their sources.
 
-Bytecode there is executed, so it is read only from a folder that is this user's, writable
-by no one else, below folders no one else can swap (``hotswap.cache.trust``, as the artifact
-cache it sits in; where the folder is not made yet, the first write makes it as the cache
-makes its own). Each file is checked as Python checks bytecode (magic number, then the
-source's mtime and size, or its hash): anything else is compiled from source.
+Bytecode there is executed, so it is read only from a folder checked first: this user's,
+writable by no one else, below folders no one else can swap (``hotswap.cache.trust``, as
+the artifact cache it sits in), checked when this module is imported or, where it is not
+made yet, made and checked by the first write (only inside an artifact cache that exists
+already: importing hotswap makes no cache). Before each read or write it must still be that
+folder (device and inode), ours and closed to others; one removed meanwhile is not made
+again (the cache around it would come back with the umask's modes). Each file is checked as
+Python checks bytecode (magic number, then the source's mtime and size, or its hash), and
+named for the process's optimization level as Python names it (``.opt-1``, ``.opt-2``):
+anything else is compiled from source, and written over under a temporary name.
 HOTSWAP_PYCACHE=off turns it off.
 """
 
@@ -31,6 +36,7 @@ import logging
 import marshal
 import os
 import sys
+import tempfile
 import threading
 import types
 from collections.abc import Sequence
@@ -102,17 +108,25 @@ class _Loader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str) -> types.CodeType:
         source = Path(self.get_filename(fullname))
         st = source.stat()  # before the source is read, as Python takes it
-        folder = _state.folder
-        pyc = bytecode_path(source, str(folder)) if folder is not None else None
-        code = _read(pyc, source, st) if pyc is not None else None
+        folder = _state.checked()  # None: not made yet, gone, or no longer ours
+        code = _read(_own_path(source, folder), source, st) if folder is not None else None
         if code is not None:
             _state.count("read")
             return code
         code = self.source_to_code(self.get_data(str(source)), str(source))
         _state.count("compiled")
-        if pyc is not None:
-            _write(pyc, code, st)
+        folder = folder or _state.claim()
+        if folder is not None:
+            _write(_own_path(source, folder), code, st)
         return code
+
+
+def _own_path(source: Path, folder: Path) -> Path:
+    """``source``'s bytecode in ``folder`` at this process's optimization level (``-O`` and
+    ``-OO`` name theirs ``.opt-1`` and ``.opt-2``, as Python does: a plain name would serve
+    docstring-less code to plain processes, and asserts to ``-O`` ones)."""
+    return bytecode_path(source, str(folder)).with_name(
+        os.path.basename(importlib.util.cache_from_source(str(source))))
 
 
 def _read(pyc: Path, source: Path, st: os.stat_result) -> types.CodeType | None:
@@ -127,23 +141,23 @@ def _read(pyc: Path, source: Path, st: os.stat_result) -> types.CodeType | None:
 
 
 def _write(pyc: Path, code: types.CodeType, st: os.stat_result) -> None:
-    """Writes ``code`` as timestamp-checked bytecode (Python's own format), whole or not at all."""
-    if not _state.writable():
-        return
+    """Writes ``code`` as timestamp-checked bytecode (Python's own format), whole or not at all.
+    Folders are made only below the checked folder (mode 0700, unreachable to others)."""
     data = b"".join((importlib.util.MAGIC_NUMBER, bytes(4),
                      (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little"),
                      (st.st_size & 0xFFFFFFFF).to_bytes(4, "little"), marshal.dumps(code)))
-    part = pyc.with_name(f"{pyc.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    part = None
     try:
-        pyc.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.makedirs(pyc.parent, mode=0o700, exist_ok=True)
+        fd, part = tempfile.mkstemp(prefix=f"{pyc.name}.", suffix=".tmp", dir=pyc.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(part, pyc)
     except OSError as e:  # a full disk, say: the next process compiles it again
         log.debug("hotswap: writing %s failed: %s", pyc, e)
-        with contextlib.suppress(OSError):
-            part.unlink()
+        if part is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
     else:
         _state.count("written")
 
@@ -164,31 +178,59 @@ class _Finder:
 
 
 class _State:
+    """The folder and whether it is checked: read only once checked (at ``install``, or made
+    and checked by the first write), and only while it is still the same folder, ours and
+    closed to others (a folder removed meanwhile is not made again here: the cache it sits in
+    would come back with the umask's modes)."""
+
     def __init__(self) -> None:
         self.folder: Path | None = None
-        self.made = False  # whether the folder exists (else the first write makes it)
+        self.made: tuple[int, int] | None = None  # the checked folder's (device, inode)
         self.claiming = False  # making it imports the store, whose modules are not written
-        self.lock = threading.RLock()
+        self.lock = threading.Lock()
         self.counts = {"read": 0, "compiled": 0, "written": 0}
 
     def count(self, what: str) -> None:
         with self.lock:
             self.counts[what] += 1
 
-    def writable(self) -> bool:
+    def checked(self) -> Path | None:
+        folder, made = self.folder, self.made
+        if folder is None or made is None:
+            return None
+        try:
+            st = os.lstat(folder)
+            check_private_dir(folder)
+        except (OSError, ValueError):  # gone, or no longer ours alone
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != made:
+            self.folder = self.made = None  # for good: this process compiles from here on
+            return None
+        return folder
+
+    def mark(self, folder: Path) -> None:
+        st = os.lstat(folder)
+        self.folder, self.made = folder, (st.st_dev, st.st_ino)
+
+    def claim(self) -> Path | None:
+        """Makes the folder where the cache it sits in exists already (importing hotswap
+        makes no cache), once per process; None where it is not made."""
         with self.lock:
-            if self.made or self.folder is None or self.claiming:
-                return self.made
+            folder = self.folder
+            if folder is None or self.made is not None or self.claiming:
+                return self.checked() if self.made is not None else None
             self.claiming = True
-            try:
-                self.folder = claim_folder(self.folder)
-                self.made = True
-            except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
-                log.debug("hotswap's own bytecode is not written: %s", e)
-                self.folder = None  # nothing to read either: the finder's loads compile
-            finally:
-                self.claiming = False
-            return self.made
+        try:  # outside the lock: it imports the store
+            made = claim_folder(folder) if folder.parent.is_dir() else None
+            if made is not None:
+                self.mark(made)
+        except (OSError, ValueError) as e:  # trust.UntrustedPath is a PermissionError
+            log.debug("hotswap's own bytecode is not written: %s", e)
+            made = None
+        if made is None:
+            self.folder = None  # nothing to read or write in this process
+        self.claiming = False
+        return made
 
 
 _state = _State()
@@ -218,14 +260,15 @@ def install() -> Path | None:
         folder = cache_folder()
         if folder is None:
             return None
+        _state.folder = folder
         if folder.exists():
             check_private_dir(folder)
             check_way(folder.parent)
-            _state.made = True
+            _state.mark(folder)
     except (OSError, ValueError) as e:  # a bad HOTSWAP_PYCACHE is said at compile()
         log.debug("hotswap's own bytecode is not read: %s", e)
+        _state.folder = _state.made = None
         return None
-    _state.folder = folder
     sys.meta_path.insert(0, _Finder)
     return folder
 
