@@ -40,6 +40,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,10 +50,12 @@ from pathlib import Path
 from hotswap import settings
 from hotswap.cache.root import default_cache_dir
 from hotswap.cache.trust import check_private_dir, check_way
+from hotswap.system.bytecode_fill import MIN_CPUS, PACKAGES
 from hotswap.system.own_bytecode import bytecode_path, cache_folder, claim_folder, current
 
 __all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "bytecode_path", "cache_folder", "child_env",
-           "claim_folder", "clear_folder", "compile_rate", "imported_source_bytes", "offer",
+           "claim_folder", "clear_folder", "compile_rate", "current", "fill_list", "filler",
+           "imported_source_bytes", "offer",
            "offer_templates", "offered_templates", "plan", "probe_sources", "read_for_imports",
            "recompile_reason", "side_folders", "templates_folder", "usage"]
 
@@ -367,7 +370,49 @@ def child_env(env: dict[str, str]) -> dict[str, str]:
         return env
     own = {k: v for k, v in env.items() if k != _NO_WRITE_ENV}
     own[PREFIX_ENV] = str(folder)
+    _start_filling(folder, own)
     return own
+
+
+# The filler this process started (bytecode_fill.py), if any: one per process at most.
+filler: subprocess.Popen[bytes] | None = None
+_filler_lock = threading.Lock()
+
+
+def fill_list() -> list[str]:
+    """What a filler compiles: the sources of this process's modules in import order, then the
+    folders of the packages a compile imports (bytecode_fill.py)."""
+    files = [f for m in list(sys.modules.values())
+             if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")]
+    folders = []
+    for name in PACKAGES:
+        with contextlib.suppress(ImportError, ValueError):  # found, not imported
+            spec = importlib.util.find_spec(name)
+            folders += list(spec.submodule_search_locations or []) if spec is not None else []
+    return files + folders
+
+
+def _start_filling(folder: Path, env: dict[str, str]) -> None:
+    """Starts a filler of ``folder`` where a many-core machine's first worker would compile
+    torch's sources one after another (bytecode_fill.py). Never raises."""
+    global filler
+    with _filler_lock:
+        if filler is not None or (os.cpu_count() or 1) < MIN_CPUS \
+                or _written_through(folder, wait=False):
+            return
+        try:
+            fd, listing = tempfile.mkstemp(prefix=".fill-", suffix=".txt", dir=folder)
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(fill_list()))
+            filler = subprocess.Popen(
+                [sys.executable, "-m", "hotswap.system.bytecode_fill", str(folder), listing],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except OSError as e:
+            log.debug("hotswap: filling the bytecode cache in parallel failed: %s", e)
+            return
+    # Reaped when it ends; left to finish if this process ends first (it ends on its own).
+    threading.Thread(target=filler.wait, daemon=True, name="hotswap-bytecode-fill").start()
 
 
 def usage(folder: Path) -> tuple[int, int]:

@@ -308,3 +308,62 @@ def test_an_offered_folder_that_fails_the_checks_is_not_read(
         assert folder == bytecode.cache_folder()  # its own, filled by a child as before
     assert children == [["json"]]
     assert "not read from the compile service" in caplog.text and str(served) in caplog.text
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    """A package a compile would import: modules, a test folder, and a file that cannot compile."""
+    root = tmp_path / "pkg"
+    for name in ("a.py", "sub/b.py", "tests/t.py", "broken.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("def (:\n" if name == "broken.py" else "Y = 2\n")
+    return root
+
+
+def test_a_many_core_machines_first_child_starts_a_filler_of_what_workers_import(
+        sources: list[Path], package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bytecode, "MIN_CPUS", 1)
+    monkeypatch.setattr(bytecode, "filler", None)
+    monkeypatch.setattr(bytecode, "fill_list", lambda: [*map(str, sources), str(package)])
+    bytecode.child_env({NO_WRITE: "1"})
+    started, folder = bytecode.filler, bytecode.cache_folder()
+    assert started is not None and folder is not None
+    assert started.wait(timeout=120) == 0
+    for source in [*sources, package / "a.py", package / "sub" / "b.py"]:
+        assert bytecode.current(source, bytecode.bytecode_path(source, str(folder)))
+    for left in (package / "tests" / "t.py", package / "broken.py"):
+        assert not bytecode.bytecode_path(left, str(folder)).exists()
+    assert not list(folder.glob(".fill-*"))  # its list, removed once read
+    bytecode.child_env({NO_WRITE: "1"})
+    assert bytecode.filler is started  # one per process
+
+
+@pytest.mark.parametrize("case", ["few cores", "filled already"])
+def test_no_filler_where_cores_are_few_or_the_folder_has_torchs_bytecode(
+        case: str, sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bytecode, "filler", None)
+    monkeypatch.setattr(bytecode, "MIN_CPUS", (os.cpu_count() or 1) + 1 if case == "few cores"
+                        else 1)
+    if case == "filled already":
+        folder = bytecode.cache_folder()
+        assert folder is not None
+        bytecode.claim_folder(folder)
+        for source in sources:
+            py_compile.compile(str(source), cfile=str(bytecode.bytecode_path(source, str(folder))))
+    assert PREFIX in bytecode.child_env({NO_WRITE: "1"})  # the cache is used all the same
+    assert bytecode.filler is None
+
+
+def test_a_filler_leaves_a_folder_another_filler_holds(
+        sources: list[Path], tmp_path: Path) -> None:
+    import filelock
+
+    from hotswap.system import bytecode_fill
+
+    folder = bytecode.claim_folder(bytecode.cache_folder() or tmp_path)
+    listing = folder / ".fill-test.txt"
+    listing.write_text("\n".join(map(str, sources)))
+    with filelock.FileLock(folder / bytecode_fill.LOCK_NAME):
+        assert bytecode_fill.main([str(folder), str(listing)]) == 0
+    assert not any(bytecode.bytecode_path(s, str(folder)).exists() for s in sources)
+    assert not listing.exists()
