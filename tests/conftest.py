@@ -74,6 +74,16 @@ def fresh_artifact_cache(tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture(autouse=True)
+def no_bytecode_filler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test's fresh cache starts a filler of torch's bytecode (system/bytecode_fill.py) on a
+    machine of many cores, unless it asks for one: the filler would compile torch, sympy and
+    triton beside the tests on every cache (the tests that ask set MIN_CPUS themselves)."""
+    from hotswap.system import bytecode
+
+    monkeypatch.setattr(bytecode, "MIN_CPUS", 1 << 20)
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_workers() -> Iterator[None]:
     """Every test must leave no worker process behind once its pools are shut down."""
     before = {p.pid for p in worker_processes()}

@@ -26,6 +26,9 @@ alone): inductor's modules, which the load path imports while the user's calls r
 come as bytecode instead of being compiled from source holding the GIL (the
 serving process's stalls of 400-750 ms on the GPU machine).
 
+On a machine of many cores, the first process ever also fills that folder in parallel
+(``bytecode_fill.py``) while its first worker starts.
+
 Bytecode in that folder is executed: it is used only if the folder is this user's, writable
 by no one else, below folders no one else can swap (``hotswap.cache.trust``, as the artifact
 cache it sits in). Otherwise the processes start as before and hotswap says why, once.
@@ -40,7 +43,6 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -50,7 +52,7 @@ from pathlib import Path
 from hotswap import settings
 from hotswap.cache.root import default_cache_dir
 from hotswap.cache.trust import check_private_dir, check_way
-from hotswap.system.bytecode_fill import MIN_CPUS, PACKAGES
+from hotswap.system.bytecode_fill import MIN_CPUS, PACKAGES, cores
 from hotswap.system.own_bytecode import bytecode_path, cache_folder, claim_folder, current
 
 __all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "bytecode_path", "cache_folder", "child_env",
@@ -380,15 +382,19 @@ _filler_lock = threading.Lock()
 
 
 def fill_list() -> list[str]:
-    """What a filler compiles: the sources of this process's modules in import order, then the
-    folders of the packages a compile imports (bytecode_fill.py)."""
-    files = [f for m in list(sys.modules.values())
-             if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")]
+    """What a filler compiles: the sources of this process's modules in import order, where
+    they are Python's or an installed package's, then the folders of the packages a compile
+    imports (bytecode_fill.py)."""
     folders = []
     for name in PACKAGES:
         with contextlib.suppress(ImportError, ValueError):  # found, not imported
             spec = importlib.util.find_spec(name)
             folders += list(spec.submodule_search_locations or []) if spec is not None else []
+    roots = tuple(os.path.join(os.path.abspath(r), "") for r in
+                  {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path[1:], *folders} if r)
+    files = [f for m in list(sys.modules.values())
+             if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")
+             and os.path.abspath(f).startswith(roots)]
     return files + folders
 
 
@@ -396,23 +402,20 @@ def _start_filling(folder: Path, env: dict[str, str]) -> None:
     """Starts a filler of ``folder`` where a many-core machine's first worker would compile
     torch's sources one after another (bytecode_fill.py). Never raises."""
     global filler
-    with _filler_lock:
-        if filler is not None or (os.cpu_count() or 1) < MIN_CPUS \
-                or _written_through(folder, wait=False):
-            return
-        try:
-            fd, listing = tempfile.mkstemp(prefix=".fill-", suffix=".txt", dir=folder)
-            with os.fdopen(fd, "w") as f:
-                f.write("\n".join(fill_list()))
+    try:
+        with _filler_lock:
+            if filler is not None or cores() < MIN_CPUS or _written_through(folder, wait=False):
+                return
+            listing = "\n".join(fill_list()).encode()
             filler = subprocess.Popen(
-                [sys.executable, "-m", "hotswap.system.bytecode_fill", str(folder), listing],
-                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [sys.executable, "-m", "hotswap.system.bytecode_fill", str(folder)],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-        except OSError as e:
-            log.debug("hotswap: filling the bytecode cache in parallel failed: %s", e)
-            return
-    # Reaped when it ends; left to finish if this process ends first (it ends on its own).
-    threading.Thread(target=filler.wait, daemon=True, name="hotswap-bytecode-fill").start()
+        # Given its list and reaped on a thread; left to finish if this process ends first.
+        threading.Thread(target=filler.communicate, args=(listing,), daemon=True,
+                         name="hotswap-bytecode-fill").start()
+    except Exception as e:  # never a reason for a worker not to start
+        log.debug("hotswap: filling the bytecode cache in parallel failed: %s", e)
 
 
 def usage(folder: Path) -> tuple[int, int]:

@@ -5,23 +5,27 @@ Where the processes hotswap starts would compile torch's sources at every start
 source, one after another: about 10 s of its start on a GPU machine, while the user's first
 graph waits for it (2.7-4.1 s of queue wait, H100), and its first compile imports more of
 inductor the same way. Each file compiles on its own, so the first process that gives a child
-the cache (``bytecode.child_env``) on a machine of ``MIN_CPUS`` cores or more also starts this
-program, which compiles into the folder what the worker is about to import, at the lowest
-priority (niceness 19, ``SCHED_IDLE``) on all cores but ``SPARED_CPUS``:
+the cache (``bytecode.child_env``: a worker, the compile service, a Dask cluster) on a machine
+of ``MIN_CPUS`` cores or more (its affinity and its cgroup's quota) also starts this program.
+It compiles into the folder what the worker is about to import, in ``cores()`` processes at
+the lowest priority (a session of niceness 19, ``SCHED_IDLE``: ``priority.lower_priority``):
 
 1. the sources of the modules the starting process has imported, in the order it imported
-   them (torch's, which a worker imports first; none in the compile service, which never
-   imports torch);
+   them (torch's, which a worker imports first), where they are Python's or an installed
+   package's (not a user's script, nor inductor's generated code);
 2. then every source of the packages a compile imports (``PACKAGES``), folder by folder.
 
 The worker's own imports read what is there already and compile the rest themselves, as
-before. Both write as Python does (``py_compile``: timestamp-checked, under a temporary name,
-then renamed), so either may come first. One filler per folder at a time (a lock in it);
-a filler that finds a file's bytecode current there skips it.
+before. Both write as Python does (``py_compile``: unoptimized, timestamp-checked, under a
+temporary name, then renamed), so either may come first. One filler per folder at a time (a
+lock in it); a file whose bytecode is current there is skipped. Before each file the folder
+must still be the one given (device and inode), this user's and closed to others: one removed
+meanwhile ends the fill (compiling into it would make it again, with the umask's modes). It
+ignores ^C and outlives the process that started it: it ends on its own within seconds.
 
-    python -m hotswap.system.bytecode_fill FOLDER LIST
+    python -m hotswap.system.bytecode_fill FOLDER < LIST
 
-LIST: a file of source files and folders, one per line, removed once read.
+LIST: source files and folders, one per line.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 import functools
 import os
 import py_compile
+import signal
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -37,82 +42,99 @@ from pathlib import Path
 
 import filelock
 
+from hotswap.cache.trust import check_private_dir
+from hotswap.system import cgroup, proctree
 from hotswap.system.own_bytecode import bytecode_path, current
+from hotswap.system.priority import lower_priority
 
-__all__ = ["LOCK_NAME", "MIN_CPUS", "PACKAGES", "SPARED_CPUS", "compile_one", "main", "sources"]
+__all__ = ["LOCK_NAME", "MAX_PROCESSES", "MIN_CPUS", "PACKAGES", "SPARED_CPUS", "compile_one",
+           "cores", "main", "sources"]
 
 MIN_CPUS = 8
 SPARED_CPUS = 3  # the user's process, the first worker, the compile service
+MAX_PROCESSES = 8
 PACKAGES = ("torch", "triton", "sympy", "mpmath", "jinja2", "networkx")
 LOCK_NAME = ".filling.lock"
 # Folders of a package that no compile imports.
-_SKIPPED = ("tests", "test", "testing", "benchmarks", "_vendor")
+_SKIPPED = frozenset(("tests", "test", "testing", "benchmarks", "_vendor"))
+
+
+def cores() -> int:
+    """The cores this process may use: its affinity, within its cgroup's quota."""
+    usable = float(proctree.usable_cores())
+    quota = cgroup.quota_cores()
+    return int(min(usable, quota) if quota is not None else usable)
 
 
 def sources(listed: Iterable[str]) -> Iterator[Path]:
     """The ``.py`` files named, and those below the folders named (sorted; each file once)."""
     seen: set[Path] = set()
     for line in listed:
-        path = Path(line.strip())
         if not line.strip():
             continue
+        path = Path(line.strip())
         found = [path] if path.suffix == ".py" else (
             sorted(p for p in path.rglob("*.py")
-                   if not _SKIPPED_PARTS.intersection(p.relative_to(path).parts[:-1])))
+                   if not _SKIPPED.intersection(p.relative_to(path).parts[:-1])))
         for source in found:
             if source not in seen:
                 seen.add(source)
                 yield source
 
 
-_SKIPPED_PARTS = frozenset(_SKIPPED)
+class _Gone(Exception):
+    """The folder is no longer the one given, or no longer ours alone."""
 
 
-def compile_one(folder: str, source: Path) -> bool:
+def _same(folder: str, made: tuple[int, int]) -> None:
+    try:
+        st = os.lstat(folder)
+        check_private_dir(Path(folder))
+    except (OSError, ValueError) as e:
+        raise _Gone(str(e)) from None
+    if (st.st_dev, st.st_ino) != made:
+        raise _Gone(f"{folder} was replaced")
+
+
+def compile_one(folder: str, made: tuple[int, int], source: Path) -> bool:
     """Writes ``source``'s bytecode into ``folder`` unless it is current there. False: it does
-    not compile (a file Python would refuse as well)."""
+    not compile (a file Python would refuse as well), or the folder is gone (``_same``)."""
     pyc = bytecode_path(source, folder)
     if current(source, pyc):
         return True
     try:
-        py_compile.compile(str(source), cfile=str(pyc), doraise=True,
+        _same(folder, made)
+        py_compile.compile(str(source), cfile=str(pyc), doraise=True, optimize=0,
                            invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
-    except (py_compile.PyCompileError, OSError, ValueError):
+    except (_Gone, py_compile.PyCompileError, OSError, ValueError):
         return False
     return True
 
 
-def _lowest_priority() -> None:
-    """Niceness 19 and ``SCHED_IDLE``: below the user's process, and no higher than the compile
-    workers (``SCHED_IDLE`` too, where no cgroup holds them), whose imports it is for."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-    idle = getattr(os, "SCHED_IDLE", None)
-    if idle is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, idle, os.sched_param(0))
-
-
 def main(argv: list[str]) -> int:
-    folder, listing = Path(argv[0]), Path(argv[1])
-    _lowest_priority()  # its pool's processes inherit it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C for the user's process is not ours
+    lower_priority(19, True)  # its pool's processes inherit it
+    folder = argv[0]
+    listed = sys.stdin.read().splitlines()
     try:
-        listed = listing.read_text().splitlines()
-    finally:
-        with contextlib.suppress(OSError):
-            listing.unlink()
-    try:
-        with filelock.FileLock(folder / LOCK_NAME, timeout=0):
+        st = os.lstat(folder)
+        made = (st.st_dev, st.st_ino)
+        _same(folder, made)
+        with filelock.FileLock(os.path.join(folder, LOCK_NAME), timeout=0):
             todo = list(sources(listed))
-            cores = max(1, (os.cpu_count() or 1) - SPARED_CPUS)
-            with ProcessPoolExecutor(max_workers=cores) as pool:
-                done = sum(pool.map(functools.partial(compile_one, str(folder)), todo,
+            processes = max(1, min(MAX_PROCESSES, cores() - SPARED_CPUS))
+            with ProcessPoolExecutor(max_workers=processes) as pool:
+                done = sum(pool.map(functools.partial(compile_one, folder, made), todo,
                                     chunksize=8))
     except filelock.Timeout:
         return 0  # another process fills it now
+    except (OSError, _Gone) as e:
+        print(f"not filled: {e}", file=sys.stderr)
+        return 0
     print(f"{done} of {len(todo)} sources compiled or current", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main(sys.argv[1:]))

@@ -16,7 +16,7 @@ test_starvation.py): across sessions it competed with the caller as an equal. A 
 ``cpu.idle=1`` is idle as a whole: whatever else runs beside it on a core is served first
 (scripts/priority_check.py measures the caller's lateness both ways).
 
-Where (what the kernel allows; everything else falls back to child.lower_priority):
+Where (what the kernel allows; everything else falls back to priority.lower_priority):
 
 - cgroup v1: the hierarchy the ``cpu`` controller is mounted on (alone or with ``cpuacct``),
   a child of this process's cgroup in it. v1 lets a cgroup hold processes and children alike.
@@ -50,7 +50,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["FS", "GROUP_PREFIX", "CgroupFs", "WorkerGroup", "acquire", "release"]
+__all__ = ["FS", "GROUP_PREFIX", "CgroupFs", "WorkerGroup", "acquire", "quota_cores", "release"]
 
 GROUP_PREFIX = "hotswap-workers-"
 # How long release() retries the removal of a group whose last workers are still exiting
@@ -202,6 +202,29 @@ def _make(fs: CgroupFs, owner_pid: int) -> WorkerGroup | None:
         os.close(parent_fd)
         return None
     return WorkerGroup(fs, version, knob, name, parent_path, parent_fd, fd)
+
+
+def quota_cores(fs: CgroupFs | None = None) -> float | None:
+    """The CPU time this process's own cpu cgroup may use, in cores (v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None where it has no quota or none can
+    be read (a quota on a group above it is not looked at)."""
+    fs = fs or FS
+    try:
+        found = _own_cpu_cgroup(fs)
+        if found is None:
+            return None
+        version, mount_point, relative = found
+        folder = os.path.join(mount_point, relative)
+        if version == 2:
+            quota, period = fs.read(os.path.join(folder, "cpu.max")).split()[:2]
+        else:
+            quota = fs.read(os.path.join(folder, "cpu.cfs_quota_us")).strip()
+            period = fs.read(os.path.join(folder, "cpu.cfs_period_us")).strip()
+        if quota in ("max", "-1"):
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _own_cpu_cgroup(fs: CgroupFs) -> tuple[int, str, str] | None:

@@ -3,7 +3,7 @@
     WorkerPriority.lower_new(pid)  -> (nice, idle)  a worker that just started, before its
                                     INIT: into the pool's cgroup where one can be made
                                     (cgroup.py); what it should still set on itself
-                                    (child.lower_priority) goes out in INIT
+                                    (lower_priority) goes out in INIT
     WorkerPriority.raise_tree(pid)  a starved worker and its subprocesses to the caller's
                                     priority: out of the group, niceness 0, SCHED_OTHER
     WorkerPriority.lower_tree(pid)  back where lower_new put it, once its job is over
@@ -21,12 +21,13 @@ from any thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
 from hotswap.system import cgroup, proctree
 
-__all__ = ["SCHED_IDLE_IN_IDLE_GROUP", "WorkerPriority"]
+__all__ = ["SCHED_IDLE_IN_IDLE_GROUP", "WorkerPriority", "lower_priority"]
 
 # Whether a worker in a ``cpu.idle`` group also runs under SCHED_IDLE itself: no. The kernel
 # already lets a waking thread take the core from anything in an idle group, as it does from a
@@ -131,7 +132,7 @@ class WorkerPriority:
 
 def _fallback_note(nice: int, idle: bool) -> str:
     parts = []
-    group_nice = max(nice, 19 if idle else 0)  # as child.lower_priority sets it
+    group_nice = max(nice, 19 if idle else 0)  # as lower_priority sets it
     if os.path.exists("/proc/self/autogroup"):
         parts.append("autogroup" if group_nice == 19 and idle else f"autogroup nice {group_nice}")
     elif nice:
@@ -139,3 +140,33 @@ def _fallback_note(nice: int, idle: bool) -> str:
     if idle and hasattr(os, "SCHED_IDLE"):
         parts.append("SCHED_IDLE")
     return " + ".join(parts) or "normal priority"
+
+
+def lower_priority(nice: int, idle: bool) -> None:
+    """Background compile work must not slow the user's process down: lower our priority
+    (inherited by the compiler subprocesses we start) before any real work.
+
+    A niceness alone is not enough on Linux. We lead a session of our own, and with autogroup
+    scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default) the CPU is shared
+    between sessions first and by niceness only within one: a niced worker still got half the
+    CPU against the user's session, and the user's calls stalled while it compiled. The
+    session's own niceness (``/proc/self/autogroup``, see sched(7)) is what makes it yield.
+
+    ``idle`` goes further: the ``SCHED_IDLE`` policy, under which a thread of any other
+    policy that wakes on a core takes it from us at once. Niceness only shares the CPU out
+    over time, and a user's OpenMP threads that spin-wait for each other were still held up
+    by a niced worker for a scheduler period (23 ms calls where 0.3 ms was usual, measured on
+    2 cores); as ``SCHED_IDLE`` in a session of niceness 19, none were.
+
+    Where the pool could put us in a cpu cgroup with ``cpu.idle=1`` (system/priority.py) it
+    did so before INIT, and INIT asks for no ``idle`` here: on Linux 6.18 a ``SCHED_IDLE``
+    process in a session of its own still competed with the user's session as an equal.
+    """
+    group_nice = max(nice, 19 if idle else 0)
+    with contextlib.suppress(OSError):
+        os.nice(nice)
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+        f.write(str(group_nice))
+    if idle:
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: not Linux
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))

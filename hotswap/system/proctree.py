@@ -146,7 +146,7 @@ def stopped(pid: int) -> int | None:
 
 def set_tree_priority(pid: int, *, nice: int, idle: bool) -> bool:
     """Give every thread of ``pid`` and its descendants this niceness and policy (SCHED_IDLE
-    or SCHED_OTHER), and their session's autogroup the niceness (see child.lower_priority).
+    or SCHED_OTHER), and their session's autogroup the niceness (see priority.lower_priority).
     Linux sets both per thread. False when the OS refused any of it: raising a priority needs
     CAP_SYS_NICE (root) or an RLIMIT_NICE that allows it; lowering one never does."""
     try:

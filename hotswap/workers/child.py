@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+from hotswap.system.priority import lower_priority
 from hotswap.workers import scratch
 from hotswap.workers.protocol import (
     Frame,
@@ -42,7 +43,8 @@ from hotswap.workers.protocol import (
     encode_result,
 )
 
-__all__ = ["current_job_id", "emit_stage", "in_worker", "main", "resolve_job", "stage"]
+__all__ = ["current_job_id", "emit_stage", "in_worker", "lower_priority", "main", "resolve_job",
+           "stage"]
 
 
 class _Channel:
@@ -224,36 +226,6 @@ def _watch_parent(parent_pid: int) -> None:
         while os.getppid() == parent_pid:
             time.sleep(0.2)
     _kill_own_group_and_exit()
-
-
-def lower_priority(nice: int, idle: bool) -> None:
-    """Background compile work must not slow the user's process down: lower our priority
-    (inherited by the compiler subprocesses we start) before any real work.
-
-    A niceness alone is not enough on Linux. We lead a session of our own, and with autogroup
-    scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default) the CPU is shared
-    between sessions first and by niceness only within one: a niced worker still got half the
-    CPU against the user's session, and the user's calls stalled while it compiled. The
-    session's own niceness (``/proc/self/autogroup``, see sched(7)) is what makes it yield.
-
-    ``idle`` goes further: the ``SCHED_IDLE`` policy, under which a thread of any other
-    policy that wakes on a core takes it from us at once. Niceness only shares the CPU out
-    over time, and a user's OpenMP threads that spin-wait for each other were still held up
-    by a niced worker for a scheduler period (23 ms calls where 0.3 ms was usual, measured on
-    2 cores); as ``SCHED_IDLE`` in a session of niceness 19, none were.
-
-    Where the pool could put us in a cpu cgroup with ``cpu.idle=1`` (system/priority.py) it
-    did so before INIT, and INIT asks for no ``idle`` here: on Linux 6.18 a ``SCHED_IDLE``
-    process in a session of its own still competed with the user's session as an equal.
-    """
-    group_nice = max(nice, 19 if idle else 0)
-    with contextlib.suppress(OSError):
-        os.nice(nice)
-    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
-        f.write(str(group_nice))
-    if idle:
-        with contextlib.suppress(OSError, AttributeError):  # AttributeError: not Linux
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,12 @@ environments get it, which folders are refused, and a real worker writing byteco
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import py_compile
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -333,17 +335,34 @@ def test_a_many_core_machines_first_child_starts_a_filler_of_what_workers_import
         assert bytecode.current(source, bytecode.bytecode_path(source, str(folder)))
     for left in (package / "tests" / "t.py", package / "broken.py"):
         assert not bytecode.bytecode_path(left, str(folder)).exists()
-    assert not list(folder.glob(".fill-*"))  # its list, removed once read
     bytecode.child_env({NO_WRITE: "1"})
     assert bytecode.filler is started  # one per process
+
+
+def test_what_a_filler_writes_serves_a_plain_process_unoptimized(
+        package: Path, tmp_path: Path) -> None:
+    """Python reads the filler's bytecode (no recompile: its file is not written again), and
+    a filler under PYTHONOPTIMIZE still writes what a plain process may run (asserts kept)."""
+    (package / "a.py").write_text("assert False, 'kept'\n")
+    folder = tmp_path / "pyc"
+    folder.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONOPTIMIZE": "2", PREFIX: str(folder)}
+    subprocess.run([sys.executable, "-m", "hotswap.system.bytecode_fill", str(folder)],
+                   input=str(package).encode(), env=env, check=True, timeout=120)
+    pyc = bytecode.bytecode_path(package / "a.py", str(folder))
+    written = pyc.stat().st_mtime_ns
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONOPTIMIZE"}
+    done = subprocess.run([sys.executable, "-c", "import a"], cwd=package, capture_output=True,
+                          text=True, env={**plain, PREFIX: str(folder), "PYTHONPATH": str(package)})
+    assert "AssertionError: kept" in done.stderr
+    assert pyc.stat().st_mtime_ns == written
 
 
 @pytest.mark.parametrize("case", ["few cores", "filled already"])
 def test_no_filler_where_cores_are_few_or_the_folder_has_torchs_bytecode(
         case: str, sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bytecode, "filler", None)
-    monkeypatch.setattr(bytecode, "MIN_CPUS", (os.cpu_count() or 1) + 1 if case == "few cores"
-                        else 1)
+    monkeypatch.setattr(bytecode, "MIN_CPUS", bytecode.cores() + 1 if case == "few cores" else 1)
     if case == "filled already":
         folder = bytecode.cache_folder()
         assert folder is not None
@@ -354,16 +373,37 @@ def test_no_filler_where_cores_are_few_or_the_folder_has_torchs_bytecode(
     assert bytecode.filler is None
 
 
-def test_a_filler_leaves_a_folder_another_filler_holds(
-        sources: list[Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", ["held", "gone", "open to others"])
+def test_a_filler_leaves_a_folder_another_holds_or_that_is_no_longer_ours(
+        case: str, sources: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
     import filelock
 
     from hotswap.system import bytecode_fill
 
     folder = bytecode.claim_folder(bytecode.cache_folder() or tmp_path)
-    listing = folder / ".fill-test.txt"
-    listing.write_text("\n".join(map(str, sources)))
-    with filelock.FileLock(folder / bytecode_fill.LOCK_NAME):
-        assert bytecode_fill.main([str(folder), str(listing)]) == 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(map(str, sources))))
+    monkeypatch.setattr(bytecode_fill, "lower_priority", lambda nice, idle: None)
+    with filelock.FileLock(folder / bytecode_fill.LOCK_NAME) if case == "held" \
+            else contextlib.nullcontext():
+        if case == "gone":
+            folder.rmdir()
+        elif case == "open to others":
+            folder.chmod(0o777)
+        assert bytecode_fill.main([str(folder)]) == 0
     assert not any(bytecode.bytecode_path(s, str(folder)).exists() for s in sources)
-    assert not listing.exists()
+    assert folder.exists() == (case != "gone")  # not made again
+
+
+def test_a_filler_runs_at_the_lowest_priority(tmp_path: Path) -> None:
+    from hotswap.system import bytecode_fill
+
+    code = ("import os, sys, hotswap.system.bytecode_fill as f; f.main([sys.argv[1]]); "
+            "print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.getpriority(os.PRIO_PROCESS, 0))")
+    folder = tmp_path / "pyc"
+    folder.mkdir(mode=0o700)
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], input="", text=True,
+                          capture_output=True, check=True, timeout=60)
+    assert done.stdout.split() == ["True", "19"]
+    assert bytecode_fill.cores() >= 1

@@ -275,3 +275,19 @@ def test_a_starved_worker_leaves_the_group_while_raised() -> None:
         priority.forget(worker.pid)
         priority.close()
     assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize(("version", "files", "expected"), [
+    (2, {"cpu.max": "400000 100000\n"}, 4.0),
+    (2, {"cpu.max": "max 100000\n"}, None),
+    (1, {"cpu.cfs_quota_us": "250000\n", "cpu.cfs_period_us": "100000\n"}, 2.5),
+    (1, {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"}, None),
+    (2, {}, None),  # no cpu.max: the controller is not on for this group
+])
+def test_the_quota_of_the_processs_own_group_in_cores(
+        tmp_path: Path, version: int, files: dict[str, str], expected: float | None) -> None:
+    fs = fake_tree(tmp_path, version, (), own="/pod")
+    own_dir = Path(fs.path(V1_MOUNT if version == 1 else V2_MOUNT)) / "pod"
+    for name, text in files.items():
+        (own_dir / name).write_text(text)
+    assert cgroup.quota_cores(fs) == expected
