@@ -52,14 +52,13 @@ from pathlib import Path
 from hotswap import settings
 from hotswap.cache.root import default_cache_dir
 from hotswap.cache.trust import check_private_dir, check_way
-from hotswap.system.bytecode_fill import MIN_CPUS, PACKAGES, cores
 from hotswap.system.own_bytecode import bytecode_path, cache_folder, claim_folder, current
 
-__all__ = ["PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "bytecode_path", "cache_folder", "child_env",
-           "claim_folder", "clear_folder", "compile_rate", "current", "fill_list", "filler",
-           "imported_source_bytes", "offer",
-           "offer_templates", "offered_templates", "plan", "probe_sources", "read_for_imports",
-           "recompile_reason", "side_folders", "templates_folder", "usage"]
+__all__ = ["MIN_CPUS", "PACKAGES", "PREFIX_ENV", "SOURCE_BYTES_JOB", "Bytecode", "bytecode_path",
+           "cache_folder", "child_env", "claim_folder", "clear_folder", "compile_rate", "current",
+           "fill_list", "filler", "imported_source_bytes", "offer", "offer_templates",
+           "offered_templates", "plan", "probe_sources", "read_for_imports", "recompile_reason",
+           "side_folders", "templates_folder", "usage"]
 
 log = logging.getLogger("hotswap")
 
@@ -376,7 +375,12 @@ def child_env(env: dict[str, str]) -> dict[str, str]:
     return own
 
 
-# The filler this process started (bytecode_fill.py), if any: one per process at most.
+# A filler (bytecode_fill.py) only where this many cores are usable (affinity, the cgroup's
+# quota): on fewer it would take them from the user's process.
+MIN_CPUS = 8
+# The packages a compile imports, whose sources a filler compiles after this process's own.
+PACKAGES = ("torch", "triton", "sympy", "mpmath", "jinja2", "networkx")
+# The filler this process started, if any: one per process at most.
 filler: subprocess.Popen[bytes] | None = None
 _filler_lock = threading.Lock()
 
@@ -403,6 +407,8 @@ def _start_filling(folder: Path, env: dict[str, str]) -> None:
     torch's sources one after another (bytecode_fill.py). Never raises."""
     global filler
     try:
+        from hotswap.system.bytecode_fill import cores  # its pool's imports: not at import
+
         with _filler_lock:
             if filler is not None or cores() < MIN_CPUS or _written_through(folder, wait=False):
                 return

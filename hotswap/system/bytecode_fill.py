@@ -6,14 +6,16 @@ source, one after another: about 10 s of its start on a GPU machine, while the u
 graph waits for it (2.7-4.1 s of queue wait, H100), and its first compile imports more of
 inductor the same way. Each file compiles on its own, so the first process that gives a child
 the cache (``bytecode.child_env``: a worker, the compile service, a Dask cluster) on a machine
-of ``MIN_CPUS`` cores or more (its affinity and its cgroup's quota) also starts this program.
+of ``bytecode.MIN_CPUS`` cores or more (``cores()``: its affinity within its cgroup's quota)
+also starts this program.
 It compiles into the folder what the worker is about to import, in ``cores()`` processes at
 the lowest priority (a session of niceness 19, ``SCHED_IDLE``: ``priority.lower_priority``):
 
 1. the sources of the modules the starting process has imported, in the order it imported
    them (torch's, which a worker imports first), where they are Python's or an installed
    package's (not a user's script, nor inductor's generated code);
-2. then every source of the packages a compile imports (``PACKAGES``), folder by folder.
+2. then every source of the packages a compile imports (``bytecode.PACKAGES``), folder by
+   folder.
 
 The worker's own imports read what is there already and compile the rest themselves, as
 before. Both write as Python does (``py_compile``: unoptimized, timestamp-checked, under a
@@ -47,13 +49,11 @@ from hotswap.system import cgroup, proctree
 from hotswap.system.own_bytecode import bytecode_path, current
 from hotswap.system.priority import lower_priority
 
-__all__ = ["LOCK_NAME", "MAX_PROCESSES", "MIN_CPUS", "PACKAGES", "SPARED_CPUS", "compile_one",
-           "cores", "main", "sources"]
+__all__ = ["LOCK_NAME", "MAX_PROCESSES", "SPARED_CPUS", "compile_one", "cores", "main",
+           "sources"]
 
-MIN_CPUS = 8
 SPARED_CPUS = 3  # the user's process, the first worker, the compile service
 MAX_PROCESSES = 8
-PACKAGES = ("torch", "triton", "sympy", "mpmath", "jinja2", "networkx")
 LOCK_NAME = ".filling.lock"
 # Folders of a package that no compile imports.
 _SKIPPED = frozenset(("tests", "test", "testing", "benchmarks", "_vendor"))

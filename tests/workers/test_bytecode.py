@@ -362,7 +362,9 @@ def test_what_a_filler_writes_serves_a_plain_process_unoptimized(
 def test_no_filler_where_cores_are_few_or_the_folder_has_torchs_bytecode(
         case: str, sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bytecode, "filler", None)
-    monkeypatch.setattr(bytecode, "MIN_CPUS", bytecode.cores() + 1 if case == "few cores" else 1)
+    from hotswap.system.bytecode_fill import cores
+
+    monkeypatch.setattr(bytecode, "MIN_CPUS", cores() + 1 if case == "few cores" else 1)
     if case == "filled already":
         folder = bytecode.cache_folder()
         assert folder is not None
