@@ -65,6 +65,12 @@ def _doctor(args: argparse.Namespace) -> int:
     rate = bytecode.compile_rate() if source_bytes else None
     for line in bytecode_lines(plan, source_bytes, rate):
         print(line)
+    from hotswap.system import own_bytecode
+    from hotswap.system.bytecode_fill import cores as usable_cores
+
+    for line in filling_lines(plan, usable_cores(), own_bytecode.install(),
+                              own_bytecode.counts()):
+        print(line)
     # What status(...).worker_priority will say: whether the workers could get a cgroup.
     print(f"worker priority: {pool.priority_note()}")
     from hotswap.tools.fleet_check import check_executor, check_store
@@ -112,6 +118,27 @@ def bytecode_lines(plan: Bytecode, source_bytes: int | None, rate: float | None)
         lines.append(f"  note: your own process compiles them at every start too; "
                      f"PYTHONPYCACHEPREFIX={plan.folder} gives it hotswap's bytecode, or "
                      f"compile the environment's once where it is built (python -m compileall)")
+    return lines
+
+
+def filling_lines(plan: Bytecode, cores: int, own_folder: Path | None,
+                  own: dict[str, int]) -> list[str]:
+    """How the bytecode cache gets filled on this machine (a filler on ``cores`` of them, or
+    the workers as they import), and whether this process read hotswap's own modules there
+    (``own_folder``, ``own``: own_bytecode.install() and counts())."""
+    from hotswap.system.bytecode import MIN_CPUS
+    from hotswap.system.bytecode_fill import MAX_PROCESSES, SPARED_CPUS
+
+    lines = []
+    if plan.folder is not None:
+        lines.append(
+            f"  a first process fills it in {min(MAX_PROCESSES, cores - SPARED_CPUS)} processes "
+            f"at once ({cores} usable cores)" if cores >= MIN_CPUS else
+            f"  filled by the workers as they import ({cores} usable cores; in parallel from "
+            f"{MIN_CPUS})")
+    if own_folder is not None:
+        lines.append(f"  hotswap's own modules in this process: {own['read']} read from "
+                     f"{own_folder}, {own['compiled']} compiled from source")
     return lines
 
 

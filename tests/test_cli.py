@@ -45,6 +45,25 @@ def test_doctor_says_what_recompiling_at_every_start_costs_and_where_the_cache_i
         "bytecode"]
 
 
+def test_doctor_says_how_the_bytecode_cache_is_filled_and_what_this_process_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotswap.cli import filling_lines
+    from hotswap.system import bytecode
+    from hotswap.system.bytecode import Bytecode
+
+    monkeypatch.setattr(bytecode, "MIN_CPUS", 8)  # as shipped (the tests' fixture raises it)
+
+    used = Bytecode("auto", "no bytecode", tmp_path)
+    own = {"read": 83, "compiled": 2, "written": 2}
+    assert filling_lines(used, 16, tmp_path, own) == [
+        "  a first process fills it in 8 processes at once (16 usable cores)",
+        f"  hotswap's own modules in this process: 83 read from {tmp_path}, 2 compiled from "
+        "source"]
+    assert filling_lines(used, 2, None, own) == [
+        "  filled by the workers as they import (2 usable cores; in parallel from 8)"]
+    assert filling_lines(Bytecode("auto", None, None, "not needed"), 16, None, own) == []
+
+
 def test_thread_advice_only_when_a_cpu_model_fills_every_core() -> None:
     from hotswap.cli import thread_advice
 
