@@ -127,12 +127,12 @@ def filling_lines(plan: Bytecode, cores: int, own_folder: Path | None,
     the workers as they import), and whether this process read hotswap's own modules there
     (``own_folder``, ``own``: own_bytecode.install() and counts())."""
     from hotswap.system.bytecode import MIN_CPUS
-    from hotswap.system.bytecode_fill import MAX_PROCESSES, SPARED_CPUS
+    from hotswap.system.bytecode_fill import processes
 
     lines = []
     if plan.folder is not None:
         lines.append(
-            f"  a first process fills it in {min(MAX_PROCESSES, cores - SPARED_CPUS)} processes "
+            f"  a first process fills it in {processes(cores)} processes "
             f"at once ({cores} usable cores)" if cores >= MIN_CPUS else
             f"  filled by the workers as they import ({cores} usable cores; in parallel from "
             f"{MIN_CPUS})")

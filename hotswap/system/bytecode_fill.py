@@ -8,8 +8,8 @@ inductor the same way. Each file compiles on its own, so the first process that 
 the cache (``bytecode.child_env``: a worker, the compile service, a Dask cluster) on a machine
 of ``bytecode.MIN_CPUS`` cores or more (``cores()``: its affinity within its cgroup's quota)
 also starts this program.
-It compiles into the folder what the worker is about to import, in ``cores()`` processes at
-the lowest priority (a session of niceness 19, ``SCHED_IDLE``: ``priority.lower_priority``):
+It compiles into the folder what the worker is about to import, in ``processes(cores())``
+processes at the lowest priority (a session of niceness 19, ``SCHED_IDLE``: ``priority.lower_priority``):
 
 1. the sources of the modules the starting process has imported, in the order it imported
    them (torch's, which a worker imports first), where they are Python's or an installed
@@ -44,13 +44,12 @@ from pathlib import Path
 
 import filelock
 
-from hotswap.cache.trust import check_private_dir
 from hotswap.system import cgroup, proctree
-from hotswap.system.own_bytecode import bytecode_path, current
+from hotswap.system.own_bytecode import bytecode_path, current, identity, still_ours
 from hotswap.system.priority import lower_priority
 
 __all__ = ["LOCK_NAME", "MAX_PROCESSES", "SPARED_CPUS", "compile_one", "cores", "main",
-           "sources"]
+           "processes", "sources"]
 
 SPARED_CPUS = 3  # the user's process, the first worker, the compile service
 MAX_PROCESSES = 8
@@ -64,6 +63,11 @@ def cores() -> int:
     usable = float(proctree.usable_cores())
     quota = cgroup.quota_cores()
     return int(min(usable, quota) if quota is not None else usable)
+
+
+def processes(usable: int) -> int:
+    """How many processes a filler compiles in on ``usable`` cores."""
+    return max(1, min(MAX_PROCESSES, usable - SPARED_CPUS))
 
 
 def sources(listed: Iterable[str]) -> Iterator[Path]:
@@ -82,31 +86,19 @@ def sources(listed: Iterable[str]) -> Iterator[Path]:
                 yield source
 
 
-class _Gone(Exception):
-    """The folder is no longer the one given, or no longer ours alone."""
-
-
-def _same(folder: str, made: tuple[int, int]) -> None:
-    try:
-        st = os.lstat(folder)
-        check_private_dir(Path(folder))
-    except (OSError, ValueError) as e:
-        raise _Gone(str(e)) from None
-    if (st.st_dev, st.st_ino) != made:
-        raise _Gone(f"{folder} was replaced")
-
-
 def compile_one(folder: str, made: tuple[int, int], source: Path) -> bool:
     """Writes ``source``'s bytecode into ``folder`` unless it is current there. False: it does
-    not compile (a file Python would refuse as well), or the folder is gone (``_same``)."""
+    not compile (a file Python would refuse as well), or the folder is no longer the one given
+    (``still_ours``)."""
     pyc = bytecode_path(source, folder)
     if current(source, pyc):
         return True
+    if not still_ours(Path(folder), made):
+        return False
     try:
-        _same(folder, made)
         py_compile.compile(str(source), cfile=str(pyc), doraise=True, optimize=0,
                            invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
-    except (_Gone, py_compile.PyCompileError, OSError, ValueError):
+    except (py_compile.PyCompileError, OSError, ValueError):
         return False
     return True
 
@@ -117,18 +109,18 @@ def main(argv: list[str]) -> int:
     folder = argv[0]
     listed = sys.stdin.read().splitlines()
     try:
-        st = os.lstat(folder)
-        made = (st.st_dev, st.st_ino)
-        _same(folder, made)
+        made = identity(Path(folder))
+        if not still_ours(Path(folder), made):
+            print(f"not filled: {folder} is not this user's alone", file=sys.stderr)
+            return 0
         with filelock.FileLock(os.path.join(folder, LOCK_NAME), timeout=0):
             todo = list(sources(listed))
-            processes = max(1, min(MAX_PROCESSES, cores() - SPARED_CPUS))
-            with ProcessPoolExecutor(max_workers=processes) as pool:
+            with ProcessPoolExecutor(max_workers=processes(cores())) as pool:
                 done = sum(pool.map(functools.partial(compile_one, folder, made), todo,
                                     chunksize=8))
     except filelock.Timeout:
         return 0  # another process fills it now
-    except (OSError, _Gone) as e:
+    except OSError as e:
         print(f"not filled: {e}", file=sys.stderr)
         return 0
     print(f"{done} of {len(todo)} sources compiled or current", file=sys.stderr)

@@ -46,7 +46,8 @@ from hotswap import settings
 from hotswap.cache.root import default_cache_dir
 from hotswap.cache.trust import check_private_dir, check_way
 
-__all__ = ["bytecode_path", "cache_folder", "claim_folder", "counts", "current", "install"]
+__all__ = ["bytecode_path", "cache_folder", "claim_folder", "counts", "current", "identity",
+           "install", "still_ours"]
 
 log = logging.getLogger("hotswap")
 
@@ -99,6 +100,24 @@ def _fits(head: bytes, source: Path, st: os.stat_result) -> bool:
         return not flags & 0b10 or head[8:16] == importlib.util.source_hash(source.read_bytes())
     return (int.from_bytes(head[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
             and int.from_bytes(head[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
+def identity(folder: Path) -> tuple[int, int]:
+    """``folder``'s (device, inode), links not followed."""
+    st = os.lstat(folder)
+    return st.st_dev, st.st_ino
+
+
+def still_ours(folder: Path, made: tuple[int, int]) -> bool:
+    """Whether ``folder`` is still the folder checked as ``made`` (``identity``), this user's
+    and closed to others: not removed, replaced, given away or opened meanwhile."""
+    try:
+        if identity(folder) != made:
+            return False
+        check_private_dir(folder)
+    except (OSError, ValueError):  # gone, or no longer ours alone
+        return False
+    return True
 
 
 class _Loader(importlib.machinery.SourceFileLoader):
@@ -198,19 +217,13 @@ class _State:
         folder, made = self.folder, self.made
         if folder is None or made is None:
             return None
-        try:
-            st = os.lstat(folder)
-            check_private_dir(folder)
-        except (OSError, ValueError):  # gone, or no longer ours alone
-            st = None
-        if st is None or (st.st_dev, st.st_ino) != made:
+        if not still_ours(folder, made):
             self.folder = self.made = None  # for good: this process compiles from here on
             return None
         return folder
 
     def mark(self, folder: Path) -> None:
-        st = os.lstat(folder)
-        self.folder, self.made = folder, (st.st_dev, st.st_ino)
+        self.folder, self.made = folder, identity(folder)
 
     def claim(self) -> Path | None:
         """Makes the folder where the cache it sits in exists already (importing hotswap
