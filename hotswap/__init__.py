@@ -101,7 +101,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-# HOTSWAP_SERVICE=on: the compile service warms while the model is built (a daemon thread).
+# The compile workers (the compile service, else the local pool) warm while the model is
+# built: started on a daemon thread (HOTSWAP_START_EARLY).
 from hotswap.service import early as _early  # noqa: E402
 
 _early.start()

@@ -60,9 +60,15 @@ on them at once rather than in a worker or a background thread.
     HOTSWAP_SERVICE                 off                     on: compile in the machine's compile
                                                             service (executor "service://") when
                                                             no executor= or HOTSWAP_EXECUTOR says
-                                                            otherwise, found or started as
-                                                            hotswap is imported; off: the local
-                                                            pool
+                                                            otherwise; off: the local pool
+    HOTSWAP_START_EARLY             on                      on: a user's program that imports
+                                                            hotswap starts its compile workers
+                                                            then (the compile service, else, once
+                                                            it imports torch, the local pool of
+                                                            the default size), so they warm
+                                                            while the model is built;
+                                                            those no compile uses within 120 s
+                                                            stop. off: at the first compile
     HOTSWAP_SERVICE_DIR             $XDG_RUNTIME_DIR/hotswap the service's private folder (socket,
                                     or /tmp/hotswap-service- key, lock, log), mode 0700
                                     <uid>
@@ -90,8 +96,8 @@ from typing import TypeVar
 
 __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check_all",
            "claim_ttl_s", "env_number", "executor", "gate_threshold", "gc_freeze", "log_level", "mode",
-           "parts", "profile_dir", "pycache", "regions", "service", "service_dir", "service_idle_exit_s",
-           "switch_interval_s", "tiers", "timeout_s", "worker_devices",
+           "parts", "profile_dir", "pycache", "regions", "service", "service_dir",
+           "service_idle_exit_s", "start_early", "switch_interval_s", "tiers", "timeout_s", "worker_devices",
            "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes",
            "worker_yield", "workers"]
 
@@ -249,6 +255,11 @@ def service() -> bool:
     return _choice("HOTSWAP_SERVICE", ("on", "off"), "off") == "on"
 
 
+def start_early() -> bool:
+    """HOTSWAP_START_EARLY: whether importing hotswap starts the compile workers."""
+    return _choice("HOTSWAP_START_EARLY", ("on", "off"), "on") == "on"
+
+
 def service_dir() -> str | None:
     """As set (None: the default, which ``hotswap.service.place`` chooses)."""
     return _text("HOTSWAP_SERVICE_DIR")
@@ -293,5 +304,5 @@ def check_all() -> None:
     for read in (workers, worker_nice, worker_idle, worker_yield, worker_rss_limit_bytes,
                  cache_max_bytes,
                  switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s, service,
-                 service_idle_exit_s, pycache, gc_freeze, parts):
+                 service_idle_exit_s, pycache, gc_freeze, parts, start_early):
         read()

@@ -11,12 +11,15 @@ Target: warm <= 0.3x cold, with 0 worker compiles.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
 
 # Runs from a checkout as it is (e.g. on a GPU machine without network): hotswap is one level up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# This harness compiles nothing; each row's process starts its own workers (row_env).
+os.environ["HOTSWAP_START_EARLY"] = "off"
 from hotswap.tools.bench.spawn import spawn_row
 from hotswap.tools.common import cuda_available
 

@@ -26,6 +26,9 @@ import time
 
 import psutil
 
+# This harness compiles nothing; its children are the programs measured (started with hotswap's
+# default: their workers, or the service, start as they import hotswap).
+os.environ["HOTSWAP_START_EARLY"] = "off"
 from hotswap.system.proctree import descendants
 
 CHILD = r"""
@@ -82,7 +85,7 @@ def _wait_service_settled(env: dict[str, str], timeout_s: float = 180.0) -> None
 
 def _run(n: int, model: str, device: str, service: str, root: str,
          logs: str | None = None) -> dict[str, float]:
-    env_base = {**os.environ, "HOTSWAP_SERVICE": service,
+    env_base = {**os.environ, "HOTSWAP_SERVICE": service, "HOTSWAP_START_EARLY": "on",
                 "HOTSWAP_SERVICE_DIR": os.path.join(root, "service")}
     procs = []
     for i in range(n):

@@ -1,10 +1,17 @@
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
+
+# Importing hotswap starts no compile workers in the tests, nor in the processes they start,
+# unless a test asks for them (service/early.py).
+assert "hotswap" not in sys.modules, "imported before conftest: it may have started workers"
+os.environ["HOTSWAP_START_EARLY"] = "off"
 
 
 def worker_processes() -> list[psutil.Process]:
@@ -56,8 +63,6 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 
 
 def _shared_pool_pids() -> set[int]:
-    import sys
-
     if "hotswap.engine.runtime" not in sys.modules:
         return set()  # nothing has started hotswap's runtime
     import hotswap

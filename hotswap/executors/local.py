@@ -12,8 +12,13 @@ One ``LocalPools`` per process (``pools``): coordinators share its pools, one pe
 
 from __future__ import annotations
 
+import getpass
 import importlib
+import logging
 import os
+import re
+import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -30,8 +35,10 @@ from hotswap.executors.base import (
 from hotswap.workers import JobFuture, WorkerPool
 from hotswap.workers.pool import default_workers
 
-__all__ = ["LocalExecutor", "LocalPools", "PoolKey", "idle_exit_s", "inductor_cache_dir",
+__all__ = ["LocalExecutor", "LocalPools", "PoolKey", "build_env", "idle_exit_s", "inductor_cache_dir",
            "pools", "rss_limit", "trace_dirs", "visible_devices", "worker_priority"]
+
+log = logging.getLogger("hotswap")
 
 PoolKey = tuple[int, tuple[str, ...]]
 # After torch.compiler.reset(), a pool with no job for this long stops its workers (instead of
@@ -58,6 +65,9 @@ class LocalPools:
         self._reset: set[PoolKey] = set()  # pools idle since a reset: RESET_IDLE_EXIT_S
         self._reaper: threading.Thread | None = None
         self._reaper_stop = threading.Event()  # shutdown(): the reaper ends
+        # Pools started before a compile asked for them (``start_early``): until when each
+        # waits for one, and the environment its workers started in.
+        self._early: dict[PoolKey, tuple[float, dict[str, str]]] = {}
 
     def submit(self, size: PoolKey, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
         """A job for the pool of ``size``, counted until done. Counted under the lock that
@@ -77,6 +87,21 @@ class LocalPools:
             raise
         future.add_done_callback(lambda _: self._job_done(size, pool))
         return future
+
+    def start_early(self, size: PoolKey, first_job_within_s: float) -> bool:
+        """Start the pool of ``size`` before any compile asks for it (as hotswap is imported:
+        service/early.py), unless it runs; whether it started. It stops
+        ``first_job_within_s`` from now unless a compile asks for it first (``pool``,
+        ``submit``). Asked for once this process has changed what a worker's build reads
+        from the environment it inherits (``build_env``: CUDA_VISIBLE_DEVICES, a
+        TORCHINDUCTOR_* variable...), it is replaced by a pool started in the new one."""
+        with self._lock:
+            if size in self._pools:
+                return False
+            self._pool_locked(size)
+            self._early[size] = (time.monotonic() + first_job_within_s, build_env())
+            self._start_reaper_locked()
+            return True
 
     def _job_done(self, size: PoolKey, pool: WorkerPool) -> None:
         with self._lock:
@@ -137,20 +162,19 @@ class LocalPools:
                 if not self._pools:
                     self._reaper = None
                     return
-                if limit is None:
-                    continue
-                # (a job given to a pool directly, not through submit(), keeps it too)
-                idle = [size for size, since in self._idle_since.items()
-                        if now - since >= (min(limit, RESET_IDLE_EXIT_S) if size in self._reset
-                                           else limit)
-                        and self._inflight.get(size, 0) == 0
-                        and size in self._pools
-                        and not any(w.busy for w in self._pools[size].workers_info())]
-                stopped = [self._pools.pop(size) for size in idle if size in self._pools]
-                for size in idle:
-                    self._idle_since.pop(size, None)
-                    self._inflight.pop(size, None)
-                    self._reset.discard(size)
+                # started early, and no compile asked for it in time (whatever the limit:
+                # it served nobody)
+                idle = [size for size, (until, _) in self._early.items()
+                        if now >= until and size in self._pools]
+                if limit is not None:
+                    # (a job given to a pool directly, not through submit(), keeps it too)
+                    idle += [size for size, since in self._idle_since.items()
+                             if now - since >= (min(limit, RESET_IDLE_EXIT_S)
+                                                if size in self._reset else limit)
+                             and self._inflight.get(size, 0) == 0
+                             and size in self._pools and size not in idle
+                             and not any(w.busy for w in self._pools[size].workers_info())]
+                stopped = [self._forget_locked(size) for size in idle]
             for pool in stopped:
                 pool.terminate()
 
@@ -162,8 +186,25 @@ class LocalPools:
                 self._idle_since.pop(size, None)
             return self._pool_locked(size)
 
+    def _forget_locked(self, size: PoolKey) -> WorkerPool:
+        """Take the pool of ``size`` out (the caller terminates it, outside the lock)."""
+        self._idle_since.pop(size, None)
+        self._inflight.pop(size, None)
+        self._early.pop(size, None)
+        self._reset.discard(size)
+        return self._pools.pop(size)
+
     def _pool_locked(self, size: PoolKey) -> WorkerPool:
         pool = self._pools.get(size)
+        early = self._early.pop(size, None)  # asked for: no first-job window any more
+        if pool is not None and early is not None and early[1] != (now := build_env()):
+            changed = sorted(k for k in early[1].keys() | now.keys()
+                             if early[1].get(k) != now.get(k))
+            log.info("hotswap: the compile workers started as hotswap was imported are "
+                     "replaced: this process has changed %s since", ", ".join(changed))
+            threading.Thread(target=self._forget_locked(size).terminate, daemon=True,
+                             name="hotswap-pool-replaced").start()
+            pool = None
         if pool is None:
             pool = self._pools[size] = _start_pool(
                 *size, yield_to=self._yield_to or settings.worker_yield(), warm=self._warm)
@@ -189,6 +230,7 @@ class LocalPools:
             self._inflight.clear()
             self._idle_since.clear()
             self._reset.clear()
+            self._early.clear()
             self._reaper_stop.set()
             self._reaper_stop, self._reaper = threading.Event(), None
         for pool in pools:
@@ -244,9 +286,41 @@ def rss_limit() -> int | None:
     return settings.worker_rss_limit_bytes()
 
 
-def inductor_cache_dir() -> str:
-    """Where inductor keeps compiled kernels in this process (honours TORCHINDUCTOR_CACHE_DIR)."""
-    for name in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils"):
+# What a compile worker's build reads from the environment it inherits as it starts (its
+# compiler, its devices, inductor's and triton's settings and caches, hotswap's own).
+_BUILD_PREFIXES = ("TORCH", "PYTORCH", "TRITON", "CUDA", "NVIDIA", "HOTSWAP_", "PYTHON", "OMP_",
+                   "MKL", "KMP_", "LD_", "CC", "CXX", "CFLAGS", "CPATH", "LIBRARY_PATH", "PATH",
+                   "TMPDIR", "TEMP", "TMP", "HOME", "XDG_")
+
+
+def build_env() -> dict[str, str]:
+    """The variables of this process's environment that a worker's build reads
+    (``_BUILD_PREFIXES``), inductor's cache folder as resolved (inductor sets
+    TORCHINDUCTOR_CACHE_DIR in its process as it first looks for it)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(_BUILD_PREFIXES)}
+    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(import_torch=False)
+    return env
+
+
+def inductor_cache_dir(*, import_torch: bool = True) -> str:
+    """Where inductor keeps compiled kernels in this process (honours TORCHINDUCTOR_CACHE_DIR).
+    ``import_torch=False``: inductor's own answer only if its module is imported already,
+    else by its rule (TORCHINDUCTOR_CACHE_DIR, else ``torchinductor_<user>`` in the temporary
+    folder: cache_dir_utils.default_cache_dir), for a pool started as hotswap is imported:
+    importing torch on a thread beside the user's own import of it can hand either one a
+    module half made."""
+    names = ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils")
+    if not import_torch and not any(hasattr(sys.modules.get(n), "cache_dir") for n in names):
+        configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if configured is not None:
+            return os.path.abspath(configured)
+        try:
+            user = getpass.getuser()
+        except (KeyError, ModuleNotFoundError, OSError):
+            user = f"uid_{os.getuid()}"
+        user = re.sub(r'[\\/:*?"<>|]', "_", user)
+        return os.path.abspath(os.path.join(tempfile.gettempdir(), "torchinductor_" + user))
+    for name in names:
         try:
             return str(importlib.import_module(name).cache_dir())
         except (ImportError, AttributeError):
@@ -287,7 +361,7 @@ def _start_pool(size: int, devices: tuple[str, ...] = (), *, yield_to: str = "ca
         "TORCHINDUCTOR_COMPILE_THREADS": threads}
     # Workers give their child processes a TMPDIR of their own (workers/scratch.py); pin
     # inductor's cache, which would otherwise follow it, to the caller's: one cache for all.
-    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
+    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(import_torch=False)
     nice, idle = worker_priority()
     visible: list[str] = []
     if devices:

@@ -1,23 +1,32 @@
-"""The compile service, found or started as hotswap is imported (HOTSWAP_SERVICE=on).
+"""The compile workers, started as hotswap is imported: the compile service
+(HOTSWAP_SERVICE=on), else the process's own pool of the default size (HOTSWAP_START_EARLY=off:
+neither).
 
-A process that compiles with the service asks for it when its first coordinator is made
-(``hotswap.compile``, or dynamo's first graph for ``backend="hotswap"``): after the model is
-built. In the first process ever the service then starts its workers, which import torch and
-inductor (15 s on a GPU machine without bytecode) and warm CUDA, while the graph waits. Asked
-for as hotswap is imported instead, the service warms while the model is built (importing
-transformers, building GPT-2, moving it to the GPU: 10 s on the H100), and a first job finds a
-worker that is ready, or nearly.
+A process asks for its workers when its first coordinator is made (``hotswap.compile``, or
+dynamo's first graph for ``backend="hotswap"``): after the model is built. In the first process
+ever a worker then imports torch and inductor (15 s on a GPU machine without bytecode) and warms
+CUDA while the graph waits. Started as hotswap is imported instead, the workers warm while the
+model is built (importing transformers, building GPT-2, moving it to the GPU: 10 s on the
+H100), and a first job finds a worker that is ready, or nearly.
 
 The import only starts a daemon thread; the thread finds or starts the service
-(``control.ensure``, under its lock, as a job's link would) and nothing more. Whatever fails
-there is said later by the link of the job that needs the service, which tries again.
+(``control.ensure``, under its lock, as a job's link would), or starts the local pool once the
+process begins to import torch (``LocalPools.start_early``; it imports no torch itself: a
+program that imports hotswap for its ``WorkerPool`` alone starts no compile worker), and
+nothing more. Whatever fails there is said later by the job that needs the workers, which
+tries again.
 
 Not in hotswap's own processes: its workers (``HOTSWAP_SCRATCH_DIR`` is set for them), the
 service itself, and the command line (``hotswap service status`` must find no service where
 none runs); nor in children of multiprocessing (a DataLoader's workers, a Dask cluster's),
-whose parent asked already. The service's build is this environment's as hotswap is imported:
-set ``CUDA_VISIBLE_DEVICES`` and ``TORCHINDUCTOR_*`` before; a service started early for
-another build exits ``FIRST_JOB_WITHIN_S`` after its start if no job came.
+whose parent asked already; nor where the pool's jobs would not come from a default
+``hotswap.compile``: another executor (HOTSWAP_EXECUTOR), workers on other GPUs
+(HOTSWAP_WORKER_DEVICES), compiles in this process (HOTSWAP_MODE=inprocess). The workers' build
+is this environment's as hotswap is imported: set ``CUDA_VISIBLE_DEVICES`` and
+``TORCHINDUCTOR_*`` before. Workers started early for another build, or whose pool no compile
+asks for (``hotswap.compile(workers=2)`` where the default is 1), stop ``FIRST_JOB_WITHIN_S``
+after their start if no job came; a local pool asked for once this process has changed such a
+variable is replaced at once (``LocalPools.start_early``).
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ import multiprocessing
 import os
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from hotswap import settings
 
@@ -35,20 +45,25 @@ __all__ = ["FIRST_JOB_WITHIN_S", "own_program", "start"]
 
 log = logging.getLogger("hotswap")
 
-# A service started here exits this long after its start unless a job came (this process may
+# Workers started here stop this long after their start unless a job came (this process may
 # set CUDA_VISIBLE_DEVICES or a TORCHINDUCTOR_* variable after importing hotswap, and then
-# ask a service of another build; or compile with executor="local").
+# ask a service of another build; compile with executor="local", or with other workers=).
 FIRST_JOB_WITHIN_S = 120.0
+# How often the local pool's thread looks whether this process has begun to import torch.
+TORCH_POLL_S = 0.02
 # ``python -m <module>`` programs of hotswap's that start no service as they import it.
 _OWN_MODULES = ("hotswap", "hotswap.cli", "hotswap.service", "hotswap.workers")
 _OWN_PACKAGES = ("hotswap.service.", "hotswap.workers.")
 
 
 def start() -> threading.Thread | None:
-    """Find or start the service on a daemon thread, where this process would use it."""
-    if not _wanted():
+    """Find or start the service, or start the local pool, on a daemon thread, where this
+    process would use it."""
+    target = _wanted()
+    if target is None:
         return None
-    thread = threading.Thread(target=_ensure, daemon=True, name="hotswap-service-early")
+    name = "hotswap-service-early" if target is _service_early else "hotswap-pool-early"
+    thread = threading.Thread(target=target, daemon=True, name=name)
     try:
         thread.start()
     except RuntimeError:  # imported first as the interpreter exits: no new threads
@@ -83,17 +98,27 @@ def own_program(argv: Sequence[str]) -> bool:
     return False
 
 
-def _wanted() -> bool:
+def _wanted() -> Callable[[], None] | None:
+    """What to start here: the service (``_service_early``), the local pool (``_pool_early``),
+    or nothing (None)."""
     if os.environ.get("HOTSWAP_SCRATCH_DIR"):  # a worker of a pool (workers/scratch.py)
-        return False
+        return None
     if _multiprocessing_child():  # a DataLoader's worker, a Dask worker: its parent asked
-        return False
+        return None
     try:
-        if not settings.service() or settings.executor() not in (None, "service://"):
-            return False
+        if not settings.start_early() or own_program(sys.orig_argv):
+            return None
+        executor = settings.executor()
+        if settings.service():
+            return _service_early if executor in (None, "service://") else None
+        if executor not in (None, "local") or settings.worker_devices() is not None:
+            return None
+        if (settings.mode() or "").strip().lower() == "inprocess":
+            return None
+        settings.workers()  # a malformed count: hotswap.compile says so, naming it
     except ValueError:  # hotswap.compile says so, naming the variable
-        return False
-    return not own_program(sys.orig_argv)
+        return None
+    return _pool_early
 
 
 def _multiprocessing_child() -> bool:
@@ -107,7 +132,7 @@ def _multiprocessing_child() -> bool:
     return bool(getattr(current, "_inheriting", False)) or multiprocessing.parent_process() is not None
 
 
-def _ensure() -> None:
+def _service_early() -> None:
     try:
         from hotswap.service import control
         from hotswap.service.place import find_place
@@ -115,4 +140,25 @@ def _ensure() -> None:
         control.ensure(find_place(create=True), first_job_within_s=FIRST_JOB_WITHIN_S)
     except Exception as e:  # the link of the first job tries again and says why
         log.debug("hotswap: starting the compile service early failed: %s: %s",
+                  type(e).__name__, e)
+
+
+def _pool_early() -> None:
+    """Start the local pool once this process imports torch (a program that imports hotswap
+    for its ``WorkerPool`` alone compiles nothing), or never, past ``FIRST_JOB_WITHIN_S``;
+    as the environment says then (a harness that compiles nothing itself sets
+    HOTSWAP_START_EARLY=off before it imports torch)."""
+    deadline = time.monotonic() + FIRST_JOB_WITHIN_S
+    while "torch" not in sys.modules:  # there as soon as its import starts
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(TORCH_POLL_S)
+    if _wanted() is not _pool_early:
+        return
+    try:
+        from hotswap.executors.local import key, pools
+
+        pools.start_early(key(None, ()), max(1.0, deadline - time.monotonic()))
+    except Exception as e:  # the first compile starts it, and says why it cannot
+        log.debug("hotswap: starting the compile workers early failed: %s: %s",
                   type(e).__name__, e)

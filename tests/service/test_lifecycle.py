@@ -226,19 +226,21 @@ def test_own_programs_are_told_from_the_users(argv: list[str], own: bool) -> Non
 
 
 def test_who_starts_the_service_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_START_EARLY", "on")
     monkeypatch.setenv("HOTSWAP_SERVICE", "on")
     monkeypatch.delenv("HOTSWAP_EXECUTOR", raising=False)
     monkeypatch.delenv("HOTSWAP_SCRATCH_DIR", raising=False)
     monkeypatch.setattr(sys, "orig_argv", ["python", "train.py"])
-    assert early._wanted()
+    assert early._wanted() is early._service_early
     monkeypatch.setattr(sys, "orig_argv", ["python", "/venv/bin/hotswap", "service", "stop"])
-    assert not early._wanted()
+    assert early._wanted() is None
     monkeypatch.setattr(sys, "orig_argv", ["python", "train.py"])
     for name, value in [("HOTSWAP_EXECUTOR", "local"), ("HOTSWAP_SERVICE", "off"),
-                        ("HOTSWAP_SERVICE", "maybe"), ("HOTSWAP_SCRATCH_DIR", "/tmp/w")]:
+                        ("HOTSWAP_SERVICE", "maybe"), ("HOTSWAP_SCRATCH_DIR", "/tmp/w"),
+                        ("HOTSWAP_START_EARLY", "off"), ("HOTSWAP_START_EARLY", "maybe")]:
         with monkeypatch.context() as m:
             m.setenv(name, value)
-            assert not early._wanted(), (name, value)
+            assert early._wanted() is not early._service_early, (name, value)
 
 
 EARLY = """
@@ -264,6 +266,7 @@ while time.monotonic() < deadline:
 
 def test_importing_hotswap_starts_the_service_and_its_command_line_does_not(
         service_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOTSWAP_START_EARLY", "on")
     monkeypatch.setenv("HOTSWAP_SERVICE", "on")
     status = subprocess.run([sys.executable, "-m", "hotswap.cli", "service", "status"],
                             capture_output=True, text=True, timeout=120)
@@ -277,6 +280,7 @@ def test_importing_hotswap_starts_the_service_and_its_command_line_does_not(
     status_now = current_status()
     assert status_now is not None and status_now["pid"] == int(user.stdout)
     monkeypatch.setenv("HOTSWAP_SERVICE", "off")
+    monkeypatch.setenv("HOTSWAP_START_EARLY", "off")  # no local pool either
     monkeypatch.setenv("HOTSWAP_SERVICE_DIR", str(service_dir.parent / "other"))
     off = subprocess.run([sys.executable, "-c", EARLY.replace("60", "3")],
                          capture_output=True, text=True, timeout=120)
@@ -287,7 +291,7 @@ SPAWNS = """
 import multiprocessing, sys
 from hotswap.service import early
 
-WANTED_AT_IMPORT = early._wanted()  # in a spawned child: as it re-imports this module
+WANTED_AT_IMPORT = early._wanted() is not None  # in a spawned child: as it re-imports this module
 
 def report(queue):
     queue.put(WANTED_AT_IMPORT)
@@ -307,6 +311,7 @@ def test_multiprocessing_children_start_no_service(method: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     script = tmp_path / "spawns.py"
     script.write_text(SPAWNS)
+    monkeypatch.setenv("HOTSWAP_START_EARLY", "on")
     monkeypatch.setenv("HOTSWAP_SERVICE", "on")
     monkeypatch.setenv("HOTSWAP_SERVICE_DIR", str(tmp_path / "svc"))
     monkeypatch.setenv("HOTSWAP_SERVICE_IDLE_EXIT_S", "5")

@@ -234,6 +234,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.row:
+        # This harness compiles nothing; each row's process is the program measured, and
+        # starts its workers as hotswap's defaults say, or as the caller set them (row_env).
+        args.start_early = os.environ.get("HOTSWAP_START_EARLY")
+        os.environ["HOTSWAP_START_EARLY"] = "off"  # before torch is imported (service/early.py)
     if args.device is None:
         args.device = "cuda" if cuda_available() else "cpu"
     if args.service:

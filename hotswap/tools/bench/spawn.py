@@ -37,10 +37,18 @@ def cold_env(root: str) -> dict[str, str]:
 
 def row_env(row: str, cache: str, args: argparse.Namespace) -> dict[str, str]:
     """The environment of ``row``'s fresh process: cold caches under ``cache`` (``cold_env``)
-    and what the row's name asks for: PyTorch's compile mode, the cluster (``args.cluster``),
-    the compile service (``args.service_dir`` for a warm one; a new one under ``cache`` for
-    the first process ever), the second GPU."""
+    and what the row's name asks for: compile workers started as hotswap is imported in
+    hotswap's rows alone (with ``args.workers`` as the default count), PyTorch's compile mode,
+    the cluster (``args.cluster``), the compile service (``args.service_dir`` for a warm one;
+    a new one under ``cache`` for the first process ever), the second GPU."""
     env = cold_env(cache)
+    if not row.startswith("hotswap:"):
+        # the harness imports hotswap, the program it stands for would not: no workers
+        env["HOTSWAP_START_EARLY"] = "off"
+    else:  # as the bench's caller had it (the bench itself starts none: main.run)
+        env["HOTSWAP_START_EARLY"] = getattr(args, "start_early", None) or "on"
+        if getattr(args, "workers", None):
+            env["HOTSWAP_WORKERS"] = str(args.workers)  # the pool started early is used
     if row.startswith("pytorch:"):
         env["TORCHINDUCTOR_FX_COMPILE_MODE"] = row.split(":")[1]
     if row.endswith("@cluster"):
