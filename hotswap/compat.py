@@ -489,6 +489,29 @@ def watch_recompile_limits(watcher: Callable[[RecompileLimitHit], None]) -> None
         _limit_watchers.append(watcher)
 
 
+def on_dynamo_compiles(callback: Callable[[bool], None]) -> None:
+    """Have dynamo call ``callback(True)`` as it begins compiling a frame and
+    ``callback(False)`` as it ends (``torch._dynamo.callback_handler``: process-wide, nested
+    compiles counted as one, both on the compiling thread). Idempotent; ``torch._dynamo.reset()``
+    drops it (call again after). Nothing where this torch has no such handler."""
+    import torch._dynamo
+
+    handler = getattr(torch._dynamo, "callback_handler", None)
+    if handler is None:
+        return
+    start, end = _compile_callbacks.setdefault(callback, (
+        lambda args: callback(True), lambda args: callback(False)))
+    if start not in handler.start_callbacks:
+        handler.register_start_callback(start)
+    if end not in handler.end_callbacks:
+        handler.register_end_callback(end)
+
+
+# callback -> the (start, end) functions registered for it (registered once each)
+_compile_callbacks: dict[Callable[[bool], None], tuple[Callable[[Any], None],
+                                                       Callable[[Any], None]]] = {}
+
+
 def reset_with_dynamo(backend: Any) -> None:
     """Have ``torch._dynamo.reset()`` (``torch.compiler.reset()``) call ``backend.reset()``.
     Dynamo calls it on the backends given to ``torch.compile`` since its last reset

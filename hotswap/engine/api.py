@@ -196,6 +196,7 @@ def prepare(*, workers: int | None = None, devices: Iterable[str] | None = None,
     pool = _runtime.pool(workers, options.worker_devices) if cluster is None else None
     importlib.import_module("torch._dynamo")  # here, before the warm-up thread (warmup.py)
     _watch_limits()  # a reset thaws what the warm-up freezes
+    compat.on_dynamo_compiles(threads.dynamo_compiling)  # the warm-up defers to the traces
     start_warmup(devices)
     if not wait:
         return True

@@ -79,6 +79,8 @@ class Coordinator:
                  measure: Measure | None = None, retain_artifacts: bool = False) -> None:
         setup_logging()
         compat.watch_recompile_limits(_recompile_limit_hit)
+        # hotswap's background work stays off the GIL while dynamo compiles (threads.py)
+        compat.on_dynamo_compiles(threads.dynamo_compiling)
         # Keep each graph's shipped form and artifacts once its ladder is final (to measure
         # its decisions again: hotswap.testing.audit); they are let go otherwise.
         self._retain = retain_artifacts
@@ -130,6 +132,7 @@ class Coordinator:
         t0 = time.monotonic()
         bump("graphs")
         compat.reset_with_dynamo(self)
+        compat.on_dynamo_compiles(threads.dynamo_compiling)  # again after a dynamo reset
         prepared = prepare(gm, example_inputs, keys=self._keys, ship=self.composition.remote,
                            start_s=t0, cut=any(t.regions for t in self.ladder.tiers))
         journey = self._journey(gm, prepared, FirstRun.capture(gm, example_inputs))
@@ -370,6 +373,7 @@ class Coordinator:
         as a failure. The pools' workers then exit once idle (``Runtime.release_idle``).
         Graphs that come later, from this backend or a new one, compile as usual."""
         self.reset_by_dynamo = True
+        threads.dynamo_compiling(False)  # the reset drops the callback that would say so
         for journey in self.graphs.drop():
             journey.forget()
         self.jobs.cancel()

@@ -28,7 +28,8 @@ within that, and puts the user's value back once the scheduler is idle.
 Deferring to the user's calls: the handoff still costs a call of hundreds of ops up to the
 interval per op (ViT on the H200: 17-47 ms calls of a 2 ms eager graph while an artifact
 loaded beside them). So the scheduler's tasks, and the warm-up's steps, stay off the GIL
-while a user call runs on eager (``user_calls``: ``GraphRunner`` marks each eager call):
+while a user call runs on eager (``user_calls``: ``GraphRunner`` marks each eager call,
+``dynamo_compiling`` each frame dynamo compiles, the user's call waiting on it):
 as each of their Python functions starts they check, and sleep until the call has ended,
 for at most ``YIELD_DEFER_S`` at a time, then run ``YIELD_RUN_S`` before they defer again (a
 caller with no gap between calls still lets a load through). Where a thread of the user's
@@ -54,7 +55,8 @@ from typing import Any
 
 from hotswap import settings
 
-__all__ = ["DEFERS", "Lane", "Timer", "deferring", "gil_handoff_s", "io", "join_all", "live",
+__all__ = ["DEFERS", "Lane", "Timer", "deferring", "dynamo_compiling", "gil_handoff_s", "io",
+           "join_all", "live",
            "quick_gil_handoff", "scheduler", "start", "stop_lanes", "user_calls", "user_waiting",
            "user_waits", "yielding", "yielding_gil"]
 
@@ -197,13 +199,34 @@ class _UserCalls:
             self._running.pop(ident, None)
 
     def running(self) -> bool:
-        return bool(self._running)
+        running = self._running
+        if len(running) == 1 and _COMPILING in running:
+            # dynamo compiles for a call of the user's; unless a thread of the user's waits
+            # for hotswap's work inside that compile (a waiting mode's first call)
+            return not user_waits._running
+        return bool(running)
 
 
+# ``user_calls``' key while dynamo compiles a frame, on whichever thread (its callbacks are
+# process-wide: ``dynamo_compiling``).
+_COMPILING = -1
 user_calls = _UserCalls()
 # The user's threads waiting for hotswap's work (``user_waiting``): the lanes then run at
 # full speed (deferring to another thread's calls would make the waiting one wait longer).
 user_waits = _UserCalls()
+
+
+def dynamo_compiling(started: bool) -> None:
+    """Dynamo began (``started``) or ended compiling a frame (``compat.on_dynamo_compiles``):
+    the call that set it off waits for its trace, its backend call and its guards (seconds,
+    for a transformer's first call). Until it ends, hotswap's deferring threads stay off the
+    GIL as they do during an eager call of the user's: the load path's warm-up, which a load
+    arriving then (a warm restart's cached tier) would otherwise run beside the trace,
+    taking a third of the GIL from it."""
+    if started:
+        user_calls._running[_COMPILING] = 1
+    else:
+        user_calls._running.pop(_COMPILING, None)
 
 
 @contextlib.contextmanager

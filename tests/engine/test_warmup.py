@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import hotswap
+from hotswap import compat
 from hotswap.engine import threads
 from hotswap.engine.loading import warmup
 from hotswap.system import heap
@@ -284,6 +285,37 @@ def test_a_user_call_on_eager_is_marked_running() -> None:
     assert seen == [True, True] and not threads.user_calls.running()
 
 
+def test_a_frame_dynamo_compiles_is_marked_running_unless_the_user_waits_in_it() -> None:
+    """The user's call waits for dynamo's trace: hotswap's deferring threads stay off the GIL
+    meanwhile (threads.dynamo_compiling), except where that call waits for their work."""
+    seen: list[tuple[bool, bool]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        running = threads.user_calls.running()
+        with threads.user_waiting():  # a waiting mode's first call
+            seen.append((running, threads.user_calls.running()))
+        return gm.forward
+
+    compat.on_dynamo_compiles(threads.dynamo_compiling)
+    compat.on_dynamo_compiles(threads.dynamo_compiling)  # once is enough
+    try:
+        for scale in (2, 3):  # the second after a reset, which drops the callbacks
+            fn = torch.compile(lambda x, s=scale: x * s, backend=backend)
+            assert not threads.user_calls.running()
+            assert fn(torch.ones(2)).tolist() == [scale, scale]
+            assert not threads.user_calls.running()  # ended with the compile
+            assert seen == [(True, False)]
+            seen.clear()
+            torch._dynamo.reset()
+            compat.on_dynamo_compiles(threads.dynamo_compiling)
+        fn = torch.compile(lambda x: x + 1, backend=backend)
+        with pytest.raises(TypeError):
+            fn("not a tensor")  # dynamo's own failure: the mark ends all the same
+        assert not threads.user_calls.running()
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
 def test_on_312_a_user_call_is_seen_at_the_next_function_start() -> None:
     """The clock is looked at every 16th start, but a running call at each: work with a
@@ -476,6 +508,7 @@ _LOAD_IMPORTS = r"""
 import json, sys, threading
 import torch
 import hotswap
+from hotswap import compat
 
 hotswap.prepare(devices=["cpu"], wait=True, timeout_s=300)
 imported = []
