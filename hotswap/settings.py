@@ -68,7 +68,9 @@ on them at once rather than in a worker or a background thread.
                                                             the default size), so they warm
                                                             while the model is built;
                                                             those no compile uses within 120 s
-                                                            stop. off: at the first compile
+                                                            (a pool: or the idle exit, if
+                                                            longer) stop. off: at the first
+                                                            compile
     HOTSWAP_SERVICE_DIR             $XDG_RUNTIME_DIR/hotswap the service's private folder (socket,
                                     or /tmp/hotswap-service- key, lock, log), mode 0700
                                     <uid>

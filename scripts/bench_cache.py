@@ -18,10 +18,12 @@ from pathlib import Path
 
 # Runs from a checkout as it is (e.g. on a GPU machine without network): hotswap is one level up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# This harness compiles nothing; each row's process starts its own workers (row_env).
+# This harness compiles nothing; each row's process starts its own workers as the caller
+# had them (row_env).
+CALLER_START_EARLY = os.environ.get("HOTSWAP_START_EARLY")
 os.environ["HOTSWAP_START_EARLY"] = "off"
-from hotswap.tools.bench.spawn import spawn_row
-from hotswap.tools.common import cuda_available
+from hotswap.tools.bench.spawn import spawn_row  # noqa: E402
+from hotswap.tools.common import cuda_available  # noqa: E402
 
 
 def main() -> None:
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--interval-ms", type=float, default=5.0)
     args = parser.parse_args()
+    args.start_early = CALLER_START_EARLY
     args.threads, args.prepare, args.floor_s = None, False, 20.0  # hotswap bench's defaults
     print("times from each process's start; ready = its first call (imports, model built)")
     print(f"{'model':<14}{'cold ready/final s':>20}{'warm ready/final s':>20}{'ratio':>8}"

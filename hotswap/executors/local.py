@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -55,6 +56,15 @@ class LocalPools:
         # and how many of a pool's workers stay started with no job (WorkerPool's ``warm``).
         self._yield_to = yield_to
         self._warm = warm
+        self._start_fresh()
+        fresh = weakref.WeakMethod(self._start_fresh)  # registered for good: not the pools
+        os.register_at_fork(after_in_child=lambda: (method := fresh()) and method())
+
+    def _start_fresh(self) -> None:
+        """No pool, no reaper. Also a forked child's state: its parent's pools (one started
+        as the parent imported hotswap, say) are the parent's (``WorkerPool`` refuses work in
+        another process), their reaper thread is not in the child, and a lock a thread of
+        the parent held at the fork would stay held."""
         # One pool per (worker count, worker devices).
         self._pools: dict[PoolKey, WorkerPool] = {}
         self._lock = threading.Lock()
@@ -65,9 +75,9 @@ class LocalPools:
         self._reset: set[PoolKey] = set()  # pools idle since a reset: RESET_IDLE_EXIT_S
         self._reaper: threading.Thread | None = None
         self._reaper_stop = threading.Event()  # shutdown(): the reaper ends
-        # Pools started before a compile asked for them (``start_early``): until when each
-        # waits for one, and the environment its workers started in.
-        self._early: dict[PoolKey, tuple[float, dict[str, str]]] = {}
+        # Pools started before a compile asked for them (``start_early``): when each
+        # started, how long it waits for one at least, the environment it started in.
+        self._early: dict[PoolKey, tuple[float, float, dict[str, str]]] = {}
 
     def submit(self, size: PoolKey, job: str, payload: Any, timeout_s: float | None) -> JobFuture:
         """A job for the pool of ``size``, counted until done. Counted under the lock that
@@ -91,15 +101,16 @@ class LocalPools:
     def start_early(self, size: PoolKey, first_job_within_s: float) -> bool:
         """Start the pool of ``size`` before any compile asks for it (as hotswap is imported:
         service/early.py), unless it runs; whether it started. It stops
-        ``first_job_within_s`` from now unless a compile asks for it first (``pool``,
-        ``submit``). Asked for once this process has changed what a worker's build reads
-        from the environment it inherits (``build_env``: CUDA_VISIBLE_DEVICES, a
-        TORCHINDUCTOR_* variable...), it is replaced by a pool started in the new one."""
+        ``first_job_within_s`` from now, or ``idle_exit_s()`` if longer (none: kept), unless
+        a compile asks for it first (``pool``, ``submit``). Asked for once this process has
+        changed what a worker's build reads from the environment it inherits
+        (``build_env``: CUDA_VISIBLE_DEVICES, a TORCHINDUCTOR_* variable...), it is replaced
+        by a pool started in the new one."""
         with self._lock:
             if size in self._pools:
                 return False
             self._pool_locked(size)
-            self._early[size] = (time.monotonic() + first_job_within_s, build_env())
+            self._early[size] = (time.monotonic(), first_job_within_s, build_env())
             self._start_reaper_locked()
             return True
 
@@ -148,7 +159,8 @@ class LocalPools:
         """Stop a pool whose jobs are all done and that has had none for idle_exit_s(): its
         workers hold torch and inductor (hundreds of MiB each) for nothing once every ladder
         is final. A pool that never ran a job (prepare(), a warm pool) is kept, unless the
-        graphs it was warmed for all settled without one (``settled``). Ends when
+        graphs it was warmed for all settled without one (``settled``), or it was started
+        early and no compile asked for it in its window (``start_early``). Ends when
         no pool is left to watch (the next job starts it again) or at shutdown()."""
         while True:
             try:
@@ -162,10 +174,10 @@ class LocalPools:
                 if not self._pools:
                     self._reaper = None
                     return
-                # started early, and no compile asked for it in time (whatever the limit:
-                # it served nobody)
-                idle = [size for size, (until, _) in self._early.items()
-                        if now >= until and size in self._pools]
+                # started early, and no compile asked for it in time
+                idle = [size for size, (started, window, _) in self._early.items()
+                        if limit is not None and now - started >= max(window, limit)
+                        and size in self._pools]
                 if limit is not None:
                     # (a job given to a pool directly, not through submit(), keeps it too)
                     idle += [size for size, since in self._idle_since.items()
@@ -197,9 +209,7 @@ class LocalPools:
     def _pool_locked(self, size: PoolKey) -> WorkerPool:
         pool = self._pools.get(size)
         early = self._early.pop(size, None)  # asked for: no first-job window any more
-        if pool is not None and early is not None and early[1] != (now := build_env()):
-            changed = sorted(k for k in early[1].keys() | now.keys()
-                             if early[1].get(k) != now.get(k))
+        if pool is not None and early is not None and (changed := _changed(early[2])):
             log.info("hotswap: the compile workers started as hotswap was imported are "
                      "replaced: this process has changed %s since", ", ".join(changed))
             threading.Thread(target=self._forget_locked(size).terminate, daemon=True,
@@ -287,19 +297,37 @@ def rss_limit() -> int | None:
 
 
 # What a compile worker's build reads from the environment it inherits as it starts (its
-# compiler, its devices, inductor's and triton's settings and caches, hotswap's own).
-_BUILD_PREFIXES = ("TORCH", "PYTORCH", "TRITON", "CUDA", "NVIDIA", "HOTSWAP_", "PYTHON", "OMP_",
-                   "MKL", "KMP_", "LD_", "CC", "CXX", "CFLAGS", "CPATH", "LIBRARY_PATH", "PATH",
-                   "TMPDIR", "TEMP", "TMP", "HOME", "XDG_")
+# compiler and its flags, its devices, inductor's, triton's and hotswap's settings and caches),
+# but for the variables of those prefixes that only this process reads (hotswap's own) or that
+# inductor sets here as it runs (TRITON_CACHE_DIR: a worker derives the same one).
+_BUILD_PREFIXES = ("TORCH", "PYTORCH", "TRITON", "CUDA", "NVIDIA", "ATEN_", "HOTSWAP_", "PYTHON",
+                   "OMP_", "MKL", "KMP_", "LD_", "CC", "CXX", "CFLAGS", "CPATH", "C_INCLUDE_PATH",
+                   "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "PATH", "CONDA_PREFIX", "TMPDIR",
+                   "TEMP", "TMP", "HOME", "XDG_")
+_NOT_BUILD = frozenset((
+    "TRITON_CACHE_DIR", "PYTHONWARNINGS", "HOTSWAP_MODE", "HOTSWAP_TIERS", "HOTSWAP_REGIONS",
+    "HOTSWAP_PARTS", "HOTSWAP_TIMEOUT_S", "HOTSWAP_GATE_THRESHOLD", "HOTSWAP_PROFILE_DIR",
+    "HOTSWAP_LOG", "HOTSWAP_START_EARLY", "HOTSWAP_SWITCH_INTERVAL_S", "HOTSWAP_GC_FREEZE",
+    "HOTSWAP_CACHE_URL", "HOTSWAP_CACHE_KEY_FILE", "HOTSWAP_CLAIM_TTL_S",
+    "HOTSWAP_CACHE_MAX_BYTES", "HOTSWAP_EXECUTOR", "HOTSWAP_SERVICE", "HOTSWAP_SERVICE_DIR",
+    "HOTSWAP_SERVICE_IDLE_EXIT_S"))
 
 
 def build_env() -> dict[str, str]:
     """The variables of this process's environment that a worker's build reads
     (``_BUILD_PREFIXES``), inductor's cache folder as resolved (inductor sets
     TORCHINDUCTOR_CACHE_DIR in its process as it first looks for it)."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(_BUILD_PREFIXES)}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(_BUILD_PREFIXES) and k not in _NOT_BUILD}
     env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(import_torch=False)
     return env
+
+
+def _changed(earlier: dict[str, str]) -> list[str]:
+    """The variables ``build_env()`` holds that differ from ``earlier`` (set, unset or
+    changed since)."""
+    now = build_env()
+    return sorted(k for k in earlier.keys() | now.keys() if earlier.get(k) != now.get(k))
 
 
 def inductor_cache_dir(*, import_torch: bool = True) -> str:

@@ -10,10 +10,9 @@ model is built (importing transformers, building GPT-2, moving it to the GPU: 10
 H100), and a first job finds a worker that is ready, or nearly.
 
 The import only starts a daemon thread; the thread finds or starts the service
-(``control.ensure``, under its lock, as a job's link would), or starts the local pool once the
-process begins to import torch (``LocalPools.start_early``; it imports no torch itself: a
-program that imports hotswap for its ``WorkerPool`` alone starts no compile worker), and
-nothing more. Whatever fails there is said later by the job that needs the workers, which
+(``control.ensure``, under its lock, as a job's link would), or, once the process begins to
+import torch, starts the local pool (``LocalPools.start_early``: it imports no torch itself),
+and nothing more. Whatever fails there is said later by the job that needs the workers, which
 tries again.
 
 Not in hotswap's own processes: its workers (``HOTSWAP_SCRATCH_DIR`` is set for them), the
@@ -25,19 +24,21 @@ whose parent asked already; nor where the pool's jobs would not come from a defa
 is this environment's as hotswap is imported: set ``CUDA_VISIBLE_DEVICES`` and
 ``TORCHINDUCTOR_*`` before. Workers started early for another build, or whose pool no compile
 asks for (``hotswap.compile(workers=2)`` where the default is 1), stop ``FIRST_JOB_WITHIN_S``
-after their start if no job came; a local pool asked for once this process has changed such a
-variable is replaced at once (``LocalPools.start_early``).
+after their start if no job came (a pool: HOTSWAP_WORKER_IDLE_EXIT_S after it, if longer; 0:
+kept); a local pool asked for once this process has changed such a variable is replaced at
+once (``LocalPools.start_early``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from hotswap import settings
 
@@ -49,17 +50,23 @@ log = logging.getLogger("hotswap")
 # set CUDA_VISIBLE_DEVICES or a TORCHINDUCTOR_* variable after importing hotswap, and then
 # ask a service of another build; compile with executor="local", or with other workers=).
 FIRST_JOB_WITHIN_S = 120.0
-# How often the local pool's thread looks whether this process has begun to import torch.
-TORCH_POLL_S = 0.02
 # ``python -m <module>`` programs of hotswap's that start no service as they import it.
 _OWN_MODULES = ("hotswap", "hotswap.cli", "hotswap.service", "hotswap.workers")
-_OWN_PACKAGES = ("hotswap.service.", "hotswap.workers.")
+_OWN_PACKAGES = ("hotswap.service.", "hotswap.workers.", "hotswap.system.")
 
 
 def start() -> threading.Thread | None:
     """Find or start the service, or start the local pool, on a daemon thread, where this
-    process would use it."""
+    process would use it: the pool once the process begins to import torch (``_OnTorch``;
+    a program that imports hotswap for its ``WorkerPool`` alone compiles nothing)."""
     target = _wanted()
+    if target is _pool_early and "torch" not in sys.modules:
+        _OnTorch.install()
+        return None
+    return _start_thread(target)
+
+
+def _start_thread(target: Callable[[], None] | None) -> threading.Thread | None:
     if target is None:
         return None
     name = "hotswap-service-early" if target is _service_early else "hotswap-pool-early"
@@ -69,6 +76,25 @@ def start() -> threading.Thread | None:
     except RuntimeError:  # imported first as the interpreter exits: no new threads
         return None
     return thread
+
+
+class _OnTorch:
+    """A finder first on ``sys.meta_path`` that finds nothing: as the process begins to
+    import torch, it takes itself off and starts the local pool's thread, if the
+    environment still asks for it then (a harness that compiles nothing itself sets
+    HOTSWAP_START_EARLY=off before it imports torch). No thread waits meanwhile."""
+
+    @classmethod
+    def install(cls) -> None:
+        if not any(isinstance(f, cls) for f in sys.meta_path):
+            sys.meta_path.insert(0, cls())
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "torch":
+            with contextlib.suppress(ValueError):  # another thread's import took it off
+                sys.meta_path.remove(self)
+                _start_thread(_pool_early if _wanted() is _pool_early else None)
+        return None
 
 
 def own_program(argv: Sequence[str]) -> bool:
@@ -144,21 +170,10 @@ def _service_early() -> None:
 
 
 def _pool_early() -> None:
-    """Start the local pool once this process imports torch (a program that imports hotswap
-    for its ``WorkerPool`` alone compiles nothing), or never, past ``FIRST_JOB_WITHIN_S``;
-    as the environment says then (a harness that compiles nothing itself sets
-    HOTSWAP_START_EARLY=off before it imports torch)."""
-    deadline = time.monotonic() + FIRST_JOB_WITHIN_S
-    while "torch" not in sys.modules:  # there as soon as its import starts
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(TORCH_POLL_S)
-    if _wanted() is not _pool_early:
-        return
     try:
         from hotswap.executors.local import key, pools
 
-        pools.start_early(key(None, ()), max(1.0, deadline - time.monotonic()))
+        pools.start_early(key(None, ()), FIRST_JOB_WITHIN_S)
     except Exception as e:  # the first compile starts it, and says why it cannot
         log.debug("hotswap: starting the compile workers early failed: %s: %s",
                   type(e).__name__, e)

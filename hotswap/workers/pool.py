@@ -57,6 +57,15 @@ def _terminate_live_pools() -> None:
         pool.terminate()
 
 
+def _forget_live_pools() -> None:
+    """A forked child has none of its parent's pools: at its exit it must not stop theirs
+    (nor wait on a lock a thread of the parent held at the fork)."""
+    _live_pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_live_pools)
+
+
 class WorkerPool:
     """A pool of ``python -m hotswap.workers`` processes that run named jobs.
 

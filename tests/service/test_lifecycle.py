@@ -211,6 +211,7 @@ def test_the_service_names_its_bytecode_and_template_folders_and_its_clients_are
     (["python", "/venv/bin/hotswap", "service", "status"], True),
     (["python", "-X", "importtime", "-u", "-m", "hotswap.service", "--dir", "d"], True),
     (["python", "-um", "hotswap.workers"], True),
+    (["python", "-m", "hotswap.system.bytecode_fill", "/cache/pycache-311"], True),
     (["python", "-mhotswap"], True),
     (["python", "-m", "hotswap.tools.bench.main", "--row", "hotswap:async"], False),
     (["python", "-Xdev", "-W", "ignore", "train.py", "hotswap"], False),

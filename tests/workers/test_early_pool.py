@@ -76,7 +76,9 @@ def test_a_users_program_starts_its_worker_as_it_imports_hotswap(tmp_path: Path)
 NO_TORCH = r"""
 import sys
 from hotswap.executors.local import key, pools
-assert pools.start_early(key(1, ()), 5.0)
+assert pools.start_early(key(1, ()), 60.0)
+[pool] = pools.pools()
+assert pool.wait_ready(120)  # its worker spawned and started
 print("torch" in sys.modules)
 pools.shutdown()
 """
@@ -92,18 +94,38 @@ def test_starting_a_pool_early_imports_no_torch(tmp_path: Path) -> None:
     assert done.stdout.split() == ["False"]
 
 
+HARNESS = r"""
+import os, sys, time
+import hotswap  # HOTSWAP_START_EARLY=on in the environment
+from hotswap.executors.local import pools
+os.environ["HOTSWAP_START_EARLY"] = "off"  # a harness that compiles nothing, before torch
+import torch
+time.sleep(1.0)
+print(len(pools.pools()), any("hotswap-pool" in t.name for t in __import__("threading").enumerate()))
+"""
+
+
+def test_a_harness_turns_the_early_pool_off_before_it_imports_torch(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", HARNESS], capture_output=True, text=True,
+                          timeout=120, check=False,
+                          env={**os.environ, "HOTSWAP_START_EARLY": "on",
+                               "HOTSWAP_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "False"]
+
+
 def _worker_env(pool: object, name: str) -> str | None:
     [pid] = pool.worker_pids()  # type: ignore[attr-defined]
     return psutil.Process(pid).environ().get(name)
 
 
 def test_an_early_pool_no_compile_asks_for_stops(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOTSWAP_WORKER_IDLE_EXIT_S", "0")  # never idle: the window still ends
+    monkeypatch.setenv("HOTSWAP_WORKER_IDLE_EXIT_S", "1")  # shorter than the window: the window
     pools = local.LocalPools()
     size = local.key(1, ())
     try:
-        assert pools.start_early(size, 1.0) is True
-        assert pools.start_early(size, 1.0) is False  # runs already
+        assert pools.start_early(size, 3.0) is True
+        assert pools.start_early(size, 3.0) is False  # runs already
         [unused] = pools.pools()
         deadline = time.monotonic() + 20
         while not unused.worker_pids() and time.monotonic() < deadline:
@@ -117,12 +139,38 @@ def test_an_early_pool_no_compile_asks_for_stops(monkeypatch: pytest.MonkeyPatch
         while not gone(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert gone(pid)
-        # asked for within its window: kept past it
+        # asked for within its window: kept past it (a pool that never ran a job is kept)
         assert pools.start_early(size, 1.0) is True
         [kept] = pools.pools()
         assert pools.pool(size) is kept
         time.sleep(2.5)
         assert pools.pools() == [kept]
+        pools.shutdown()
+        # HOTSWAP_WORKER_IDLE_EXIT_S=0 keeps idle workers for good: an early pool too
+        monkeypatch.setenv("HOTSWAP_WORKER_IDLE_EXIT_S", "0")
+        assert pools.start_early(size, 1.0) is True
+        [never] = pools.pools()
+        time.sleep(2.5)
+        assert pools.pools() == [never]
+    finally:
+        pools.shutdown()
+
+
+def test_a_forked_child_has_none_of_its_parents_pools() -> None:
+    pools = local.LocalPools()
+    try:
+        assert pools.start_early(local.key(1, ()), 60.0)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: a pool of its own if it asks (none of its parent's)
+            try:
+                os.write(write, b"%d" % len(pools.pools()))
+            finally:
+                os._exit(0)
+        os.close(write)
+        assert os.read(read, 8) == b"0"
+        os.waitpid(pid, 0)
+        assert len(pools.pools()) == 1  # the parent's, untouched
     finally:
         pools.shutdown()
 
