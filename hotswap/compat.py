@@ -27,7 +27,8 @@ import torch
 __all__ = [
     "TORCH_VERSION", "Buffer", "RecompileLimitHit", "UnsaveableArtifact", "artifact_from_bytes",
     "artifact_to_bytes", "dynamo_trace_start", "inductor_events", "intra_op_threads",
-    "mark_static_inputs", "reset_with_dynamo", "standalone_compile", "static_input_indices",
+    "mark_static_inputs", "on_dynamo_compiles", "reset_with_dynamo", "standalone_compile",
+    "static_input_indices",
     "watch_dynamo_traces", "watch_recompile_limits",
 ]
 
@@ -490,17 +491,18 @@ def watch_recompile_limits(watcher: Callable[[RecompileLimitHit], None]) -> None
 
 
 def on_dynamo_compiles(callback: Callable[[bool], None]) -> None:
-    """Have dynamo call ``callback(True)`` as it begins compiling a frame and
-    ``callback(False)`` as it ends (``torch._dynamo.callback_handler``: process-wide, nested
-    compiles counted as one, both on the compiling thread). Idempotent; ``torch._dynamo.reset()``
-    drops it (call again after). Nothing where this torch has no such handler."""
+    """Have dynamo call ``callback(True)`` as it begins compiling and ``callback(False)`` as
+    it ends (``torch._dynamo.callback_handler``: a frame's compile, a lazy backward's, a CUDA
+    graph's recording; process-wide, compiles that overlap counted as one, so the two may
+    come on different threads). Idempotent; ``torch._dynamo.reset()`` drops it (call again
+    after). Nothing where this torch has no such handler."""
     import torch._dynamo
 
     handler = getattr(torch._dynamo, "callback_handler", None)
     if handler is None:
         return
     start, end = _compile_callbacks.setdefault(callback, (
-        lambda args: callback(True), lambda args: callback(False)))
+        lambda *_: callback(True), lambda *_: callback(False)))
     if start not in handler.start_callbacks:
         handler.register_start_callback(start)
     if end not in handler.end_callbacks:

@@ -294,13 +294,15 @@ def _coordinators(compiled: Any) -> list[Coordinator]:
 class _Forget:
     """Reset with dynamo (``torch.compiler.reset()``): the recompile limits hit so far go with
     the graphs (each coordinator forgets its own), idle workers may exit, and the heap the
-    load path's warm-up froze is the collector's again (hotswap.system.heap)."""
+    load path's warm-up froze is the collector's again (hotswap.system.heap), and no compile
+    of dynamo's is under way (its reset drops the callback that would say one ended)."""
 
     def reset(self) -> None:
         with _lock:
             _unattributed.clear()
         _runtime.release_idle()
         heap.thaw()
+        threads.dynamo_compiling(False)
 
 
 _forget = _Forget()

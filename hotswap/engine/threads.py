@@ -34,9 +34,10 @@ as each of their Python functions starts they check, and sleep until the call ha
 for at most ``YIELD_DEFER_S`` at a time, then run ``YIELD_RUN_S`` before they defer again (a
 caller with no gap between calls still lets a load through). Where a thread of the user's
 waits for the work (``user_waiting``, the warm-up's ``full_speed``), it does not defer. A
-single long C call is not split, and a lock the deferring thread holds (a module's import
-lock while it imports) waits with it: a user call that needs it waits up to the
-deferral's pace (2 ms in 12). The lanes defer on Python 3.12+ only (``DEFERS``).
+single long C call is not split, and a lock the deferring thread holds waits with it: a
+user call that needs it waits up to the deferral's pace (2 ms in 12), but for a module's
+import lock: a thread that another waits on to finish an import does not defer. The lanes
+defer on Python 3.12+ only (``DEFERS``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -263,10 +265,14 @@ class _Yield:
                 return False
             until = now + YIELD_DEFER_S
             while now < until and user_calls.running():
+                if _import_waits_on_me():  # a thread waits for what this one imports:
+                    self.owed_until = now + YIELD_DEFER_S  # a run, then it looks again
+                    break
                 time.sleep(YIELD_DEFER_POLL_S)
                 now = time.perf_counter()
-            if now >= until:  # calls back to back: a run of ours before deferring again
-                self.owed_until = now + YIELD_RUN_S
+            else:
+                if now >= until:  # calls back to back: a run of ours before deferring again
+                    self.owed_until = now + YIELD_RUN_S
             self.started = now  # that was a rest
             return True
         if now - self.started <= self.run_s:
@@ -283,6 +289,32 @@ class _Yield:
         time.sleep(rest)
         self.started = time.perf_counter()
         return True
+
+
+def _import_waits_on_me() -> bool:
+    """Whether another thread waits for a module this thread is importing (its import lock):
+    a user's call (or dynamo's trace) that needs the module would wait out every deferral,
+    so the importing thread does not defer then. (importlib's record of who waits on which
+    lock: ``_blocking_on``, thread -> its lock on 3.11, -> a weak reference to a list of
+    locks on 3.12+. Nothing is found where it is neither.)"""
+    waiting = getattr(_bootstrap, "_blocking_on", None)
+    waiting = getattr(waiting, "data", waiting)
+    if not waiting:
+        return False
+    me = threading.get_ident()
+    try:
+        for value in list(waiting.values()):
+            if isinstance(value, weakref.ref):
+                value = value()
+            for lock in value if isinstance(value, list) else (value,):
+                if getattr(lock, "owner", None) == me:
+                    return True
+    except Exception:  # another Python's import internals: no deferral is shortened
+        return False
+    return False
+
+
+_bootstrap = sys.modules.get("_frozen_importlib")
 
 
 class _Monitoring:
@@ -370,7 +402,7 @@ class _Monitoring:
         # is looked at every start: code with C work between its starts (an unpickler) would
         # otherwise run up to TICK_EVERY of those into a call
         state.skip -= 1
-        if state.skip > 0 and not (state.defer and user_calls._running):
+        if state.skip > 0 and not (state.defer and user_calls._running and user_calls.running()):
             return None
         state.skip = self.TICK_EVERY
         if not state.tick():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import itertools
 import json
 import math
@@ -308,12 +309,61 @@ def test_a_frame_dynamo_compiles_is_marked_running_unless_the_user_waits_in_it()
             seen.clear()
             torch._dynamo.reset()
             compat.on_dynamo_compiles(threads.dynamo_compiling)
+        marks: list[bool] = []
+        compat.on_dynamo_compiles(marks.append)
         fn = torch.compile(lambda x: x + 1, backend=backend)
         with pytest.raises(TypeError):
             fn("not a tensor")  # dynamo's own failure: the mark ends all the same
-        assert not threads.user_calls.running()
+        assert marks == [True, False] and not threads.user_calls.running()
     finally:
         torch._dynamo.reset()
+
+
+_SLOW_MODULE = """
+def _step(i):
+    return i + 1
+
+for _ in range({rounds}):  # Python calls: a deferring thread ticks at their starts
+    for _i in range(200):
+        _step(_i)
+"""
+
+
+def test_a_thread_another_waits_on_to_finish_an_import_does_not_defer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A yielding thread importing a module that the user's thread (inside a trace, or a
+    call) then imports too: the user's thread waits for the import lock, so the importing
+    thread runs on rather than deferring to it at 2 ms in 12."""
+    for name in ("slow_a", "slow_b"):
+        (tmp_path / f"{name}.py").write_text(_SLOW_MODULE.format(rounds=1500))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    took: dict[str, float] = {}
+
+    def importing(name: str) -> None:
+        with threads.yielding_gil(run_s=math.inf, rest_s=0.0):
+            t = time.perf_counter()
+            importlib.import_module(name)
+            took[name] = time.perf_counter() - t
+
+    alone = threading.Thread(target=importing, args=("slow_a",))
+    alone.start()
+    alone.join(30)
+    threads.dynamo_compiling(True)  # the user's thread traces from here
+    try:
+        beside = threading.Thread(target=importing, args=("slow_b",))
+        beside.start()
+        time.sleep(0.03)  # into the import, deferring
+        t = time.perf_counter()
+        importlib.import_module("slow_b")  # the user's trace needs it: waits on its lock
+        waited = time.perf_counter() - t
+        beside.join(30)
+    finally:
+        threads.dynamo_compiling(False)
+        for name in ("slow_a", "slow_b"):
+            sys.modules.pop(name, None)
+    # the user's thread waited for the rest of the import at full speed (deferring all the
+    # way, about six times as long as the import alone)
+    assert waited < 2.0 * took["slow_a"], (waited, took)
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
@@ -508,7 +558,6 @@ _LOAD_IMPORTS = r"""
 import json, sys, threading
 import torch
 import hotswap
-from hotswap import compat
 
 hotswap.prepare(devices=["cpu"], wait=True, timeout_s=300)
 imported = []
