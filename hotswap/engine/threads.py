@@ -31,8 +31,9 @@ loaded beside them). So the scheduler's tasks, and the warm-up's steps, stay off
 while a user call runs on eager (``user_calls``: ``GraphRunner`` marks each eager call,
 ``dynamo_compiling`` each frame dynamo compiles, the user's call waiting on it):
 as each of their Python functions starts they check, and sleep until the call has ended,
-for at most ``YIELD_DEFER_S`` at a time, then run ``YIELD_RUN_S`` before they defer again (a
-caller with no gap between calls still lets a load through). Where a thread of the user's
+for at most ``YIELD_DEFER_S`` at a time (``YIELD_DEFER_COMPILE_S`` while dynamo compiles and
+no eager call runs), then run ``YIELD_RUN_S`` before they defer again (a caller with no gap
+between calls still lets a load through). Where a thread of the user's
 waits for the work (``user_waiting``, the warm-up's ``full_speed``), it does not defer. A
 single long C call is not split, and a lock the deferring thread holds waits with it: a
 user call that needs it waits up to the deferral's pace (2 ms in 12), but for a module's
@@ -169,6 +170,9 @@ YIELD_WANTED_REST_S = 0.001
 # this often (then it runs YIELD_RUN_S before it defers again).
 YIELD_DEFER_S = 0.010
 YIELD_DEFER_POLL_S = 0.0005
+# While dynamo compiles for a call (seconds for a transformer), and no eager call runs, it
+# defers this long at a time: it then ran 2 ms in 12, a sixth of the trace's interpreter.
+YIELD_DEFER_COMPILE_S = 0.050
 # Whether the lanes defer to the user's calls here. On Python 3.12+ the check is a
 # ``sys.monitoring`` callback (``_Monitoring``). 3.11's trace function puts every instruction
 # of the thread through the tracing path: an interpreter-heavy task took 2.3x as long, and the
@@ -200,6 +204,11 @@ class _UserCalls:
         else:
             self._running.pop(ident, None)
 
+    def compiling_only(self) -> bool:
+        """Whether dynamo's compile is the only mark (no eager call runs)."""
+        running = self._running
+        return len(running) == 1 and _COMPILING in running
+
     def running(self) -> bool:
         running = self._running
         if len(running) == 1 and _COMPILING in running:
@@ -212,6 +221,8 @@ class _UserCalls:
 # ``user_calls``' key while dynamo compiles a frame, on whichever thread (its callbacks are
 # process-wide: ``dynamo_compiling``).
 _COMPILING = -1
+_compile_ended = threading.Event()  # clear while dynamo compiles
+_compile_ended.set()
 user_calls = _UserCalls()
 # The user's threads waiting for hotswap's work (``user_waiting``): the lanes then run at
 # full speed (deferring to another thread's calls would make the waiting one wait longer).
@@ -226,9 +237,11 @@ def dynamo_compiling(started: bool) -> None:
     arriving then (a warm restart's cached tier) would otherwise run beside the trace,
     taking a third of the GIL from it."""
     if started:
+        _compile_ended.clear()
         user_calls._running[_COMPILING] = 1
     else:
         user_calls._running.pop(_COMPILING, None)
+        _compile_ended.set()
 
 
 @contextlib.contextmanager
@@ -263,12 +276,18 @@ class _Yield:
         if self.defer and now >= self.owed_until and user_calls.running():
             if self.unless() and self.full_speed():
                 return False
-            until = now + YIELD_DEFER_S
+            until = now + (YIELD_DEFER_COMPILE_S if user_calls.compiling_only()
+                           else YIELD_DEFER_S)
             while now < until and user_calls.running():
                 if _import_waits_on_me():  # a thread waits for what this one imports:
                     self.owed_until = now + YIELD_DEFER_S  # a run, then it looks again
                     break
-                time.sleep(YIELD_DEFER_POLL_S)
+                if user_calls.compiling_only():
+                    # woken as the compile ends (or to look at the imports again), not
+                    # polling: the trace is pure Python, each poll takes the GIL from it
+                    _compile_ended.wait(min(until - now, YIELD_DEFER_S))
+                else:
+                    time.sleep(YIELD_DEFER_POLL_S)
                 now = time.perf_counter()
             else:
                 if now >= until:  # calls back to back: a run of ours before deferring again
@@ -642,6 +661,7 @@ def _after_fork_in_child() -> None:
         lane._start_fresh()
     for marks in (user_calls, user_waits):  # of threads the child does not have
         marks._running.clear()
+    _compile_ended.set()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -178,6 +178,24 @@ def test_calls_back_to_back_still_let_a_deferring_thread_run() -> None:
     assert len(ran) < 0.5 * (end - start) * 1e3, sorted(ran)
 
 
+def test_during_a_long_compile_a_deferring_thread_runs_a_little() -> None:
+    """Dynamo's trace is one long stretch of the user's Python: a deferring thread runs
+    YIELD_RUN_S in YIELD_DEFER_COMPILE_S (it ran 2 ms in 12 before, a sixth of the trace),
+    and runs at all (a compile that never ends must not stop the work for good)."""
+    with _stamped(run_s=math.inf, rest_s=0.0) as stamps:
+        time.sleep(0.02)
+        threads.dynamo_compiling(True)
+        start = time.perf_counter()
+        try:
+            _interpreter_work(0.5)  # the trace: the user's thread holds the GIL throughout
+        finally:
+            threads.dynamo_compiling(False)
+        end = time.perf_counter()
+    ran = {round(t, 3) for t in stamps if start + threads.YIELD_DEFER_COMPILE_S < t < end}
+    assert ran, "the work must go on"
+    assert len(ran) < 0.1 * (end - start) * 1e3, sorted(ran)
+
+
 def test_a_thread_the_user_waits_for_does_not_defer() -> None:
     with _stamped(run_s=math.inf, rest_s=0.0, unless=lambda: True,
                   full_speed=lambda: True) as stamps:
