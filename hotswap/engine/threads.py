@@ -210,12 +210,11 @@ class _UserCalls:
         return len(running) == 1 and _COMPILING in running
 
     def running(self) -> bool:
-        running = self._running
-        if len(running) == 1 and _COMPILING in running:
+        if self.compiling_only():
             # dynamo compiles for a call of the user's; unless a thread of the user's waits
             # for hotswap's work inside that compile (a waiting mode's first call)
             return not user_waits._running
-        return bool(running)
+        return bool(self._running)
 
 
 # ``user_calls``' key while dynamo compiles a frame, on whichever thread (its callbacks are
