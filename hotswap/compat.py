@@ -407,32 +407,33 @@ def inductor_events(min_s: float = 1e-4) -> Iterator[list[tuple[str, float, floa
 
 
 _trace_starts = threading.local()
-_watching = False
 _watch_lock = threading.Lock()
+
+
+def _trace_started(*_: Any) -> None:
+    _trace_starts.start_s = time.monotonic()
 
 
 def watch_dynamo_traces() -> None:
     """Note when dynamo starts compiling a frame (per thread), so the backend can time the
-    trace that led to it. Idempotent; a torch without the callback API records nothing."""
-    global _watching
-    with _watch_lock:
-        if _watching:
-            return
-        _watching = True
+    trace that led to it. Idempotent; ``torch._dynamo.reset()`` drops it (call again after:
+    the backend does at each graph). A torch without the callback API records nothing."""
     try:
-        from torch._dynamo.callback import on_compile_start
+        from torch._dynamo.callback import callback_handler
     except ImportError:
         return
-
-    def started(*_: Any) -> None:
-        _trace_starts.start_s = time.monotonic()
-
-    on_compile_start(started)
+    with _watch_lock:
+        if _trace_started not in callback_handler.start_callbacks:
+            callback_handler.register_start_callback(_trace_started)
 
 
 def dynamo_trace_start() -> float | None:
-    """When dynamo started the compile now calling the backend in this thread (or None)."""
-    return getattr(_trace_starts, "start_s", None)
+    """When dynamo started the compile now calling the backend in this thread (or None),
+    once: a second backend call of the same compile, or one whose compile started while no
+    callback was registered, gets None rather than an older compile's start."""
+    start: float | None = getattr(_trace_starts, "start_s", None)
+    _trace_starts.start_s = None
+    return start
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,7 @@ class Recorder:
         start = compat.dynamo_trace_start()
         if start is not None and start <= backend_called_s:
             self.span(graph, GRAPH_TIER, "dynamo_trace", start, backend_called_s)
+        compat.watch_dynamo_traces()  # again, for the traces after a dynamo reset
 
     def worker_job(self, graph: Timed, tier: str, events: Iterable[Any],
                    submitted_s: float, done_s: float) -> None:

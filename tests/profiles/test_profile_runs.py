@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,18 @@ def test_profile_cli_on_a_script_then_report_and_compare(
     assert "graph g1: Sequential.forward" in capsys.readouterr().out  # paired by signature
     with pytest.raises(SystemExit, match="SCRIPT to run or --model"):
         main(["profile"])
+
+
+def test_dynamo_trace_after_a_dynamo_reset_is_this_compiles(tmp_path: Path) -> None:
+    """torch._dynamo.reset() drops dynamo's callbacks: each graph compiled after one has the
+    trace span of its own compile, not one from an earlier compile's start."""
+    for run in ("first", "after-reset", "after-another"):
+        torch._dynamo.reset()
+        reset_s = time.monotonic()
+        model = _Unseen()
+        compiled = hotswap.compile(model, mode="inprocess", profile_dir=str(tmp_path / run))
+        x = torch.randn(4, 32)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        [trace] = [s for s in _records(tmp_path / run)
+                   if isinstance(s, Span) and s.name == "dynamo_trace"]
+        assert trace.start_s >= reset_s, (run, trace, reset_s)
