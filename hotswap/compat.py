@@ -410,21 +410,16 @@ _trace_starts = threading.local()
 _watch_lock = threading.Lock()
 
 
-def _trace_started(*_: Any) -> None:
-    _trace_starts.start_s = time.monotonic()
+def _trace_compiling(started: bool) -> None:
+    if started:
+        _trace_starts.start_s = time.monotonic()
 
 
 def watch_dynamo_traces() -> None:
     """Note when dynamo starts compiling a frame (per thread), so the backend can time the
     trace that led to it. Idempotent; ``torch._dynamo.reset()`` drops it (call again after:
     the backend does at each graph). A torch without the callback API records nothing."""
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:
-        return
-    with _watch_lock:
-        if _trace_started not in callback_handler.start_callbacks:
-            callback_handler.register_start_callback(_trace_started)
+    on_dynamo_compiles(_trace_compiling)
 
 
 def dynamo_trace_start() -> float | None:
