@@ -37,8 +37,9 @@ between calls still lets a load through). Where a thread of the user's
 waits for the work (``user_waiting``, the warm-up's ``full_speed``), it does not defer. A
 single long C call is not split, and a lock the deferring thread holds waits with it: a
 user call that needs it waits up to the deferral's pace (2 ms in 12), but for a module's
-import lock: a thread that another waits on to finish an import does not defer. The lanes
-defer on Python 3.12+ only (``DEFERS``).
+import lock: a thread that another waits on to finish an import neither defers nor rests
+(``prepare()`` first thing: the warm-up imports inductor while the program imports what it
+needs of it). The lanes defer on Python 3.12+ only (``DEFERS``).
 """
 
 from __future__ import annotations
@@ -295,6 +296,9 @@ class _Yield:
             return True
         if now - self.started <= self.run_s:
             return True
+        if _import_waits_on_me():  # a rest would hold up the thread waiting for the import
+            self.started = now
+            return True
         wanted = self.unless()
         rest = self.wanted_rest_s if wanted else self.rest_s
         if wanted and self.full_speed():
@@ -312,7 +316,7 @@ class _Yield:
 def _import_waits_on_me() -> bool:
     """Whether another thread waits for a module this thread is importing (its import lock):
     a user's call (or dynamo's trace) that needs the module would wait out every deferral,
-    so the importing thread does not defer then. (importlib's record of who waits on which
+    so the importing thread neither defers nor rests then. (importlib's record of who waits on which
     lock: ``_blocking_on``, thread -> its lock on 3.11, -> a weak reference to a list of
     locks on 3.12+. Nothing is found where it is neither.)"""
     waiting = getattr(_bootstrap, "_blocking_on", None)

@@ -347,41 +347,64 @@ for _ in range({rounds}):  # Python calls: a deferring thread ticks at their sta
 """
 
 
-def test_a_thread_another_waits_on_to_finish_an_import_does_not_defer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A yielding thread importing a module that the user's thread (inside a trace, or a
-    call) then imports too: the user's thread waits for the import lock, so the importing
-    thread runs on rather than deferring to it at 2 ms in 12."""
+def _waiting_for_a_yielding_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   tracing: bool, **block: Any) -> tuple[float, float]:
+    """How long the user's thread waits for a module a thread in a yielding block (``block``)
+    is importing, against that import alone at full speed; ``tracing``: the user's thread
+    is in a dynamo trace meanwhile."""
     for name in ("slow_a", "slow_b"):
         (tmp_path / f"{name}.py").write_text(_SLOW_MODULE.format(rounds=1500))
     monkeypatch.syspath_prepend(str(tmp_path))
     took: dict[str, float] = {}
 
-    def importing(name: str) -> None:
-        with threads.yielding_gil(run_s=math.inf, rest_s=0.0):
+    def importing(name: str, **block: Any) -> None:
+        with threads.yielding_gil(**block):
             t = time.perf_counter()
             importlib.import_module(name)
             took[name] = time.perf_counter() - t
 
-    alone = threading.Thread(target=importing, args=("slow_a",))
+    alone = threading.Thread(target=importing, args=("slow_a",),
+                             kwargs={"run_s": math.inf, "rest_s": 0.0})
     alone.start()
     alone.join(30)
-    threads.dynamo_compiling(True)  # the user's thread traces from here
+    if tracing:
+        threads.dynamo_compiling(True)  # the user's thread traces from here
     try:
-        beside = threading.Thread(target=importing, args=("slow_b",))
+        beside = threading.Thread(target=importing, args=("slow_b",), kwargs=block)
         beside.start()
-        time.sleep(0.03)  # into the import, deferring
+        time.sleep(0.03)  # into the import, deferring or resting
         t = time.perf_counter()
-        importlib.import_module("slow_b")  # the user's trace needs it: waits on its lock
+        importlib.import_module("slow_b")  # the user's thread needs it: waits on its lock
         waited = time.perf_counter() - t
         beside.join(30)
     finally:
-        threads.dynamo_compiling(False)
+        if tracing:
+            threads.dynamo_compiling(False)
         for name in ("slow_a", "slow_b"):
             sys.modules.pop(name, None)
+    return waited, took["slow_a"]
+
+
+def test_a_thread_another_waits_on_to_finish_an_import_does_not_defer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A yielding thread importing a module that the user's thread (inside a trace, or a
+    call) then imports too: the user's thread waits for the import lock, so the importing
+    thread runs on rather than deferring to it at 2 ms in 12."""
+    waited, alone = _waiting_for_a_yielding_import(tmp_path, monkeypatch, True,
+                                                   run_s=math.inf, rest_s=0.0)
     # the user's thread waited for the rest of the import at full speed (deferring all the
     # way, about six times as long as the import alone)
-    assert waited < 2.0 * took["slow_a"], (waited, took)
+    assert waited < 2.0 * alone, (waited, alone)
+
+
+def test_a_thread_another_waits_on_to_finish_an_import_does_not_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with no call running (``hotswap.prepare()`` first thing: the warm-up imports
+    while the user's thread builds its model, and imports what it imports): the importing
+    thread runs on rather than resting 4 ms after every 2 ms of its own."""
+    waited, alone = _waiting_for_a_yielding_import(tmp_path, monkeypatch, False)
+    # resting all the way: about three times as long as the import alone
+    assert waited < 2.0 * alone, (waited, alone)
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
