@@ -270,8 +270,8 @@ class _Yield:
 
     def tick(self) -> bool:
         """As a Python frame starts: stay off the GIL while a user call runs (``defer``), and
-        rest once the thread has run ``run_s``. False: full speed from here (no more ticks
-        wanted)."""
+        rest once the thread has run ``run_s``, unless a thread of the user's waits for an
+        import this one is making. False: full speed from here (no more ticks wanted)."""
         now = time.perf_counter()
         if self.defer and now >= self.owed_until and user_calls.running():
             if self.unless() and self.full_speed():
@@ -296,13 +296,13 @@ class _Yield:
             return True
         if now - self.started <= self.run_s:
             return True
-        if _import_waits_on_me():  # a rest would hold up the thread waiting for the import
-            self.started = now
-            return True
         wanted = self.unless()
         rest = self.wanted_rest_s if wanted else self.rest_s
         if wanted and self.full_speed():
             return False
+        if _import_waits_on_me():  # a rest would hold up the thread waiting for the import
+            self.started = now
+            return True
         if rest <= 0:
             if not self.defer:
                 return False
@@ -314,18 +314,23 @@ class _Yield:
 
 
 def _import_waits_on_me() -> bool:
-    """Whether another thread waits for a module this thread is importing (its import lock):
-    a user's call (or dynamo's trace) that needs the module would wait out every deferral,
-    so the importing thread neither defers nor rests then. (importlib's record of who waits on which
-    lock: ``_blocking_on``, thread -> its lock on 3.11, -> a weak reference to a list of
-    locks on 3.12+. Nothing is found where it is neither.)"""
+    """Whether a thread not of hotswap's waits for a module this thread is importing (its
+    import lock): a user's call (or dynamo's trace) that needs the module would wait out
+    every deferral and rest, so the importing thread neither defers nor rests then. Another
+    thread of hotswap's waiting (triton's warm-up beside the imports) changes nothing: the
+    user's calls still come first. (importlib's record of who waits on which lock:
+    ``_blocking_on``, thread -> its lock on 3.11, -> a weak reference to a list of locks on
+    3.12+. Nothing is found where it is neither.)"""
     waiting = getattr(_bootstrap, "_blocking_on", None)
     waiting = getattr(waiting, "data", waiting)
     if not waiting:
         return False
     me = threading.get_ident()
     try:
-        for value in list(waiting.values()):
+        ours = {t.ident for t in live()}
+        for waiter, value in list(waiting.items()):
+            if waiter in ours:
+                continue
             if isinstance(value, weakref.ref):
                 value = value()
             for lock in value if isinstance(value, list) else (value,):

@@ -348,10 +348,11 @@ for _ in range({rounds}):  # Python calls: a deferring thread ticks at their sta
 
 
 def _waiting_for_a_yielding_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                   tracing: bool, **block: Any) -> tuple[float, float]:
+                                   tracing: bool, *, ours: bool = False,
+                                   **block: Any) -> tuple[float, float]:
     """How long the user's thread waits for a module a thread in a yielding block (``block``)
     is importing, against that import alone at full speed; ``tracing``: the user's thread
-    is in a dynamo trace meanwhile."""
+    is in a dynamo trace meanwhile; ``ours``: a thread of hotswap's waits instead."""
     for name in ("slow_a", "slow_b"):
         (tmp_path / f"{name}.py").write_text(_SLOW_MODULE.format(rounds=1500))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -374,7 +375,10 @@ def _waiting_for_a_yielding_import(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         beside.start()
         time.sleep(0.03)  # into the import, deferring or resting
         t = time.perf_counter()
-        importlib.import_module("slow_b")  # the user's thread needs it: waits on its lock
+        if ours:
+            threads.start(importlib.import_module, name="hotswap-test", args=("slow_b",)).join(30)
+        else:
+            importlib.import_module("slow_b")  # the user's thread needs it: waits on its lock
         waited = time.perf_counter() - t
         beside.join(30)
     finally:
@@ -405,6 +409,14 @@ def test_a_thread_another_waits_on_to_finish_an_import_does_not_rest(
     waited, alone = _waiting_for_a_yielding_import(tmp_path, monkeypatch, False)
     # resting all the way: about three times as long as the import alone
     assert waited < 2.0 * alone, (waited, alone)
+
+
+def test_a_thread_of_hotswaps_waiting_on_an_import_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the thread that waits is hotswap's own (triton's warm-up beside the imports), the
+    importing thread rests as before: the user's calls still come first."""
+    waited, alone = _waiting_for_a_yielding_import(tmp_path, monkeypatch, False, ours=True)
+    assert waited > 1.5 * alone, (waited, alone)  # 4 ms asleep after every 2 ms
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
