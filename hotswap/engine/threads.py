@@ -327,7 +327,10 @@ def _import_waits_on_me() -> bool:
         return False
     me = threading.get_ident()
     try:
-        ours = {t.ident for t in live()}
+        # not live(): its lock is not reentrant, and this runs as any Python function of the
+        # thread starts, a finalizer called while the thread holds that lock too (copying
+        # the set is one C call, under the GIL)
+        ours = {t.ident for t in list(_live)}
         for waiter, value in list(waiting.items()):
             if waiter in ours:
                 continue
