@@ -71,35 +71,63 @@ def test_an_entry_carries_the_headers_where_inductor_keeps_them(
     """Precompiled headers live under inductor's default cache directory, not the one
     TORCHINDUCTOR_CACHE_DIR names: a compile's files carry those written since its worker's
     warm-up (a load needs them) but not the warm-up's own kernels, and a load puts each file
-    back where inductor looks for it."""
+    back where inductor looks for it; one whose build was cut short (gcc's mark missing) is
+    not shipped."""
     cache, headers = tmp_path / "cache", tmp_path / "default" / kernel_files.HEADERS_DIR
     monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(cache))
     monkeypatch.setattr(kernel_files, "headers_dir", lambda: str(headers))
     warm_s, job_s = time.time() - 100, time.time() - 1
     headers.mkdir(parents=True)
     (headers / "c7ud.h").write_bytes(b"#include <torch>")
-    (headers / "c7ud.h.gch").write_bytes(b"precompiled")
-    (headers / "older.h.gch").write_bytes(b"built before the worker started")
+    (headers / "c7ud.h.gch").write_bytes(b"gpch+014 precompiled")
+    (headers / "cut.h.gch").write_bytes(b"gpcWrite, then killed")
+    (headers / "older.h.gch").write_bytes(b"gpch+014 built before the worker started")
     os.utime(headers / "older.h.gch", (warm_s - 10, warm_s - 10))
     warm_kernel = cache / "wa" / "warm.so"
     warm_kernel.parent.mkdir(parents=True)
     warm_kernel.write_bytes(b"warm-up's kernel")
-    for path in (headers / "c7ud.h", headers / "c7ud.h.gch", warm_kernel):
+    for path in (headers / "c7ud.h", headers / "c7ud.h.gch", headers / "cut.h.gch", warm_kernel):
         os.utime(path, (warm_s + 10, warm_s + 10))
     (cache / "ab").mkdir()
     (cache / "ab" / "job.so").write_bytes(b"job's kernel")
     files = kernel_files.compile_outputs([], job_s, headers_since_s=warm_s)
     assert files == {"precompiled_headers/c7ud.h": b"#include <torch>",
-                     "precompiled_headers/c7ud.h.gch": b"precompiled",
+                     "precompiled_headers/c7ud.h.gch": b"gpch+014 precompiled",
                      os.path.join("ab", "job.so"): b"job's kernel"}
     assert kernel_files.compile_outputs([], job_s) == {
         os.path.join("ab", "job.so"): b"job's kernel"}
     shutil.rmtree(cache)
     shutil.rmtree(headers)
     assert kernel_files.restore(files) == 3
-    assert (headers / "c7ud.h.gch").read_bytes() == b"precompiled"
+    assert (headers / "c7ud.h.gch").read_bytes() == b"gpch+014 precompiled"
     assert (cache / "ab" / "job.so").read_bytes() == b"job's kernel"
     assert not (cache / kernel_files.HEADERS_DIR).exists()
+
+
+def test_a_header_whose_build_was_cut_short_is_removed_unless_being_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcc marks a precompiled header it is writing ("gpcWrite") and puts its real mark there
+    at the end; inductor builds one only where none is, so one a kill cut short would stand
+    for good (and gcc takes it for none). Removed, but never while inductor's lock for it is
+    held (a build under way), and never in a folder others may write."""
+    import filelock
+
+    headers = tmp_path / kernel_files.HEADERS_DIR
+    (headers / "locks").mkdir(parents=True)
+    monkeypatch.setattr(kernel_files, "headers_dir", lambda: str(headers))
+    (headers / "cdone.h.gch").write_bytes(b"gpch+014" + b"\0" * 100)
+    (headers / "ccut.h.gch").write_bytes(b"gpcWrite" + b"\0" * 100)
+    (headers / "cnow.h.gch").write_bytes(b"gpcWrite")
+    (headers / "cempty.h.gch").write_bytes(b"")
+    with filelock.FileLock(str(headers / "locks" / "cnow.lock")):
+        removed = kernel_files.remove_cut_short_headers()
+    assert sorted(removed) == [str(headers / "ccut.h.gch"), str(headers / "cempty.h.gch")]
+    assert sorted(p.name for p in headers.glob("*.gch")) == ["cdone.h.gch", "cnow.h.gch"]
+    os.chmod(headers, 0o777)  # anyone may write it: nothing there is ours to judge
+    assert kernel_files.remove_cut_short_headers() == []
+    assert (headers / "cnow.h.gch").exists()
+    os.chmod(headers, 0o755)
+    assert kernel_files.remove_cut_short_headers() == [str(headers / "cnow.h.gch")]
 
 
 @as_root
@@ -123,18 +151,18 @@ def test_nothing_another_user_could_have_written_rides_in_an_entry(
     (ours / "ab" / "link.so").symlink_to(outside)
     headers = tmp_path / "default" / kernel_files.HEADERS_DIR
     headers.mkdir(parents=True)
-    (headers / "h.gch").write_bytes(b"precompiled")
+    (headers / "h.gch").write_bytes(b"gpch+014")
     monkeypatch.setattr(kernel_files, "headers_dir", lambda: str(headers))
     since = time.time() - 10
 
     monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(ours))
     assert kernel_files.compile_outputs([str(ours / "ab" / "group.cpp")], since) == {
         os.path.join("ab", "kernel.so"): b"\x7fELF",
-        "precompiled_headers/h.gch": b"precompiled"}
+        "precompiled_headers/h.gch": b"gpch+014"}
     assert "not trusted" not in caplog.text
 
     monkeypatch.setattr(kernel_files, "inductor_cache_dir", lambda: str(theirs))
-    assert kernel_files.compile_outputs([], since) == {"precompiled_headers/h.gch": b"precompiled"}
+    assert kernel_files.compile_outputs([], since) == {"precompiled_headers/h.gch": b"gpch+014"}
     assert kernel_files.restore({os.path.join("cd", "new.so"): b"ours"}) == 0
     assert not (theirs / "cd").exists()
     assert f"inductor's folder {theirs} is not trusted" in caplog.text

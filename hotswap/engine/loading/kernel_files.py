@@ -48,6 +48,7 @@ __all__ = [
     "headers_written_since",
     "inductor_cache_dir",
     "libraries_built_from",
+    "remove_cut_short_headers",
     "restore",
     "restore_files",
     "trusted_folder",
@@ -138,6 +139,57 @@ def headers_dir() -> str:
     raise RuntimeError("cannot find inductor's precompiled headers in this torch version")
 
 
+# How a precompiled header gcc finished begins ("gpch" and its flavour and version). gcc writes
+# "gpcWrite" there first and the real mark once it is done: a build killed halfway leaves that.
+_GCC_PCH_MARK = b"gpch"
+
+
+def _cut_short(path: str) -> bool:
+    """Whether ``path`` is a precompiled header gcc did not finish (a .gch without its mark)."""
+    if not path.endswith(".gch"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_GCC_PCH_MARK)) != _GCC_PCH_MARK
+    except OSError:
+        return False
+
+
+def remove_cut_short_headers() -> list[str]:
+    """Remove the precompiled headers whose build was killed halfway (a process's exit, a
+    kill of its compiler); returns them. Inductor builds a header only where none is there, and
+    gcc takes one it did not finish for no header at all: every later C++ kernel on the machine
+    (any process's, torch.compile's too) would parse inductor's headers in full, about twice
+    its compile time on the 2-core box. A header is looked at under inductor's lock for it, so
+    none being built is touched; nothing in a folder another user could write."""
+    from filelock import FileLock, Timeout
+
+    folder = headers_dir()
+    removed: list[str] = []
+    try:
+        names = [name for name in os.listdir(folder) if name.endswith(".gch")]
+    except OSError:
+        return removed
+    if not names or not trusted_folder(folder):
+        return removed
+    for name in names:
+        path = os.path.join(folder, name)
+        if not _cut_short(path):
+            continue
+        lock = os.path.join(folder, "locks", name.split(".", 1)[0] + ".lock")  # inductor's
+        try:
+            with FileLock(lock, timeout=0):
+                if _cut_short(path):
+                    os.unlink(path)
+                    removed.append(path)
+        except (Timeout, OSError):
+            continue  # being built now, or gone
+    if removed:
+        log.warning("hotswap: removed %d precompiled header(s) whose build was cut short, to "
+                    "be built again: %s", len(removed), ", ".join(removed))
+    return removed
+
+
 def headers_written_since(since_s: float, max_bytes: int = 512 * 2**20) -> dict[str, bytes]:
     """Inductor's precompiled headers (and the headers they were built from) written at or
     after ``since_s``, as ``precompiled_headers/<name>`` -> bytes."""
@@ -150,7 +202,7 @@ def headers_written_since(since_s: float, max_bytes: int = 512 * 2**20) -> dict[
         return found
     for name in names:
         path = os.path.join(folder, name)
-        if name.endswith((".lock", ".tmp")) or name.startswith("."):
+        if name.endswith((".lock", ".tmp")) or name.startswith(".") or _cut_short(path):
             continue
         try:
             st = os.stat(path)
