@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,65 @@ def test_a_warm_up_compile_gets_past_a_library_a_killed_link_left_cut_short(
     assert f"removed a damaged kernel library from inductor's cache, compiling again: " \
         f"{library}" in second.stderr
     assert library.stat().st_size == whole  # built again, whole
+
+
+
+_COMPILE_TINY = r"""
+import torch
+from torch._inductor import config
+config.fx_graph_cache = False
+torch.compile(lambda x: (x * 2 + 1).relu())(torch.randn(64))
+"""
+
+
+def _headers(tmp: Path) -> dict[str, bytes]:
+    """The precompiled headers under ``tmp`` that gcc finished, name -> the first bytes."""
+    found = {}
+    for path in tmp.glob("torchinductor_*/precompiled_headers/*.gch"):
+        with open(path, "rb") as f:
+            found[path.name] = f.read(8)
+    return {name: head for name, head in found.items() if head.startswith(b"gpch")}
+
+
+def _header_built_by_a_worker(tmp: Path, env: dict[str, str]) -> dict[str, bytes]:
+    from hotswap.executors.base import WARM_CPP_HEADER_JOB
+    from hotswap.workers import WorkerPool
+
+    with WorkerPool(1, worker_env=env, warm_modules=(
+            "torch", "torch._inductor.compile_fx", WARM_CPP_HEADER_JOB)) as pool:
+        assert pool.wait_ready(120)
+        deadline = time.monotonic() + 300
+        while not (built := _headers(tmp)):
+            assert time.monotonic() < deadline, "no precompiled header within 300 s"
+            time.sleep(0.5)
+        [info] = pool.workers_info()
+        assert info.jobs_done == 0
+    return built
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU machine's warm-up")
+def test_a_cpu_worker_builds_the_header_inductor_s_kernels_use_before_any_job(
+        tmp_path: Path) -> None:
+    """Inductor builds its precompiled header for CPU kernels before a process's first kernel
+    (16.5 s of a corpus GPT-2 job on the busy 2-core box, every kernel waiting). A worker
+    builds it from its start, beside any job: the very header a compile then uses. One a
+    killed build left (gcc's mark missing), which inductor would take as built for good, the
+    next worker builds again."""
+    from torch._inductor import config
+
+    if not getattr(config, "cpp_cache_precompile_headers", False):
+        pytest.skip("this torch builds no precompiled header for its CPU kernels")
+    # Inductor keeps its headers under the temporary directory, whatever its cache dir says.
+    env = {"TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    built = _header_built_by_a_worker(tmp_path, env)
+    # A compile in another process (its own inductor cache) builds no other header.
+    done = subprocess.run([sys.executable, "-c", _COMPILE_TINY], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **env,
+                                            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "other")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _headers(tmp_path) == built
+    [header] = tmp_path.glob("torchinductor_*/precompiled_headers/*.gch")
+    with open(header, "r+b") as f:  # as a build killed halfway leaves it
+        f.write(b"gpcWrite")
+        f.truncate(16384)
+    assert _header_built_by_a_worker(tmp_path, env) == built

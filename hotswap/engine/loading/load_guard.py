@@ -299,6 +299,8 @@ def probe_vec_isa(shared_dir: str | None = None) -> None:
         return
     try:
         with filelock.FileLock(str(answer) + ".lock", timeout=PROBE_LOCK_WAIT_S):
+            if _answered(cpu_vec_isa):
+                return  # another thread of this worker probed while this one waited
             if _adopt_answer(answer, cpu_vec_isa):
                 return
             _probe_here(cpu_vec_isa)
