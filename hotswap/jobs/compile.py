@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,8 +23,11 @@ log = logging.getLogger("hotswap")
 T = TypeVar("T")
 
 
-# Ship precompiled headers written after this time with the next result (set by warm_device).
+# Ship precompiled headers written after this time with the next result (set by the warm-up's
+# steps that may build one: warm_device's, warm_cpp_header).
 _files_since_s: float | None = None
+# Held while warm_cpp_header runs (a worker's background step, beside its jobs).
+_cpp_header_lock = threading.Lock()
 # Whether this worker has compiled a job's graph: warm-up steps a job came before run once no
 # job waits (workers/child.py), and those whose work the job did return at once.
 _compiled_a_job = False
@@ -42,7 +46,8 @@ def warm_device(_: Any = None) -> None:
     global _files_since_s
     if _compiled_a_job:
         return
-    _files_since_s = time.time() - 1.0  # the first job also ships the headers warming up built
+    if _files_since_s is None:  # the first job also ships the headers warming up built
+        _files_since_s = time.time() - 1.0
     import torch
     import torch._inductor.codecache
     import torch._inductor.graph
@@ -73,9 +78,9 @@ def warm_cpp_header(_: Any = None) -> None:
     starts seconds before the first graph comes, and runs while the process traces it and the
     worker lowers it; a job that reaches its first kernel before the header is built waits on
     inductor's lock for the rest. Built already (a warm machine): the preprocessor alone, as
-    every first kernel of a process runs it. Not on a machine with a GPU, whose graphs build
-    no C++ kernels (and whose vector-ISA probe, needed first, took 53 s on our H200)."""
-    global _files_since_s
+    every first kernel of a process runs it. Not on a machine with a GPU, whose graphs are
+    the GPU's (its vector-ISA probe, needed first, took 53 s on our H200: a CPU graph there
+    pays it and the header itself, as warm_device says)."""
     import torch
 
     if torch.cuda.is_available():
@@ -84,6 +89,12 @@ def warm_cpp_header(_: Any = None) -> None:
 
     if not getattr(config, "cpp_cache_precompile_headers", False) or os.name == "nt":
         return  # a torch that builds no header for its CPU kernels
+    with _cpp_header_lock:
+        _build_cpp_header(codecache)
+
+
+def _build_cpp_header(codecache: Any) -> None:
+    global _files_since_s
     from hotswap.engine.loading.kernel_files import remove_cut_short_headers
     from hotswap.engine.loading.load_guard import probe_vec_isa, record_precompiled_headers
 
@@ -361,6 +372,12 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     global _compiled_a_job
     _compiled_a_job = True
     request = CompileRequest.from_wire(wire)
+    if any(key.startswith("cpp") for key in request.config_patches):
+        # A tier that patches inductor's C++ settings patches them for the whole worker: let
+        # the background step's header (the default settings') be built first, not with
+        # this tier's flags under the default's name.
+        with _cpp_header_lock:
+            pass
     record_precompiled_headers()  # where warm_device did not run
     if _cpu_graph(request.inputs):  # a job that came before warm_device did: probe first
         with stage("vec_isa_probe", tier=request.tier):
@@ -383,11 +400,13 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     for name, start_s, end_s in events:  # inductor's own stages, nested inside ours
         emit_stage(name, start_s, end_s, tier=request.tier, inductor=True)
     with stage("collect_files", tier=request.tier):
+        header_pending = _cpp_header_lock.locked()  # then a later job ships it
         files = kernel_files.compile_outputs(sources, started, _files_since_s)
         reprobe_if_cut_short()  # a tier that read on probed during the compile
         entry = pack_entry(data, files, {**probes(), **source_key.record(),
                                          **precompiled.record(codes)}, plan, part=part)
-    _files_since_s = None
+    if not header_pending:
+        _files_since_s = None
     return CompileResult(request.graph_id, request.tier, entry).to_wire()
 
 

@@ -43,8 +43,8 @@ from hotswap.workers.protocol import (
     encode_result,
 )
 
-__all__ = ["current_job_id", "emit_stage", "in_worker", "lower_priority", "main", "resolve_job",
-           "stage"]
+__all__ = ["current_job_id", "emit_stage", "in_background_step", "in_worker", "lower_priority",
+           "main", "resolve_job", "stage"]
 
 
 class _Channel:
@@ -86,6 +86,12 @@ _job_id = 0
 def in_worker() -> bool:
     """True inside a hotswap worker process."""
     return _channel is not None
+
+
+def in_background_step() -> bool:
+    """True on a thread running a background warm-up step (``_in_background``): what it
+    does is no job's, whatever job runs beside it (its inductor events, the files it writes)."""
+    return getattr(_background_thread, "on", False)
 
 
 def current_job_id() -> int:
@@ -185,6 +191,7 @@ _READY_ROUND_TRIP_S = 0.1
 # Warm-up steps running in threads of their own (``_in_background``), and how often a step
 # waiting for them to end looks for a job meanwhile.
 _background: list[threading.Thread] = []
+_background_thread = threading.local()
 _BACKGROUND_POLL_S = 0.05
 _IDLE_BEFORE_WARM_S = 1.0
 
@@ -275,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [entry for entry in entries if ":" in entry]
     for entry in [entry for entry in steps if _in_background(entry)]:
         steps.remove(entry)
-        thread = threading.Thread(target=_warm, args=(entry, lambda name: resolve_job(name)(None)),
+        thread = threading.Thread(target=_warm_in_background, args=(entry,),
                                   name=f"hotswap-warm-{entry.rpartition(':')[2]}", daemon=True)
         thread.start()
         _background.append(thread)
@@ -292,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     # job need not have done first, which a job coming meanwhile would wait for). One whose
     # function is ``background`` started above, in a thread, before the worker said it is
     # ready; the other steps wait for it to end (they would wait for what it does: the tiny
-    # compile for the header the background step builds), a job never does.
+    # compile for the header the background step builds); a job does not, but for what its
+    # compile itself needs of that work (inductor's lock on the header).
     _warm_while_idle(channel, steps, _READY_ROUND_TRIP_S)
     while True:
         frame = channel.recv()
@@ -301,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         if frame.kind == MessageKind.JOB_REQUEST:
             _run_job(channel, frame)
             _warm_while_idle(channel, steps, _IDLE_BEFORE_WARM_S)
+
+
+def _warm_in_background(entry: str) -> None:
+    _background_thread.on = True
+    _warm(entry, lambda name: resolve_job(name)(None))
 
 
 def _in_background(entry: str) -> bool:

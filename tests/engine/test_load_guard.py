@@ -176,13 +176,16 @@ def test_an_adopted_header_that_is_not_built_is_built_as_usual(monkeypatch: pyte
     monkeypatch.setattr(codecache, "_precompile_header", real)
     monkeypatch.setattr(load_guard, "_headers_hooked", False)
     monkeypatch.setattr(load_guard, "_headers", {})
-    present = tmp_path / "present.h"
-    (tmp_path / "present.h.gch").write_bytes(b"pch")
+    present, cut = tmp_path / "present.h", tmp_path / "cut.h"
+    (tmp_path / "present.h.gch").write_bytes(b"gpch+014")
+    (tmp_path / "cut.h.gch").write_bytes(b"gpcWrite")  # gcc's mark until it is done: killed
     load_guard.adopt({"headers": [["a.h", "cmd", str(present)],
-                                  ["b.h", "cmd", str(tmp_path / "missing.h")]]})
+                                  ["b.h", "cmd", str(tmp_path / "missing.h")],
+                                  ["c.h", "cmd", str(cut)]]})
     assert codecache._precompile_header("a.h", "cmd") == str(present)  # no preprocessor run
     assert codecache._precompile_header("b.h", "cmd") == str(tmp_path / "built.h")
-    assert built == ["b.h"]
+    assert codecache._precompile_header("c.h", "cmd") == str(tmp_path / "built.h")
+    assert built == ["b.h", "c.h"]
 
 
 def test_status_says_why_pending_tiers_wait_on_cpu(monkeypatch: pytest.MonkeyPatch,

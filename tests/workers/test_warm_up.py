@@ -113,3 +113,33 @@ def test_a_cpu_worker_builds_the_header_inductor_s_kernels_use_before_any_job(
         f.write(b"gpcWrite")
         f.truncate(16384)
     assert _header_built_by_a_worker(tmp_path, env) == built
+
+
+def test_what_a_background_step_does_beside_a_job_is_not_the_job_s(tmp_path: Path) -> None:
+    """A worker's background warm-up step (its header build) runs beside its jobs: its
+    inductor events are no job's stages, and the sources it writes ship in no job's entry."""
+    import threading
+
+    from torch._dynamo.utils import dynamo_timed
+    from torch._inductor import codecache
+
+    from hotswap import compat
+    from hotswap.engine.loading.load_guard import cpp_sources
+    from hotswap.workers import child
+
+    def step() -> None:
+        child._background_thread.on = True  # as child._warm_in_background marks its thread
+        with dynamo_timed("a_background_step"):
+            time.sleep(0.01)
+        codecache.write("// the step's", "cpp", specified_dir=str(tmp_path))
+
+    with compat.inductor_events() as events, cpp_sources() as sources:
+        thread = threading.Thread(target=step)
+        thread.start()
+        thread.join()
+        with dynamo_timed("the_job_s"):
+            time.sleep(0.01)
+        _, job_source = codecache.write("// the job's", "cpp", specified_dir=str(tmp_path))
+    assert [name for name, _, _ in events if name in ("a_background_step", "the_job_s")] == [
+        "the_job_s"]
+    assert sources == [job_source]

@@ -43,6 +43,7 @@ __all__ = [
     "compile_outputs",
     "damaged_library",
     "files_written_since",
+    "header_finished",
     "header_in_place",
     "headers_dir",
     "headers_written_since",
@@ -153,6 +154,12 @@ def _cut_short(path: str) -> bool:
             return f.read(len(_GCC_PCH_MARK)) != _GCC_PCH_MARK
     except OSError:
         return False
+
+
+def header_finished(path: str) -> bool:
+    """Whether the precompiled header at ``path`` is there, whole (not one a build left cut
+    short, which gcc takes for no header)."""
+    return os.path.isfile(path) and not _cut_short(path)
 
 
 def remove_cut_short_headers() -> list[str]:

@@ -126,9 +126,10 @@ def probes() -> dict[str, Any]:
     found: dict[str, Any] = {}
     answer = _answer
     if answer is not None:  # as far as this process probed: a later reader probes on
-        found["vec_isa"] = [_isa_record(isa) for isa in answer.known()]
-        if not answer.complete:
-            found["vec_isa_probed"] = answer.probed
+        with answer._lock:  # one reading, whatever another thread probes meanwhile
+            found["vec_isa"] = [_isa_record(isa) for isa in answer.known()]
+            if not answer.complete:
+                found["vec_isa_probed"] = answer.probed
     else:
         isas = cpu_vec_isa.valid_vec_isa_list
         cache_info = getattr(isas, "cache_info", None)
@@ -224,12 +225,16 @@ def cpp_sources() -> Iterator[list[str]]:
     global _sources, _write_hooked
     from torch._inductor import codecache
 
+    from hotswap.workers.child import in_background_step
+
     with _sources_lock:
         if not _write_hooked:
             real = codecache.write
 
             def write(*args: Any, **kwargs: Any) -> tuple[str, str]:
                 key, path = real(*args, **kwargs)
+                if in_background_step():  # a warm-up's source beside the job: not the job's
+                    return key, path
                 with _sources_lock:
                     if _sources is not None and str(path).endswith(".cpp"):
                         _sources.append(str(path))
@@ -253,23 +258,26 @@ def record_precompiled_headers() -> None:
     global _headers_hooked
     from torch._inductor import codecache
 
-    with _adopt_lock:
-        real = getattr(codecache, "_precompile_header", None)
-        if _headers_hooked or real is None:
-            return
-        _headers_hooked = True
+    from hotswap.engine.loading.kernel_files import header_finished
+
+    real: Any = None  # inductor's, once hooked below
 
     def precompile_header(header: str, hashable_cmd_line: str, **command: Any) -> str:
         with _adopt_lock:
             known = _headers.get((header, hashable_cmd_line))
-        if known and any(os.path.isfile(known + ext) for ext in (".gch", ".pch")):
+        if known and any(header_finished(known + ext) for ext in (".gch", ".pch")):
             return known
         path = str(real(header, hashable_cmd_line, **command))
         with _adopt_lock:
             _headers[(header, hashable_cmd_line)] = path
         return path
 
-    codecache._precompile_header = precompile_header  # type: ignore[assignment]
+    with _adopt_lock:  # installed before another thread may find it hooked and go on
+        real = getattr(codecache, "_precompile_header", None)
+        if _headers_hooked or real is None:
+            return
+        _headers_hooked = True
+        codecache._precompile_header = precompile_header  # type: ignore[assignment]
 
 
 # How long a worker waits for another's probe of the same ISAs before probing itself.
