@@ -377,7 +377,7 @@ def inductor_events(min_s: float = 1e-4) -> Iterator[list[tuple[str, float, floa
 
     Every ``dynamo_timed`` block ends in ``ChromiumEventLogger.log_event_end(name, end_ns,
     metadata, start_ns, ...)``; we observe that call on the process's logger for the duration
-    of the block (but for a worker's background warm-up step's, beside it: its header build).
+    of the block (but for a worker's work beside its jobs: its header build, jobs/compile.py).
     Where the logger differs (another torch), nothing is collected.
     """
     events: list[tuple[str, float, float]] = []
@@ -392,12 +392,12 @@ def inductor_events(min_s: float = 1e-4) -> Iterator[list[tuple[str, float, floa
     offset_ns = time.time_ns() - time.monotonic_ns()  # dynamo_timed reads time.time_ns()
     min_ns = int(min_s * 1e9)
 
-    from hotswap.workers.child import in_background_step
+    from hotswap.workers.child import is_beside_jobs
 
     def log_event_end(event_name: str, time_ns: int, *args: Any, **kwargs: Any) -> Any:
         start_ns = kwargs.get("start_time_ns", args[1] if len(args) > 1 else None)
         if (isinstance(start_ns, int) and time_ns - start_ns >= min_ns
-                and not in_background_step()):  # a worker's warm-up beside the block: not its
+                and not is_beside_jobs()):  # a worker's work beside the job: not its
             events.append((str(event_name), (start_ns - offset_ns) / 1e9,
                            (time_ns - offset_ns) / 1e9))
         return original(event_name, time_ns, *args, **kwargs)

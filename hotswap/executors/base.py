@@ -21,9 +21,8 @@ from hotswap.workers.inbox import resolve
 
 __all__ = ["BENCH_JOB", "COMPILE_JOB", "ENVIRONMENT_STAMP", "MEASURED_AGAIN_HOLD_S",
            "MEASURED_HOLD_S", "MEASURES", "MEASURE_PICKLED", "WARM_COMPILE_JOB",
-           "WARM_CPP_HEADER_JOB", "WARM_DEVICE_JOB", "WARM_OPS_JOB", "Executor",
-           "ExecutorUnavailable", "FallbackExecutor", "RetryFuture", "RetryingExecutor",
-           "hold_for"]
+           "WARM_DEVICE_JOB", "WARM_OPS_JOB", "Executor", "ExecutorUnavailable", "FallbackExecutor",
+           "RetryFuture", "RetryingExecutor", "hold_for"]
 
 COMPILE_JOB = "hotswap.jobs.compile:compile_graph"
 BENCH_JOB = "hotswap.jobs.bench:bench_tiers"
@@ -43,7 +42,6 @@ MEASURED_AGAIN_HOLD_S = 0.5
 WARM_DEVICE_JOB = "hotswap.jobs.compile:warm_device"
 WARM_COMPILE_JOB = "hotswap.jobs.compile:warm_compile"
 WARM_OPS_JOB = "hotswap.jobs.compile:warm_ops"
-WARM_CPP_HEADER_JOB = "hotswap.jobs.compile:warm_cpp_header"
 ENVIRONMENT_STAMP = "hotswap.engine.shipping.keys:environment_stamp"
 
 

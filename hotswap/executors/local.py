@@ -29,7 +29,6 @@ from hotswap import settings
 from hotswap.executors.base import (
     MEASURES,
     WARM_COMPILE_JOB,
-    WARM_CPP_HEADER_JOB,
     WARM_DEVICE_JOB,
     WARM_OPS_JOB,
     hold_for,
@@ -408,8 +407,7 @@ def _start_pool(size: int, devices: tuple[str, ...] = (), *, yield_to: str = "ca
 
     pool = WorkerPool(size, worker_env=worker_env, nice=nice, idle=idle, rss_limit_bytes=rss_limit(),
                       warm_modules=("torch", "torch._inductor.compile_fx",
-                                    WARM_CPP_HEADER_JOB, WARM_DEVICE_JOB, WARM_COMPILE_JOB,
-                                    WARM_OPS_JOB),
+                                    WARM_DEVICE_JOB, WARM_COMPILE_JOB, WARM_OPS_JOB),
                       measures=MEASURES, yield_to=yield_to, warm=warm)
     pool.start()
     return pool

@@ -17,17 +17,19 @@ from hotswap.engine.shipping.wire import CompileRequest, CompileResult, InputMet
 from hotswap.workers import emit_stage, stage
 
 __all__ = ["compile_graph", "compile_op_families", "landed", "past_damaged_libraries",
-           "real_inputs", "warm_compile", "warm_cpp_header", "warm_device", "warm_ops"]
+           "real_inputs", "warm_compile", "warm_device", "warm_ops"]
 
 log = logging.getLogger("hotswap")
 T = TypeVar("T")
 
 
 # Ship precompiled headers written after this time with the next result (set by the warm-up's
-# steps that may build one: warm_device's, warm_cpp_header).
+# steps that may build one, warm_device's, or by the job that prepares one: _start_cpp_header).
 _files_since_s: float | None = None
-# Held while warm_cpp_header runs (a worker's background step, beside its jobs).
+# Held while the precompiled header is prepared beside a job (_cpp_header), started once.
 _cpp_header_lock = threading.Lock()
+_cpp_header_started = False
+_start_lock = threading.Lock()
 # Whether this worker has compiled a job's graph: warm-up steps a job came before run once no
 # job waits (workers/child.py), and those whose work the job did return at once.
 _compiled_a_job = False
@@ -68,51 +70,47 @@ def warm_device(_: Any = None) -> None:
         AsyncCompile.warm_pool()
 
 
-def warm_cpp_header(_: Any = None) -> None:
-    """A CPU machine's worker, from its start, beside whatever it runs (``background``):
-    inductor's precompiled header for CPU kernels (``cpp_prefix.h`` under the kernels' command
-    line), which inductor builds before the first C++ kernel of a process and of a machine.
+def _start_cpp_header() -> None:
+    """A CPU graph's job, once per worker: inductor's precompiled header for CPU kernels
+    (``cpp_prefix.h`` under the kernels' command line) prepared in a thread of its own, beside
+    the job's lowering, which inductor would build only at the first C++ kernel.
 
     It is one compiler run of 148 MiB of output: in a job of corpus GPT-2 on the busy 2-core
-    box it ran 16.5 s alone after the lowering, every kernel's compile waiting for it. Here it
-    starts seconds before the first graph comes, and runs while the process traces it and the
-    worker lowers it; a job that reaches its first kernel before the header is built waits on
-    inductor's lock for the rest. Built already (a warm machine): the preprocessor alone, as
-    every first kernel of a process runs it. Not on a machine with a GPU, whose graphs are
-    the GPU's (its vector-ISA probe, needed first, took 53 s on our H200: a CPU graph there
-    pays it and the header itself, as warm_device says)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    from torch._inductor import codecache, config
+    box it ran 16.5 s alone after the lowering, every kernel's compile waiting for it. The job's
+    first kernel waits on inductor's lock for what is left. Built already (a warm machine):
+    the preprocessor alone, as every first kernel of a process runs it. Started by a job, not
+    at the worker's start: a worker stopped halfway (every short-lived process's, at its exit)
+    leaves a header gcc did not finish, and would start it over at every start."""
+    global _cpp_header_started, _files_since_s
+    with _start_lock:
+        if _cpp_header_started:
+            return
+        _cpp_header_started = True
+    from torch._inductor import config
 
     if not getattr(config, "cpp_cache_precompile_headers", False) or os.name == "nt":
         return  # a torch that builds no header for its CPU kernels
-    with _cpp_header_lock:
-        _build_cpp_header(codecache)
-
-
-def _build_cpp_header(codecache: Any) -> None:
-    global _files_since_s
-    from hotswap.engine.loading.kernel_files import remove_cut_short_headers
-    from hotswap.engine.loading.load_guard import probe_vec_isa, record_precompiled_headers
-
-    if _files_since_s is None:  # the first job ships the header, built before it or during
+    if _files_since_s is None:  # a job ships it, this one or (built after its end) the next
         _files_since_s = time.time() - 1.0
-    # A worker stopped while it built the header (its process exited within seconds) leaves
-    # one gcc did not finish, which inductor would take as built for good.
-    remove_cut_short_headers()
-    record_precompiled_headers()
-    probe_vec_isa()  # the kernels' command line names the ISA inductor picks
-    # A kernel's load builds the header first; the kernel itself is built where it is called,
-    # and this one never is.
-    codecache.CppPythonBindingsCodeCache.load_pybinding_async(["float*"], _VECTORIZED_KERNEL)
+    threading.Thread(target=_cpp_header, name="hotswap-cpp-header", daemon=True).start()
 
 
-# It runs in a thread of its own from the worker's start (workers/child.py): a compiler run
-# that a job needs, which the job need not wait for to start.
-warm_cpp_header.background = True  # type: ignore[attr-defined]
+def _cpp_header() -> None:
+    from torch._inductor import codecache
+
+    from hotswap.workers.child import beside_jobs
+
+    beside_jobs()
+    try:
+        with _cpp_header_lock:
+            # A kernel's load builds the header first; the kernel itself is built where it is
+            # called, and this one never is.
+            codecache.CppPythonBindingsCodeCache.load_pybinding_async(
+                ["float*"], _VECTORIZED_KERNEL)
+    except Exception as e:  # the job's own first kernel builds it then, as inductor does
+        log.warning("hotswap: could not prepare inductor's precompiled header: %s: %s",
+                    type(e).__name__, str(e)[:300])
+
 
 # A kernel as inductor's vectorized CPU kernels are (the header's command line is theirs).
 _VECTORIZED_KERNEL = """
@@ -361,6 +359,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     from hotswap import compat
     from hotswap.engine.loading import kernel_files, precompiled, source_key
     from hotswap.engine.loading.artifacts import pack_entry
+    from hotswap.engine.loading.kernel_files import remove_cut_short_headers
     from hotswap.engine.loading.load_guard import (
         cpp_sources,
         probe_vec_isa,
@@ -372,16 +371,22 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     global _compiled_a_job
     _compiled_a_job = True
     request = CompileRequest.from_wire(wire)
-    if any(key.startswith("cpp") for key in request.config_patches):
+    cpp_patched = any(key.startswith("cpp") for key in request.config_patches)
+    if cpp_patched:
         # A tier that patches inductor's C++ settings patches them for the whole worker: let
-        # the background step's header (the default settings') be built first, not with
-        # this tier's flags under the default's name.
+        # the header being prepared beside an earlier job (the default settings') be built
+        # first, not with this tier's flags under the default's name; and start none here.
         with _cpp_header_lock:
             pass
     record_precompiled_headers()  # where warm_device did not run
     if _cpu_graph(request.inputs):  # a job that came before warm_device did: probe first
+        # A header a killed build left (a worker stopped halfway), which inductor would take
+        # as built for good
+        remove_cut_short_headers()
         with stage("vec_isa_probe", tier=request.tier):
             probe_vec_isa()  # answered from inductor's caches once probed
+        if not cpp_patched:
+            _start_cpp_header()  # its command line names the ISA the probe picks
     global _files_since_s
     started = time.time() - 1.0  # mtime granularity
 

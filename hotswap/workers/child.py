@@ -43,8 +43,8 @@ from hotswap.workers.protocol import (
     encode_result,
 )
 
-__all__ = ["current_job_id", "emit_stage", "in_background_step", "in_worker", "lower_priority",
-           "main", "resolve_job", "stage"]
+__all__ = ["beside_jobs", "current_job_id", "emit_stage", "in_worker", "is_beside_jobs",
+           "lower_priority", "main", "resolve_job", "stage"]
 
 
 class _Channel:
@@ -88,10 +88,18 @@ def in_worker() -> bool:
     return _channel is not None
 
 
-def in_background_step() -> bool:
-    """True on a thread running a background warm-up step (``_in_background``): what it
-    does is no job's, whatever job runs beside it (its inductor events, the files it writes)."""
-    return getattr(_background_thread, "on", False)
+_beside = threading.local()
+
+
+def beside_jobs() -> None:
+    """Mark this thread's work as no job's: a thread a job started for work that outlives it
+    (the precompiled header, jobs/compile.py). Its inductor events are no job's stages, and
+    the sources it writes ship in no job's entry (``is_beside_jobs``)."""
+    _beside.on = True
+
+
+def is_beside_jobs() -> bool:
+    return getattr(_beside, "on", False)
 
 
 def current_job_id() -> int:
@@ -188,11 +196,6 @@ def _run_job(channel: _Channel, frame: Frame) -> None:
 
 
 _READY_ROUND_TRIP_S = 0.1
-# Warm-up steps running in threads of their own (``_in_background``), and how often a step
-# waiting for them to end looks for a job meanwhile.
-_background: list[threading.Thread] = []
-_background_thread = threading.local()
-_BACKGROUND_POLL_S = 0.05
 _IDLE_BEFORE_WARM_S = 1.0
 
 
@@ -279,13 +282,6 @@ def main(argv: list[str] | None = None) -> int:
             if entry.startswith("torch._inductor"):  # its kernel templates, compiled once
                 _warm("hotswap.engine.loading.templates", _install_templates)
             _warm(entry, importlib.import_module)
-    steps = [entry for entry in entries if ":" in entry]
-    for entry in [entry for entry in steps if _in_background(entry)]:
-        steps.remove(entry)
-        thread = threading.Thread(target=_warm_in_background, args=(entry,),
-                                  name=f"hotswap-warm-{entry.rpartition(':')[2]}", daemon=True)
-        thread.start()
-        _background.append(thread)
     channel.send(
         MessageKind.READY, 0, encode_control({"pid": os.getpid(), "warm_s": time.monotonic() - start})
     )
@@ -296,11 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     # worker that serves for hours (the compile service's) is not left cold for good by a job
     # that came early, and a process's graphs, which come in a burst, do not wait for a step.
     # A step whose function has an ``idle_s`` waits for the worker to idle that long (a step a
-    # job need not have done first, which a job coming meanwhile would wait for). One whose
-    # function is ``background`` started above, in a thread, before the worker said it is
-    # ready; the other steps wait for it to end (they would wait for what it does: the tiny
-    # compile for the header the background step builds); a job does not, but for what its
-    # compile itself needs of that work (inductor's lock on the header).
+    # job need not have done first, which a job coming meanwhile would wait for).
+    steps = [entry for entry in entries if ":" in entry]
     _warm_while_idle(channel, steps, _READY_ROUND_TRIP_S)
     while True:
         frame = channel.recv()
@@ -309,21 +302,6 @@ def main(argv: list[str] | None = None) -> int:
         if frame.kind == MessageKind.JOB_REQUEST:
             _run_job(channel, frame)
             _warm_while_idle(channel, steps, _IDLE_BEFORE_WARM_S)
-
-
-def _warm_in_background(entry: str) -> None:
-    _background_thread.on = True
-    _warm(entry, lambda name: resolve_job(name)(None))
-
-
-def _in_background(entry: str) -> bool:
-    """Whether warm-up step ``entry`` runs in a thread of its own from the worker's start,
-    whatever the worker runs meanwhile (its function's ``background``: work a job would wait
-    for that leaves the interpreter to the job, such as a compiler run)."""
-    try:
-        return getattr(resolve_job(entry), "background", False) is True
-    except Exception:
-        return False  # _warm says why, in its turn
 
 
 def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None:
@@ -339,9 +317,6 @@ def _warm_while_idle(channel: _Channel, steps: list[str], idle_s: float) -> None
         wait_s = max(idle_s, getattr(step, "idle_s", 0.0)) - (time.monotonic() - idle_since)
         if channel.pending(max(wait_s, 0.0)):
             return
-        while any(thread.is_alive() for thread in _background):
-            if channel.pending(_BACKGROUND_POLL_S):
-                return
         # The pool sends jobs elsewhere while it may, and starts a job's clock at the end
         channel.send(MessageKind.WARMING, 0, encode_control({"busy": True}))
         name, ran = steps.pop(0), False

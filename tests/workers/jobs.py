@@ -98,16 +98,6 @@ def warm_blocked(_: Any = None) -> None:
         time.sleep(0.05)
 
 
-def warm_in_background(_: Any = None) -> None:
-    """A ``background`` warm-up step: in a worker whose environment names WARM_BLOCK, it
-    lasts until the file it names exists."""
-    warm_blocked()
-    warmed.append("background")
-
-
-warm_in_background.background = True  # type: ignore[attr-defined]
-
-
 def warm_when_idle(_: Any = None) -> None:
     warmed.append("idle")
 

@@ -274,25 +274,6 @@ def test_a_job_goes_to_a_worker_not_in_a_warm_step(tmp_path: Path) -> None:
             gate.touch()
 
 
-def test_a_background_warm_step_runs_beside_jobs_and_the_other_steps_wait_for_it(
-        tmp_path: Path) -> None:
-    gate = tmp_path / "go"
-    steps = (J + "warm_quickly", J + "warm_in_background")
-    with WorkerPool(1, warm_modules=steps, worker_env={"WARM_BLOCK": str(gate)}) as pool:
-        try:
-            assert pool.wait_ready(60)
-            time.sleep(1.5)  # past the round trip to READY and the idle time before a step
-            # Jobs run at once while the background step lasts, and no other step starts.
-            for _ in range(3):
-                assert pool.submit(J + "warm_steps").result(timeout=10) == []
-                time.sleep(0.5)
-            [info] = pool.workers_info()
-            assert not info.warming and info.steps_done == ()
-        finally:
-            gate.touch()
-        _wait_for_steps(pool, ["background", "quick"])  # the rest once it ended
-
-
 def test_a_warm_step_with_an_idle_time_waits_for_the_worker_to_idle_that_long() -> None:
     with WorkerPool(1, warm_modules=(J + "warm_quickly", J + "warm_when_idle")) as pool:
         assert pool.wait_ready(60)

@@ -71,53 +71,63 @@ def _headers(tmp: Path) -> dict[str, bytes]:
     return {name: head for name, head in found.items() if head.startswith(b"gpch")}
 
 
-def _header_built_by_a_worker(tmp: Path, env: dict[str, str]) -> dict[str, bytes]:
-    from hotswap.executors.base import WARM_CPP_HEADER_JOB
-    from hotswap.workers import WorkerPool
 
-    with WorkerPool(1, worker_env=env, warm_modules=(
-            "torch", "torch._inductor.compile_fx", WARM_CPP_HEADER_JOB)) as pool:
-        assert pool.wait_ready(120)
-        deadline = time.monotonic() + 300
-        while not (built := _headers(tmp)):
-            assert time.monotonic() < deadline, "no precompiled header within 300 s"
-            time.sleep(0.5)
-        [info] = pool.workers_info()
-        assert info.jobs_done == 0
-    return built
+_PREPARE = r"""
+from hotswap.jobs import compile as compile_job
+compile_job._start_cpp_header()
+import time; time.sleep(0.5)  # the thread takes the lock at once
+with compile_job._cpp_header_lock:  # held for the thread's whole work
+    pass
+"""
+
+_HOTSWAP_TINY = r"""
+import torch, hotswap
+m = hotswap.compile(lambda x: (x * 3 - 1).relu(), mode="async", workers=1)
+m(torch.randn(64))
+[s] = hotswap.wait(m, timeout_s=600)
+assert s.tier == "default", s
+"""
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU machine's warm-up")
-def test_a_cpu_worker_builds_the_header_inductor_s_kernels_use_before_any_job(
+def _run(code: str, env: dict[str, str]) -> None:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU machine's compile")
+def test_a_cpu_job_prepares_the_header_inductor_s_kernels_use_and_mends_a_cut_short_one(
         tmp_path: Path) -> None:
     """Inductor builds its precompiled header for CPU kernels before a process's first kernel
-    (16.5 s of a corpus GPT-2 job on the busy 2-core box, every kernel waiting). A worker
-    builds it from its start, beside any job: the very header a compile then uses. One a
-    killed build left (gcc's mark missing), which inductor would take as built for good, the
-    next worker builds again."""
+    (16.5 s of a corpus GPT-2 job on the busy 2-core box, every kernel waiting). A CPU graph's
+    job prepares it beside its lowering: the very header a compile then uses. One a killed
+    build left (gcc's mark missing), which inductor would take as built for good, the next
+    CPU job builds again."""
     from torch._inductor import config
 
     if not getattr(config, "cpp_cache_precompile_headers", False):
         pytest.skip("this torch builds no precompiled header for its CPU kernels")
     # Inductor keeps its headers under the temporary directory, whatever its cache dir says.
-    env = {"TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    built = _header_built_by_a_worker(tmp_path, env)
+    env = {"TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "a")}
+    _run(_PREPARE, env)
+    built = _headers(tmp_path)
+    assert built
     # A compile in another process (its own inductor cache) builds no other header.
-    done = subprocess.run([sys.executable, "-c", _COMPILE_TINY], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **env,
-                                            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "other")})
-    assert done.returncode == 0, done.stderr[-3000:]
+    _run(_COMPILE_TINY, {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "b")})
     assert _headers(tmp_path) == built
     [header] = tmp_path.glob("torchinductor_*/precompiled_headers/*.gch")
     with open(header, "r+b") as f:  # as a build killed halfway leaves it
         f.write(b"gpcWrite")
         f.truncate(16384)
-    assert _header_built_by_a_worker(tmp_path, env) == built
+    _run(_HOTSWAP_TINY, {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "c"),
+                         "HOTSWAP_CACHE_DIR": str(tmp_path / "hs")})
+    assert _headers(tmp_path) == built
 
 
-def test_what_a_background_step_does_beside_a_job_is_not_the_job_s(tmp_path: Path) -> None:
-    """A worker's background warm-up step (its header build) runs beside its jobs: its
-    inductor events are no job's stages, and the sources it writes ship in no job's entry."""
+def test_what_a_worker_does_beside_a_job_is_not_the_job_s(tmp_path: Path) -> None:
+    """A thread a job starts for work that outlives it (the precompiled header) runs beside
+    the worker's jobs: its inductor events are no job's stages, and the sources it writes
+    ship in no job's entry."""
     import threading
 
     from torch._dynamo.utils import dynamo_timed
@@ -128,7 +138,7 @@ def test_what_a_background_step_does_beside_a_job_is_not_the_job_s(tmp_path: Pat
     from hotswap.workers import child
 
     def step() -> None:
-        child._background_thread.on = True  # as child._warm_in_background marks its thread
+        child.beside_jobs()
         with dynamo_timed("a_background_step"):
             time.sleep(0.01)
         codecache.write("// the step's", "cpp", specified_dir=str(tmp_path))

@@ -225,7 +225,7 @@ def cpp_sources() -> Iterator[list[str]]:
     global _sources, _write_hooked
     from torch._inductor import codecache
 
-    from hotswap.workers.child import in_background_step
+    from hotswap.workers.child import is_beside_jobs
 
     with _sources_lock:
         if not _write_hooked:
@@ -233,7 +233,7 @@ def cpp_sources() -> Iterator[list[str]]:
 
             def write(*args: Any, **kwargs: Any) -> tuple[str, str]:
                 key, path = real(*args, **kwargs)
-                if in_background_step():  # a warm-up's source beside the job: not the job's
+                if is_beside_jobs():  # work beside the job: not the job's
                     return key, path
                 with _sources_lock:
                     if _sources is not None and str(path).endswith(".cpp"):
