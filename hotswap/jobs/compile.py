@@ -23,8 +23,8 @@ log = logging.getLogger("hotswap")
 T = TypeVar("T")
 
 
-# Ship precompiled headers written after this time with the next result (set by the warm-up's
-# steps that may build one, warm_device's, or by the job that prepares one: _start_cpp_header).
+# Ship precompiled headers written after this time with the next result (set by warm_device,
+# before any job, and by the job that prepares one: _start_cpp_header).
 _files_since_s: float | None = None
 # Held while the precompiled header is prepared beside a job (_cpp_header), started once.
 _cpp_header_lock = threading.Lock()
@@ -48,8 +48,7 @@ def warm_device(_: Any = None) -> None:
     global _files_since_s
     if _compiled_a_job:
         return
-    if _files_since_s is None:  # the first job also ships the headers warming up built
-        _files_since_s = time.time() - 1.0
+    _files_since_s = time.time() - 1.0  # the first job also ships the headers warming up built
     import torch
     import torch._inductor.codecache
     import torch._inductor.graph

@@ -53,7 +53,6 @@ def test_a_warm_up_compile_gets_past_a_library_a_killed_link_left_cut_short(
     assert library.stat().st_size == whole  # built again, whole
 
 
-
 _COMPILE_TINY = r"""
 import torch
 from torch._inductor import config
@@ -71,13 +70,13 @@ def _headers(tmp: Path) -> dict[str, bytes]:
     return {name: head for name, head in found.items() if head.startswith(b"gpch")}
 
 
-
 _PREPARE = r"""
+import threading
 from hotswap.jobs import compile as compile_job
 compile_job._start_cpp_header()
-import time; time.sleep(0.5)  # the thread takes the lock at once
-with compile_job._cpp_header_lock:  # held for the thread's whole work
-    pass
+for thread in threading.enumerate():  # the thread's whole work
+    if thread.name == "hotswap-cpp-header":
+        thread.join()
 """
 
 _HOTSWAP_TINY = r"""
