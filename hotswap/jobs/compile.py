@@ -10,13 +10,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from hotswap.engine.shipping.wire import CompileRequest, CompileResult, InputMeta
 from hotswap.workers import emit_stage, stage
 
 __all__ = ["compile_graph", "compile_op_families", "landed", "past_damaged_libraries",
+           "patches_cpp_command_line",
            "real_inputs", "warm_compile", "warm_device", "warm_ops"]
 
 log = logging.getLogger("hotswap")
@@ -110,6 +111,17 @@ def _cpp_header() -> None:
         log.warning("hotswap: could not prepare inductor's precompiled header: %s: %s",
                     type(e).__name__, str(e)[:300])
 
+
+# Inductor settings a tier may patch that change the C++ kernels' source, never a compiler's
+# command line, so not the header either: a profiled run's tiers patch this one (recording.py).
+_CODEGEN_ONLY = frozenset({"cpp.enable_kernel_profile"})
+
+
+def patches_cpp_command_line(config_patches: Mapping[str, Any]) -> bool:
+    """Whether a tier's inductor patches may change the C++ compiler's command line (its
+    flags, ISA or compiler), and with it the precompiled header's build."""
+    return any(key.startswith(("cpp", "aot_inductor")) and key not in _CODEGEN_ONLY
+               for key in config_patches)
 
 # A kernel as inductor's vectorized CPU kernels are (the header's command line is theirs).
 _VECTORIZED_KERNEL = """
@@ -370,7 +382,7 @@ def compile_graph(wire: dict[str, Any]) -> dict[str, Any]:
     global _compiled_a_job
     _compiled_a_job = True
     request = CompileRequest.from_wire(wire)
-    cpp_patched = any(key.startswith("cpp") for key in request.config_patches)
+    cpp_patched = patches_cpp_command_line(request.config_patches)
     if cpp_patched:
         # A tier that patches inductor's C++ settings patches them for the whole worker: let
         # the header being prepared beside an earlier job (the default settings') be built

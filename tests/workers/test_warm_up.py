@@ -152,3 +152,19 @@ def test_what_a_worker_does_beside_a_job_is_not_the_job_s(tmp_path: Path) -> Non
     assert [name for name, _, _ in events if name in ("a_background_step", "the_job_s")] == [
         "the_job_s"]
     assert sources == [job_source]
+
+
+def test_a_profiled_run_s_tiers_get_the_header_prepared_and_a_flag_changing_tier_does_not(
+        ) -> None:
+    """A tier patching inductor's C++ command line (its flags, ISA, compiler) must not have the
+    default's header built under its patch; a profiled run's tiers patch the kernels' source
+    alone (kernel names for profilers), and prepare it as an unprofiled run's do."""
+    from hotswap.engine.options import DEFAULT_LADDER, parse_tiers
+    from hotswap.engine.recording import profiled
+
+    for tier in parse_tiers(DEFAULT_LADDER):
+        assert any(key.startswith("cpp") for key in profiled(tier).config)
+        assert compile_job.patches_cpp_command_line(profiled(tier).config) is False
+    assert compile_job.patches_cpp_command_line({"cpp.simdlen": 1}) is True
+    assert compile_job.patches_cpp_command_line({"aot_inductor.debug_compile": True}) is True
+    assert compile_job.patches_cpp_command_line({"max_autotune": True}) is False
