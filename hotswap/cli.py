@@ -89,7 +89,9 @@ def thread_advice(cores: int, threads: int, cuda: bool) -> str | None:
     if cuda or cores < 2 or threads < cores:
         return None
     return (f"a CPU model with {threads} threads on {cores} cores shares them with hotswap's "
-            f"background compiles; if its calls stall while a tier compiles (likely on a VM), "
+            f"background compiles; its eager answers leave each running worker a core "
+            f"(HOTSWAP_EAGER_THREADS=auto), its compiled tiers use all {threads}: if their calls "
+            f"stall while a later tier compiles (likely on a VM), "
             f"torch.set_num_threads({cores - 1}) leaves a core free "
             f"(hotswap's docs/scheduling.md: 'CPU models that use every core')")
 

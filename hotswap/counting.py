@@ -11,6 +11,8 @@ __all__ = ["COUNTER_NAMES", "bump", "counters", "counters_delta"]
 
 COUNTER_NAMES = (
     "eager_calls",      # calls served by the eager graph (before any tier is ready, or after a fallback)
+    "eager_fewer_threads",  # ... of them, run with fewer intra-op threads than the caller's while
+                            # its compile workers ran (hotswap.system.cores)
     "swaps",            # a better tier replaced the one serving a graph
     "worker_compiles",  # compile jobs that finished in a worker with an artifact
     "inprocess_compiles",

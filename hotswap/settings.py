@@ -55,6 +55,13 @@ on them at once rather than in a worker or a background thread.
                                                             collector's full passes (gc.freeze;
                                                             thawed at torch.compiler.reset());
                                                             off
+    HOTSWAP_EAGER_THREADS           auto                    auto: while this process's compile
+                                                            workers run on this machine, the
+                                                            graphs it answers eagerly take one
+                                                            intra-op thread fewer per worker
+                                                            where they would fill every core
+                                                            (hotswap.system.cores); keep: your
+                                                            thread count always
     HOTSWAP_LOG                     info                    hotswap's default stderr lines: info,
                                                             warning (failures only) or off
     HOTSWAP_SERVICE                 off                     on: compile in the machine's compile
@@ -97,7 +104,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 __all__ = ["cache_dir", "cache_key_file", "cache_max_bytes", "cache_url", "check_all",
-           "claim_ttl_s", "env_number", "executor", "gate_threshold", "gc_freeze", "log_level", "mode",
+           "claim_ttl_s", "eager_threads", "env_number", "executor", "gate_threshold",
+           "gc_freeze", "log_level", "mode",
            "parts", "profile_dir", "pycache", "regions", "service", "service_dir",
            "service_idle_exit_s", "start_early", "switch_interval_s", "tiers", "timeout_s", "worker_devices",
            "worker_idle", "worker_idle_exit_s", "worker_nice", "worker_rss_limit_bytes",
@@ -284,6 +292,11 @@ def gc_freeze() -> bool:
     return _choice("HOTSWAP_GC_FREEZE", ("on", "off"), "on") == "on"
 
 
+def eager_threads() -> str:
+    """HOTSWAP_EAGER_THREADS: "auto" or "keep" (hotswap.system.cores)."""
+    return _choice("HOTSWAP_EAGER_THREADS", ("auto", "keep"), "auto")
+
+
 def switch_interval_s() -> float:
     value = env_number("HOTSWAP_SWITCH_INTERVAL_S", float, lambda v: 0 < v <= 1,
                        "a number of seconds in (0, 1]", default=_SWITCH_INTERVAL_S)
@@ -306,5 +319,5 @@ def check_all() -> None:
     for read in (workers, worker_nice, worker_idle, worker_yield, worker_rss_limit_bytes,
                  cache_max_bytes,
                  switch_interval_s, log_level, worker_idle_exit_s, claim_ttl_s, service,
-                 service_idle_exit_s, pycache, gc_freeze, parts, start_early):
+                 service_idle_exit_s, pycache, gc_freeze, parts, start_early, eager_threads):
         read()

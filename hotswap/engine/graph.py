@@ -41,6 +41,7 @@ from hotswap.engine.served import CallClock, Window
 from hotswap.errors import HotswapError
 from hotswap.profiles.timeline import Timeline
 from hotswap.profiles.trace import call_mark
+from hotswap.system import cores
 
 __all__ = ["GraphRunner", "Listener", "ProfiledGraphRunner", "TierFailed"]
 
@@ -92,6 +93,7 @@ def _close(new: Any, ref: Any) -> bool:
     if isinstance(new, list | tuple) and isinstance(ref, list | tuple):
         return len(new) == len(ref) and all(_close(a, b) for a, b in zip(new, ref, strict=True))
     return bool(new == ref)
+
 
 
 class GraphRunner:
@@ -166,8 +168,14 @@ class GraphRunner:
         running = threads.user_calls.enter()
         try:
             if clock is None or self.eager_calls < self._eager_from:
-                out = self._gm.forward(*args)
-            else:
+                cap = cores.eager_cap()  # None unless workers of ours share the cores
+                own = torch.get_num_threads() if cap is not None else 0
+                if cap is not None and own > cap:
+                    bump("eager_fewer_threads")
+                    out = cores.with_threads(cap, own, self._gm.forward, args)
+                else:
+                    out = self._gm.forward(*args)
+            else:  # weighed against a tier: as the caller would run it, on its threads
                 started = clock.start()
                 out = self._gm.forward(*args)
                 self._eager_marks.append(clock.stop(started))

@@ -45,7 +45,7 @@ from hotswap.service.wire import (
     encode,
     error_from_wire,
 )
-from hotswap.system import bytecode
+from hotswap.system import bytecode, cores
 from hotswap.system.proctree import is_stopped
 from hotswap.workers import JobFuture, StageEvent
 from hotswap.workers.inbox import resolve
@@ -331,6 +331,9 @@ class ServiceExecutor:
             resolve(outer, error=SerializationFailed(job, "payload", "parent", repr(e)))
             return outer
         outer.add_done_callback(lambda f: self._replies.wake() if f.cancelled() else None)
+        # The service's workers run on this machine's cores while ours is among their jobs
+        cores.add_running(self, 1)
+        outer.add_done_callback(lambda _: cores.add_running(self, -1))
         # A compile that asks to be split across the service's warm workers (service/parts.py)
         parts = payload.get("parts", 1) if job == COMPILE_JOB and isinstance(payload, dict) else 1
 

@@ -36,7 +36,7 @@ from hotswap.errors import (
     SerializationFailed,
     WorkerStartFailed,
 )
-from hotswap.system import proctree
+from hotswap.system import cores, proctree
 from hotswap.system.starvation import CpuWatch
 from hotswap.workers import scratch
 from hotswap.workers.future import WorkerInfo
@@ -126,6 +126,7 @@ class Manager:
             with self.inbox.lock:
                 self.inbox.closing = True
             self._stop_all_workers()
+            cores.set_running(self, 0)
             self.cpu.priority.close()  # its workers are gone: so goes their cgroup
             self.inbox.fail_all(PoolClosed("the pool was shut down before the job ran"))
             self._selector.close()
@@ -163,6 +164,9 @@ class Manager:
                 cancelled = []
         for job in cancelled:
             job.future.cancel()
+        # Workers on this machine's cores now: the eager answers leave them theirs (cores.py)
+        cores.set_running(self, sum(not w.ready or w.warming or w.job is not None
+                                    for w in self.workers.values()))
         if terminating:
             return False
         with self.inbox.lock:

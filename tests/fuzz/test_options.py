@@ -137,7 +137,7 @@ ENV = ["HOTSWAP_MODE", "HOTSWAP_TIERS", "HOTSWAP_WORKERS", "HOTSWAP_CACHE_DIR",
        "HOTSWAP_CACHE_URL", "HOTSWAP_WORKER_DEVICES", "HOTSWAP_WORKER_NICE", "HOTSWAP_WORKER_IDLE",
        "HOTSWAP_WORKER_RSS_LIMIT_BYTES", "HOTSWAP_CACHE_MAX_BYTES", "HOTSWAP_SWITCH_INTERVAL_S",
        "HOTSWAP_LOG", "HOTSWAP_WORKER_IDLE_EXIT_S", "HOTSWAP_CLAIM_TTL_S", "HOTSWAP_GC_FREEZE",
-       "HOTSWAP_WORKER_YIELD", "HOTSWAP_START_EARLY"]
+       "HOTSWAP_WORKER_YIELD", "HOTSWAP_START_EARLY", "HOTSWAP_EAGER_THREADS"]
 # What an environment variable can hold: text without NUL (and without lone surrogates).
 env_text = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"),
                    max_size=24)
