@@ -214,11 +214,14 @@ class ArtifactCache:
             log.debug("hotswap cache: could not note the use of %s… (%s)", key[:16], e)
 
     def put(self, key: str, payload: bytes | bytearray | memoryview, *, tier: str = "",
-            origin: str = "", shared: Sequence[tuple[int, int]] = ()) -> None:
+            origin: str = "", shared: Sequence[tuple[int, int]] = (),
+            rest_s: float = 0.0) -> None:
         """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes.
         ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``.
         ``shared``: (offset, length) spans of ``payload`` that other entries may hold too,
-        each stored once in this cache (``get`` returns the payload whole all the same)."""
+        each stored once in this cache (``get`` returns the payload whole all the same).
+        ``rest_s``: rest this long after each MiB written (``write_atomic``), for a write
+        beside calls that want every core."""
         if has_unread(payload):
             raise ValueError("a payload read with spans left unread cannot be stored")
         if self.stamp is None or self.read_only:
@@ -236,9 +239,9 @@ class ArtifactCache:
         head, mac = seal(self._secret, key, own, tier=tier, origin=origin, stamp=self.stamp,
                          shared=[[sha, o, n] for sha, o, n in spans])
         for sha, o, n in spans:
-            self._write_shared(sha, view[o:o + n])
+            self._write_shared(sha, view[o:o + n], rest_s)
         path = self._path(key, make=True)
-        write_atomic(path, head, own, mac)
+        write_atomic(path, head, own, mac, rest_s=rest_s)
         size = len(head) + len(own) + _MAC_BYTES
         with self._lock:
             index = self._read_index()
@@ -410,13 +413,13 @@ class ArtifactCache:
         """Every blob: named by its digest, in its shard, not a link."""
         return self._sharded("shared", ".blob", _is_digest)
 
-    def _write_shared(self, sha: str, data: memoryview) -> None:
+    def _write_shared(self, sha: str, data: memoryview, rest_s: float = 0.0) -> None:
         """Store shared content unless a blob of its digest and length is there."""
         path = self._shared_path(sha, make=True)
         with contextlib.suppress(FileNotFoundError):
             if path.lstat().st_size == len(data):
                 return
-        write_atomic(path, data)
+        write_atomic(path, data, rest_s=rest_s)
 
     def _assemble(self, own: bytes, spans: list[list[Any]], *, remove_bad: bool,
                   have: Callable[[memoryview, int, int], bool] | None = None) -> bytearray:
@@ -794,15 +797,28 @@ def _read_header(path: Path) -> dict[str, Any] | None:
     return header if isinstance(header, dict) else None
 
 
+# The most one write call copies. The kernel copies a write's bytes in one go, on a core the
+# caller's threads may want: 148 MiB written at once beside a loop of 2-thread matmuls on the
+# 2-core box made the loop's p90 call 30-38 ms (alone: 4.6-8.6 ms), 4.8-31 ms from a thread
+# at niceness 19; a MiB at a time with a 1 ms rest after each, 5.1-8.8 ms (three rounds of
+# scripts/write_pacing.py).
+WRITE_PIECE = 1 << 20
+
+
 def write_atomic(path: Path, *chunks: bytes | bytearray | memoryview,
-                 durable: bool = True) -> None:
+                 durable: bool = True, rest_s: float = 0.0) -> None:
     """``chunks`` into ``path`` under a temporary name in its folder, then renamed: a reader
-    sees the old file or the whole new one (``durable``: synced to disk first)."""
+    sees the old file or the whole new one (``durable``: synced to disk first). Written a
+    piece (``WRITE_PIECE``) at a time, resting ``rest_s`` after each."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
-                f.write(chunk)
+                view = memoryview(chunk).cast("B")
+                for offset in range(0, len(view), WRITE_PIECE):
+                    f.write(view[offset:offset + WRITE_PIECE])
+                    if rest_s:
+                        time.sleep(rest_s)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
