@@ -39,9 +39,20 @@ def _doctor(args: argparse.Namespace) -> int:
     cores = usable_cores()
     threads = torch.get_num_threads()
     print(f"cores this process may use: {cores}; torch intra-op threads: {threads}")
-    advice = thread_advice(cores, threads, cuda)
+    advice = thread_advice(cores, threads, cuda, settings.eager_threads() == "auto")
     if advice:
         print(f"  note: {advice}")
+    from hotswap.system.cores import can_set_threads
+
+    if settings.eager_threads() == "keep":
+        print("eager answers while compile workers run: your intra-op threads "
+              "(HOTSWAP_EAGER_THREADS=keep)")
+    elif can_set_threads():
+        print("eager answers while compile workers run: at most the cores the workers leave "
+              "(HOTSWAP_EAGER_THREADS=auto)")
+    else:
+        print("eager answers while compile workers run: your intra-op threads (this torch's "
+              "parallel runtime has no per-thread count hotswap can set)")
     from hotswap.system import bytecode
 
     plan = bytecode.plan(dict(os.environ))  # what the workers started below get
@@ -83,16 +94,19 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if fleet_ok else 1
 
 
-def thread_advice(cores: int, threads: int, cuda: bool) -> str | None:
+def thread_advice(cores: int, threads: int, cuda: bool, lends: bool = True) -> str | None:
     """A CPU model whose intra-op threads fill every core shares them with background compiles:
-    its threads wait for each other, and on a VM for a vCPU the host took (~100 ms; docs/scheduling.md)."""
+    its threads wait for each other, and on a VM for a vCPU the host took (~100 ms; docs/scheduling.md).
+    ``lends``: hotswap's eager answers leave running workers their cores (HOTSWAP_EAGER_THREADS)."""
     if cuda or cores < 2 or threads < cores:
         return None
+    eager = ("its eager answers leave running compile workers their cores "
+             "(HOTSWAP_EAGER_THREADS=auto), its compiled tiers use all of its threads"
+             if lends else "its eager answers use all of its threads too "
+             "(HOTSWAP_EAGER_THREADS=keep)")
     return (f"a CPU model with {threads} threads on {cores} cores shares them with hotswap's "
-            f"background compiles; its eager answers leave each running worker a core "
-            f"(HOTSWAP_EAGER_THREADS=auto), its compiled tiers use all {threads}: if their calls "
-            f"stall while a later tier compiles (likely on a VM), "
-            f"torch.set_num_threads({cores - 1}) leaves a core free "
+            f"background compiles; {eager}: if its calls stall while a tier compiles (likely "
+            f"on a VM), torch.set_num_threads({cores - 1}) leaves a core free "
             f"(hotswap's docs/scheduling.md: 'CPU models that use every core')")
 
 

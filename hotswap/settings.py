@@ -57,11 +57,10 @@ on them at once rather than in a worker or a background thread.
                                                             off
     HOTSWAP_EAGER_THREADS           auto                    auto: while this process's compile
                                                             workers run on this machine, the
-                                                            graphs it answers eagerly take one
-                                                            intra-op thread fewer per worker
-                                                            where they would fill every core
+                                                            graphs it answers eagerly take at
+                                                            most the cores the workers leave
                                                             (hotswap.system.cores); keep: your
-                                                            thread count always
+                                                            intra-op thread count always
     HOTSWAP_LOG                     info                    hotswap's default stderr lines: info,
                                                             warning (failures only) or off
     HOTSWAP_SERVICE                 off                     on: compile in the machine's compile

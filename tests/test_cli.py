@@ -21,6 +21,8 @@ def test_doctor_starts_a_worker(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "torch" in out and "1 workers started" in out
     assert "torch intra-op threads:" in out
+    # this torch (OpenMP, MKL) lets hotswap set a thread's own count
+    assert "eager answers while compile workers run: at most the cores the workers leave" in out
     assert "\nbytecode: " in out and "hotswap's bytecode cache (HOTSWAP_PYCACHE=" in out
 
 
@@ -69,6 +71,8 @@ def test_thread_advice_only_when_a_cpu_model_fills_every_core() -> None:
 
     advice = thread_advice(cores=2, threads=2, cuda=False)
     assert advice is not None and "torch.set_num_threads(1)" in advice
+    assert "HOTSWAP_EAGER_THREADS=auto" in advice
+    assert "HOTSWAP_EAGER_THREADS=keep" in str(thread_advice(2, 2, False, lends=False))
     assert thread_advice(cores=8, threads=16, cuda=False) is not None
     assert thread_advice(cores=2, threads=1, cuda=False) is None  # a core left free
     assert thread_advice(cores=1, threads=1, cuda=False) is None  # nothing to leave free

@@ -169,8 +169,9 @@ class GraphRunner:
         try:
             if clock is None or self.eager_calls < self._eager_from:
                 cap = cores.eager_cap()  # None unless workers of ours share the cores
+                # Read first: on a thread new to torch, the read starts its count
                 own = torch.get_num_threads() if cap is not None else 0
-                if cap is not None and own > cap:
+                if cap is not None and own > cap and cores.can_set_threads():
                     bump("eager_fewer_threads")
                     out = cores.with_threads(cap, own, self._gm.forward, args)
                 else:

@@ -339,7 +339,8 @@ class ServiceExecutor:
 
         def ready(target: _Target | None) -> None:
             try:
-                self._send.submit(self._dispatch, target, outer, job, data, timeout_s, parts)
+                self._send.submit(self._dispatch_or_fail, target, outer, job, data, timeout_s,
+                                  parts)
             except RuntimeError:  # shut down meanwhile
                 resolve(outer, error=PoolClosed("hotswap was shut down"))
 
@@ -351,6 +352,18 @@ class ServiceExecutor:
         self.cluster.closed = True
         self._send.shutdown(wait=wait, cancel_futures=True)
         self._replies.close()
+        cores.set_running(self, 0)  # also jobs whose send was cancelled, never answered
+
+    def _dispatch_or_fail(self, target: _Target | None, outer: JobFuture, job: str,
+                          data: bytes, timeout_s: float | None, parts: int) -> None:
+        """``_dispatch``, the job failed with what it raised: an executor's thread would
+        swallow it, and the caller would wait for the job (and count it running) for good."""
+        try:
+            self._dispatch(target, outer, job, data, timeout_s, parts)
+        except Exception as e:
+            if not outer.done():
+                resolve(outer, error=ExecutorUnavailable(
+                    f"sending the job to the compile service failed: {type(e).__name__}: {e}"))
 
     def _dispatch(self, target: _Target | None, outer: JobFuture, job: str, data: bytes,
                   timeout_s: float | None, parts: int = 1) -> None:

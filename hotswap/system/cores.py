@@ -2,9 +2,10 @@
 hotswap answers eagerly run with meanwhile.
 
 A caller whose intra-op threads fill every core (torch's default: one per core) leaves a
-worker none. Torch's OpenMP threads spin-wait between parallel regions: corpus GPT-2 called
-every 2 ms on the 2-core box kept 1.36 cores busy with two intra-op threads and 0.37 with one,
-its call taking 1.10 ms and 1.16 ms. The workers run below the caller (priority.py), so they
+worker none. Torch's OpenMP and MKL threads spin-wait between parallel regions: corpus GPT-2
+called every 2 ms on the 2-core box kept 1.38 cores busy with two intra-op threads and 0.40
+with one, its call taking 1.20-1.29 ms and 1.30-1.32 ms (scripts/eager_spin.py). The
+workers run below the caller (priority.py), so they
 got scraps of a core, were raised (starvation.py), and then shared the cores with spinning
 threads: its compiled code served at 1.338x torch.compile's first call, and at 0.712x with
 the eager answers on one thread (medians of three, BENCHMARKS.md).
@@ -14,8 +15,9 @@ in a warm-up step or with a job, each counted once; a job of its own in the mach
 service), a graph hotswap answers eagerly runs with at most ``cores - running`` intra-op
 threads (never fewer than one, never more than the caller's), the caller's count put back
 when the call returns. Only the eager stand-in's calls: compiled tiers run as they were
-compiled, eager calls the gate times run with the caller's own count, and nothing else of
-the caller's changes. ``HOTSWAP_EAGER_THREADS=keep``: the caller's count always.
+compiled, eager calls the gate times run with the caller's own count, a graph compiled
+meanwhile is compiled for it (``own_threads``), and nothing else of the caller's changes.
+``HOTSWAP_EAGER_THREADS=keep``: the caller's count always (read when what runs changes).
 
 The count is set for the calling thread alone (OpenMP's ``omp_set_num_threads`` and MKL's
 ``MKL_Set_Num_Threads_Local``), not through ``torch.set_num_threads``: that one also sets
@@ -26,6 +28,7 @@ found (another parallel backend), eager answers keep the caller's count.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -36,17 +39,20 @@ from typing import Any
 from hotswap import settings
 from hotswap.system.proctree import usable_cores
 
-__all__ = ["add_running", "eager_cap", "running", "set_running", "with_threads"]
+__all__ = ["add_running", "can_set_threads", "eager_cap", "own_threads", "running",
+           "set_running", "with_threads"]
 
 log = logging.getLogger("hotswap")
 
 _lock = threading.Lock()
 _running: dict[int, int] = {}  # id(owner) -> its workers on this machine's cores now
 # The most intra-op threads an eager answer takes now; None: the caller's own. Read on the
-# user's calls without the lock; set under it whenever what runs changes.
+# user's calls without the lock; set under it whenever what runs changes (so is the setting).
 _cap: int | None = None
-_setters: tuple[Callable[[int], Any], Callable[[int], int] | None] | None = None
+_Setters = tuple[Callable[[int], Any], Callable[[int], int] | None]
+_setters: _Setters | None = None
 _setters_found = False
+_lent = threading.local()  # .own: the caller's count, on a thread inside with_threads
 
 
 def running() -> int:
@@ -57,7 +63,8 @@ def running() -> int:
 
 def set_running(owner: object, count: int) -> None:
     """``owner`` (a pool's manager, an executor) has ``count`` workers of this process
-    running on this machine's cores now (0: none; forgets it)."""
+    running on this machine's cores now (0: none; forgets it). An owner sets 0 before it
+    goes: its key is its ``id``."""
     with _lock:
         _set(id(owner), count)
 
@@ -85,22 +92,44 @@ def eager_cap() -> int | None:
     return _cap
 
 
+def can_set_threads() -> bool:
+    """Whether a thread's own intra-op count can be set here (``with_threads``); found on
+    the first call, which must be on a thread that has read ``torch.get_num_threads()``."""
+    return _thread_setters() is not None
+
+
+def own_threads(threads: int) -> int:
+    """The caller's own intra-op count where ``threads`` was read inside ``with_threads`` on
+    this thread (what a graph compiled meanwhile is compiled for), else ``threads``."""
+    own: int | None = getattr(_lent, "own", None)
+    return threads if own is None else own
+
+
 def with_threads(threads: int, own: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """``fn(*args)`` with ``threads`` intra-op threads on this thread, which uses ``own``
-    (``torch.get_num_threads()``, read on it before: that starts torch's count on a new
-    thread), and ``own`` again after; ``fn(*args)`` as it is where the runtime is not found."""
+    """``fn(*args)`` with ``threads`` intra-op threads on this thread, whose own count is
+    ``own`` (``torch.get_num_threads()``, read on it first: that read starts torch's count on
+    a thread new to it, which would otherwise undo this one), and ``own`` again after;
+    ``fn(*args)`` as it is where ``can_set_threads()`` is False."""
     found = _thread_setters()
     if found is None:
         return fn(*args)
     set_omp, set_mkl = found
-    set_omp(threads)
-    mkl_before = set_mkl(threads) if set_mkl is not None else 0
+    omp_set = False
+    mkl_before: int | None = None
+    outer = getattr(_lent, "own", None)
     try:
+        _lent.own = own if outer is None else outer
+        omp_set = True  # before the call: an interrupt between the two still puts it back
+        set_omp(threads)
+        if set_mkl is not None:
+            mkl_before = set_mkl(threads)  # the thread's own MKL count, 0 where it had none
         return fn(*args)
     finally:
-        set_omp(own)
-        if set_mkl is not None:
-            set_mkl(mkl_before)  # the thread's own MKL count, 0 where it had none
+        if omp_set:
+            set_omp(own)
+        if mkl_before is not None and set_mkl is not None:
+            set_mkl(mkl_before)
+        _lent.own = outer
 
 
 def _lends() -> bool:
@@ -110,45 +139,77 @@ def _lends() -> bool:
         return False
 
 
-def _thread_setters() -> tuple[Callable[[int], Any], Callable[[int], int] | None] | None:
-    """OpenMP's and MKL's per-thread setters of the runtime torch uses, found once."""
+def _thread_setters() -> _Setters | None:
+    """OpenMP's and MKL's per-thread setters of the runtime torch uses, found once and
+    checked on this thread: each must change what torch and MKL then read here."""
     global _setters, _setters_found
     if _setters_found:
         return _setters
-    found: tuple[Callable[[int], Any], Callable[[int], int] | None] | None = None
+    found: _Setters | None = None
     try:
-        import torch
-
-        if "parallel backend: OpenMP" in torch.__config__.parallel_info():
-            omp = ctypes.CDLL(None).omp_set_num_threads  # libgomp/libiomp, loaded globally
-            omp.argtypes, omp.restype = [ctypes.c_int], None
-            found = (omp, _mkl_setter())
-    except (AttributeError, OSError) as e:
-        log.debug("hotswap: eager answers keep the caller's threads: %s", e)
-    with _lock:
-        _setters, _setters_found = found, True
+        found = _find_setters()
+    except Exception as e:  # no setter: eager answers keep the caller's count
+        log.debug("hotswap: eager answers keep the caller's threads: %s: %s",
+                  type(e).__name__, e)
+    finally:
+        with _lock:
+            _setters, _setters_found = found, True
     return found
 
 
-def _mkl_setter() -> Callable[[int], int] | None:
-    """MKL's C setter for this thread (``MKL_Set_Num_Threads_Local(int)``; the lowercase
-    symbols are its Fortran interface, which takes a pointer), from torch's library or a
-    loaded MKL; None without MKL."""
+def _find_setters() -> _Setters | None:
     import torch
 
-    if not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return None
-    libs = [ctypes.CDLL(None)]
-    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
-    for name in ("libtorch_cpu.so", "libmkl_rt.so.2", "libmkl_rt.so"):
-        path = os.path.join(lib_dir, name) if name == "libtorch_cpu.so" else name
-        try:  # RTLD_NOLOAD: only a library this process has loaded already
-            libs.append(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
-        except OSError:
-            continue
+    # torch's own library first: a lookup through its handle searches it and what it links
+    # (its OpenMP runtime, MKL linked in), not another package's copy loaded globally.
+    libs = []
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    with contextlib.suppress(OSError):  # RTLD_NOLOAD: only a library loaded already
+        libs.append(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
+    libs.append(ctypes.CDLL(None))
+    omp = _symbol(libs, "omp_set_num_threads", None)
+    if omp is None:
+        return None
+    own = torch.get_num_threads()
+    omp(own + 1)
+    took = torch.get_num_threads() == own + 1
+    omp(own)
+    if not took:
+        return None
+    # MKL's C setter (the lowercase symbols are its Fortran interface, taking a pointer)
+    mkl = _symbol(libs, "MKL_Set_Num_Threads_Local", ctypes.c_int)
+    get_mkl = _symbol(libs, "MKL_Get_Max_Threads", ctypes.c_int, args=())
+    if mkl is not None and get_mkl is not None:
+        before = mkl(own + 1)
+        took = get_mkl() == own + 1
+        mkl(before)
+        if not took:
+            mkl = None
+    else:
+        mkl = None
+    return omp, mkl
+
+
+def _symbol(libs: list[ctypes.CDLL], name: str, restype: Any,
+            args: tuple[Any, ...] = (ctypes.c_int,)) -> Any:
     for lib in libs:
-        setter = getattr(lib, "MKL_Set_Num_Threads_Local", None)
-        if setter is not None:
-            setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
-            return setter  # type: ignore[no-any-return]
+        found = getattr(lib, name, None)
+        if found is not None:
+            found.argtypes, found.restype = list(args), restype
+            return found
     return None
+
+
+def _forget_in_child() -> None:
+    """A forked child runs none of its parent's workers, and a lock held at the fork is
+    never released there."""
+    global _lock, _cap
+    _lock = threading.Lock()
+    _running.clear()
+    _cap = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -123,10 +123,10 @@ class Manager:
             log.exception("hotswap pool manager failed; failing all jobs")
             raise
         finally:
+            cores.set_running(self, 0)  # first: stopping the workers may raise
             with self.inbox.lock:
                 self.inbox.closing = True
             self._stop_all_workers()
-            cores.set_running(self, 0)
             self.cpu.priority.close()  # its workers are gone: so goes their cgroup
             self.inbox.fail_all(PoolClosed("the pool was shut down before the job ran"))
             self._selector.close()
@@ -140,6 +140,7 @@ class Manager:
         if wanted:  # dispatch first: a job an idle worker takes now is due no new one
             self._dispatch()
             self._top_up_workers()
+            self._publish_running()
         for key, mask in self._selector.select(self._next_timeout()):
             what, worker = key.data
             if what == "wake":
@@ -164,14 +165,18 @@ class Manager:
                 cancelled = []
         for job in cancelled:
             job.future.cancel()
-        # Workers on this machine's cores now: the eager answers leave them theirs (cores.py)
-        cores.set_running(self, sum(not w.ready or w.warming or w.job is not None
-                                    for w in self.workers.values()))
+        self._publish_running()
         if terminating:
             return False
         with self.inbox.lock:
             idle = not self.inbox.jobs and not self._running
         return not (closing and idle)
+
+    def _publish_running(self) -> None:
+        """Workers on this machine's cores now (starting, warming up, with a job): eager
+        answers leave them theirs (system/cores.py)."""
+        cores.set_running(self, sum(not w.ready or w.warming or w.job is not None
+                                    for w in self.workers.values()))
 
     def _next_timeout(self) -> float | None:
         with self.inbox.lock:

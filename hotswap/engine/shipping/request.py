@@ -23,6 +23,7 @@ from hotswap.engine.shipping.transport import (
 )
 from hotswap.engine.shipping.wire import CompileRequest, InputMeta
 from hotswap.errors import CompileFailed, JobTimeout, MemoryLimitExceeded, SerializationFailed, WorkerCrashed
+from hotswap.system import cores
 
 __all__ = ["GraphRequest", "Keys", "Prepared", "count_error", "cpu_threads", "devices_of",
            "portable_inputs", "prepare", "reason_of", "unsaveable"]
@@ -130,7 +131,11 @@ def cpu_threads(inputs: tuple[InputMeta, ...]) -> int | None:
     """The caller's intra-op thread count when the graph runs on the CPU (what its C++
     kernels are generated for); None for device graphs, whose artifacts do not depend on it."""
     devices = {m.device.split(":")[0] for m in inputs if m.is_tensor}
-    return torch.get_num_threads() if not devices or "cpu" in devices else None
+    if devices and "cpu" not in devices:
+        return None
+    # The caller's own count, also where dynamo compiles inside an eager answer that runs
+    # with fewer threads (system/cores.py)
+    return cores.own_threads(torch.get_num_threads())
 
 
 _ERROR_COUNTERS = ((WorkerCrashed, "worker_crashes"), (JobTimeout, "job_timeouts"),
