@@ -39,10 +39,12 @@ def _doctor(args: argparse.Namespace) -> int:
     cores = usable_cores()
     threads = torch.get_num_threads()
     print(f"cores this process may use: {cores}; torch intra-op threads: {threads}")
-    advice = thread_advice(cores, threads, cuda, settings.eager_threads() == "auto")
+    from hotswap.system.cores import can_set_threads
+
+    advice = thread_advice(cores, threads, cuda,
+                           settings.eager_threads() == "auto" and can_set_threads())
     if advice:
         print(f"  note: {advice}")
-    from hotswap.system.cores import can_set_threads
 
     if settings.eager_threads() == "keep":
         print("eager answers while compile workers run: your intra-op threads "

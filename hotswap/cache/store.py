@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import filelock
 import msgpack
@@ -57,9 +57,9 @@ from hotswap.cache.trust import (
     read_private,
 )
 
-__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "ArtifactCache", "EntryInfo", "EntryRejected",
-           "Unread", "has_unread", "index_record", "is_key", "seal", "split_entry", "unseal",
-           "write_atomic"]
+__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "WRITE_PIECE", "ArtifactCache", "EntryInfo",
+           "EntryRejected", "Unread", "has_unread", "hashed", "index_record", "is_key", "seal",
+           "split_entry", "unseal", "write_atomic"]
 
 # The tier label of the benchmark gate's verdicts (a decision, not an artifact).
 VERDICT_TIER = "gate-verdict"
@@ -215,13 +215,14 @@ class ArtifactCache:
 
     def put(self, key: str, payload: bytes | bytearray | memoryview, *, tier: str = "",
             origin: str = "", shared: Sequence[tuple[int, int]] = (),
-            rest_s: float = 0.0) -> None:
+            rest_s: Rest = 0.0) -> None:
         """Store ``payload`` atomically, then evict least-recently-used entries over max_bytes.
         ``tier`` and ``origin`` (where the graph came from) label it in ``entries()``.
         ``shared``: (offset, length) spans of ``payload`` that other entries may hold too,
         each stored once in this cache (``get`` returns the payload whole all the same).
-        ``rest_s``: rest this long after each MiB written (``write_atomic``), for a write
-        beside calls that want every core."""
+        ``rest_s``: rest this long (or what it returns, asked each time) after each MiB
+        hashed or written (``hashed``, ``write_atomic``), for a write beside calls that want
+        every core."""
         if has_unread(payload):
             raise ValueError("a payload read with spans left unread cannot be stored")
         if self.stamp is None or self.read_only:
@@ -233,11 +234,11 @@ class ArtifactCache:
         # bytes, the small part.)
         assert self._secret is not None  # made by load_secret() when not read_only
         view = memoryview(payload).cast("B")
-        spans = [(hashlib.sha256(view[o:o + n]).hexdigest(), o, n)
+        spans = [(hashed(hashlib.sha256(), view[o:o + n], rest_s).hexdigest(), o, n)
                  for o, n in _checked_spans(shared, len(view))]
         own = _without(view, spans) if spans else payload
         head, mac = seal(self._secret, key, own, tier=tier, origin=origin, stamp=self.stamp,
-                         shared=[[sha, o, n] for sha, o, n in spans])
+                         shared=[[sha, o, n] for sha, o, n in spans], rest_s=rest_s)
         for sha, o, n in spans:
             self._write_shared(sha, view[o:o + n], rest_s)
         path = self._path(key, make=True)
@@ -413,7 +414,7 @@ class ArtifactCache:
         """Every blob: named by its digest, in its shard, not a link."""
         return self._sharded("shared", ".blob", _is_digest)
 
-    def _write_shared(self, sha: str, data: memoryview, rest_s: float = 0.0) -> None:
+    def _write_shared(self, sha: str, data: memoryview, rest_s: Rest = 0.0) -> None:
         """Store shared content unless a blob of its digest and length is there."""
         path = self._shared_path(sha, make=True)
         with contextlib.suppress(FileNotFoundError):
@@ -587,22 +588,45 @@ class ArtifactCache:
 
 
 def seal(secret: bytes, key: str, payload: bytes | bytearray | memoryview, *, tier: str,
-         origin: str, stamp: dict[str, Any], shared: list[list[Any]] | None = None
-         ) -> tuple[bytes, bytes]:
+         origin: str, stamp: dict[str, Any], shared: list[list[Any]] | None = None,
+         rest_s: Rest = 0.0) -> tuple[bytes, bytes]:
     """An entry's (MAGIC + header length + header, HMAC-SHA256 of it and the payload): what
     goes before and after ``payload`` wherever an entry is stored (a file here; the fleet
     store's Redis values too). ``shared``: [digest, offset, length] of each span of the
-    whole payload stored apart (``payload`` is then the rest)."""
+    whole payload stored apart (``payload`` is then the rest). ``rest_s``: as ``hashed``."""
     fields = {"format": FORMAT_VERSION, "key": key, "tier": tier, "origin": origin,
-              "stamp": stamp, "sha256": hashlib.sha256(payload).hexdigest(),
+              "stamp": stamp, "sha256": hashed(hashlib.sha256(), payload, rest_s).hexdigest(),
               "size": len(payload), "created_s": time.time()}
     if shared:
         fields["shared"] = shared
     header = msgpack.packb(fields, use_bin_type=True)
     head = MAGIC + _LEN.pack(len(header)) + header
-    mac = hmac.new(secret, head, hashlib.sha256)
-    mac.update(payload)
+    mac = hashed(hmac.new(secret, head, hashlib.sha256), payload, rest_s)
     return head, mac.digest()
+
+
+class _Hasher(Protocol):
+    def update(self, data: memoryview, /) -> None: ...
+
+
+H = TypeVar("H", bound=_Hasher)
+
+
+def hashed(hasher: H, data: bytes | bytearray | memoryview, rest_s: Rest = 0.0) -> H:
+    """``hasher`` updated with ``data`` a piece (``WRITE_PIECE``) at a time, resting
+    ``rest_s`` after each: over 148 MiB, one call is a third of a second of a core's time
+    without a pause."""
+    view = memoryview(data).cast("B")
+    for offset in range(0, len(view), WRITE_PIECE):
+        hasher.update(view[offset:offset + WRITE_PIECE])
+        _rest(rest_s)
+    return hasher
+
+
+def _rest(rest_s: Rest) -> None:
+    seconds = rest_s() if callable(rest_s) else rest_s
+    if seconds > 0:
+        time.sleep(seconds)
 
 
 def unseal(secret: bytes, parts: tuple[bytes, bytes, bytes], key: str,
@@ -797,6 +821,9 @@ def _read_header(path: Path) -> dict[str, Any] | None:
     return header if isinstance(header, dict) else None
 
 
+# Seconds to rest after each piece hashed or written, or a function that says (asked each time).
+Rest = float | Callable[[], float]
+
 # The most one write call copies. The kernel copies a write's bytes in one go, on a core the
 # caller's threads may want: 148 MiB written at once beside a loop of 2-thread matmuls on the
 # 2-core box made the loop's p90 call 30-38 ms (alone: 4.6-8.6 ms), 4.8-31 ms from a thread
@@ -806,7 +833,7 @@ WRITE_PIECE = 1 << 20
 
 
 def write_atomic(path: Path, *chunks: bytes | bytearray | memoryview,
-                 durable: bool = True, rest_s: float = 0.0) -> None:
+                 durable: bool = True, rest_s: Rest = 0.0) -> None:
     """``chunks`` into ``path`` under a temporary name in its folder, then renamed: a reader
     sees the old file or the whole new one (``durable``: synced to disk first). Written a
     piece (``WRITE_PIECE``) at a time, resting ``rest_s`` after each."""
@@ -817,8 +844,7 @@ def write_atomic(path: Path, *chunks: bytes | bytearray | memoryview,
                 view = memoryview(chunk).cast("B")
                 for offset in range(0, len(view), WRITE_PIECE):
                     f.write(view[offset:offset + WRITE_PIECE])
-                    if rest_s:
-                        time.sleep(rest_s)
+                    _rest(rest_s)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())

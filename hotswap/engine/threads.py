@@ -91,30 +91,46 @@ def start(target: Callable[..., Any], *, name: str, args: tuple[Any, ...] = (),
     return thread
 
 
+# The niceness of the serving process's background CPU work (run_lowered): low enough that
+# the caller's threads take the cores back at once, and a tenth of a core still where they
+# keep every core busy (niceness 19: 1.5 %, and the lane that waits for it waits that long).
+LOWERED_NICENESS = 10
+
+
 def run_lowered(fn: Callable[[], T], *, name: str) -> T:
-    """``fn()`` on a thread of its own at niceness 19, joined, its exception raised here: the
-    serving process's CPU-heavy background work, which must take no core the caller's
-    threads want. A cache write hashes and copies its entry (148 MiB where it ships inductor's
-    precompiled header): at the caller's niceness beside a compiled GPT-2 whose kernels use
-    both cores of the 2-core box, its calls took 50-65 ms instead of 1 ms while it wrote.
-    Linux lowers a thread alone; elsewhere ``fn()`` runs here, as it would have."""
-    if not sys.platform.startswith("linux"):
+    """``fn()`` on a thread of its own at ``LOWERED_NICENESS``, joined, its exception raised
+    here: the serving process's CPU-heavy background work, which should take no core the
+    caller's threads want (a cache write hashes and copies its entry: 148 MiB where it ships
+    inductor's precompiled header, scripts/write_pacing.py). It defers to the user's calls
+    as the calling thread does. Linux lowers a thread alone; elsewhere, where no thread can
+    be started (the interpreter exiting), ``fn()`` runs here, as it would have."""
+    if not sys.platform.startswith("linux") or sys.is_finalizing():
         return fn()
-    done: list[T] = []
-    failed: list[BaseException] = []
+    outcome: list[Any] = []  # [True, result] or [False, exception]
+    defer = DEFERS and yielding()
 
     def lowered() -> None:
         try:
             with contextlib.suppress(OSError):  # a thread's own niceness (Linux, not POSIX)
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            done.append(fn())
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWERED_NICENESS)
+            with deferring() if defer else contextlib.nullcontext():
+                outcome.extend((True, fn()))
         except BaseException as e:
-            failed.append(e)
+            outcome.extend((False, e))
 
-    start(lowered, name=name).join()
-    if failed:
-        raise failed[0]
-    return done[0]
+    try:
+        thread = start(lowered, name=name)
+    except RuntimeError:  # can't start a thread (the interpreter exiting, say)
+        return fn()
+    thread.join()
+    ok, value = outcome
+    outcome.clear()  # no cycle through the exception's traceback keeps the payload alive
+    if not ok:
+        try:
+            raise value
+        finally:
+            del value
+    return value  # type: ignore[no-any-return]
 
 
 def _begin(thread: threading.Thread) -> None:

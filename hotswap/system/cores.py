@@ -33,14 +33,14 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hotswap import settings
 from hotswap.system.proctree import usable_cores
 
-__all__ = ["add_running", "can_set_threads", "eager_cap", "own_threads", "running",
-           "set_running", "with_threads"]
+__all__ = ["add_running", "at_own_threads", "can_set_threads", "eager_cap", "own_threads",
+           "running", "set_running", "with_threads"]
 
 log = logging.getLogger("hotswap")
 
@@ -105,6 +105,31 @@ def own_threads(threads: int) -> int:
     return threads if own is None else own
 
 
+@contextlib.contextmanager
+def at_own_threads() -> Iterator[None]:
+    """Inside ``with_threads`` on this thread (dynamo compiling inside an eager answer): the
+    caller's own count meanwhile, as inductor's C++ code reads it when it compiles here; the
+    lent one again after. Elsewhere, nothing."""
+    own: int | None = getattr(_lent, "own", None)
+    found = _setters if _setters_found else None
+    if own is None or found is None:
+        yield
+        return
+    import torch
+
+    lent = torch.get_num_threads()
+    set_omp, set_mkl = found
+    try:
+        set_omp(own)
+        if set_mkl is not None:
+            set_mkl(own)
+        yield
+    finally:
+        set_omp(lent)
+        if set_mkl is not None:
+            set_mkl(lent)
+
+
 def with_threads(threads: int, own: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """``fn(*args)`` with ``threads`` intra-op threads on this thread, whose own count is
     ``own`` (``torch.get_num_threads()``, read on it first: that read starts torch's count on
@@ -114,20 +139,21 @@ def with_threads(threads: int, own: int, fn: Callable[..., Any], args: tuple[Any
     if found is None:
         return fn(*args)
     set_omp, set_mkl = found
-    omp_set = False
-    mkl_before: int | None = None
+    omp_set = mkl_set = False
+    mkl_before = 0  # the thread's own MKL count, 0 where it had none (MKL's global one)
     outer = getattr(_lent, "own", None)
     try:
         _lent.own = own if outer is None else outer
-        omp_set = True  # before the call: an interrupt between the two still puts it back
+        omp_set = True  # before each call: an interrupt between the two still puts it back
         set_omp(threads)
         if set_mkl is not None:
-            mkl_before = set_mkl(threads)  # the thread's own MKL count, 0 where it had none
+            mkl_set = True
+            mkl_before = set_mkl(threads)
         return fn(*args)
     finally:
         if omp_set:
             set_omp(own)
-        if mkl_before is not None and set_mkl is not None:
+        if mkl_set and set_mkl is not None:
             set_mkl(mkl_before)
         _lent.own = outer
 
@@ -151,9 +177,9 @@ def _thread_setters() -> _Setters | None:
     except Exception as e:  # no setter: eager answers keep the caller's count
         log.debug("hotswap: eager answers keep the caller's threads: %s: %s",
                   type(e).__name__, e)
-    finally:
-        with _lock:
-            _setters, _setters_found = found, True
+    # (an interrupt leaves it to the next call to find)
+    with _lock:
+        _setters, _setters_found = found, True
     return found
 
 
@@ -173,18 +199,23 @@ def _find_setters() -> _Setters | None:
     if omp is None:
         return None
     own = torch.get_num_threads()
-    omp(own + 1)
-    took = torch.get_num_threads() == own + 1
-    omp(own)
+    try:
+        omp(own + 1)
+        took = torch.get_num_threads() == own + 1
+    finally:
+        omp(own)
     if not took:
         return None
     # MKL's C setter (the lowercase symbols are its Fortran interface, taking a pointer)
     mkl = _symbol(libs, "MKL_Set_Num_Threads_Local", ctypes.c_int)
     get_mkl = _symbol(libs, "MKL_Get_Max_Threads", ctypes.c_int, args=())
     if mkl is not None and get_mkl is not None:
-        before = mkl(own + 1)
-        took = get_mkl() == own + 1
-        mkl(before)
+        before = 0
+        try:
+            before = mkl(own + 1)
+            took = get_mkl() == own + 1
+        finally:
+            mkl(before)
         if not took:
             mkl = None
     else:

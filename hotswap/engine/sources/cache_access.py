@@ -49,8 +49,14 @@ __all__ = ["STOPPED_GRACE_S", "CacheAccess", "HolderWait"]
 POLL_S = 0.1
 FLEET_POLL_S = 0.5
 _REMOTE_RETRY_S = 30.0
-# A cache write's rest after each MiB (store.WRITE_PIECE): a 148 MiB entry takes ~0.15 s more.
+# A cache write's rest after each MiB hashed or written (store.WRITE_PIECE): a 148 MiB entry
+# takes ~0.45 s more. None while a thread of the user's waits for hotswap's work (wait(), the
+# exit's wait for pending stores).
 WRITE_REST_S = 0.001
+
+
+def _write_rest_s() -> float:
+    return 0.0 if threads.user_waits.running() else WRITE_REST_S
 # Entries a fleet store missed while it was down, per store URL, in this process (every
 # coordinator's): key -> (tier, origin, local cache root). Sent with the next entry it takes.
 _unsent: dict[str, dict[str, tuple[str, str, str]]] = {}
@@ -274,10 +280,10 @@ class CacheAccess:
         except ValueError:  # not an artifact entry: stored as it is
             shared = []
         cache = self._cache
-        try:  # hashed and copied on a lowered thread, a MiB at a time: the caller's threads
-            # keep the cores (store.WRITE_PIECE)
+        try:  # hashed and copied on a lowered thread, a MiB at a time with rests: the
+            # caller's threads keep the cores (store.WRITE_PIECE)
             threads.run_lowered(lambda: cache.put(key, payload, tier=tier, origin=origin,
-                                                  shared=shared, rest_s=WRITE_REST_S),
+                                                  shared=shared, rest_s=_write_rest_s),
                                 name="hotswap-cache-write")
         except OSError as e:  # a full disk must not cost the user the tier they already have
             self._warn_once("write", e)

@@ -24,6 +24,7 @@ from hotswap.engine.options import Tier
 from hotswap.engine.recording import Recorder
 from hotswap.engine.sources.cache_access import CacheAccess
 from hotswap.engine.sources.tiers import Arrival, Load, TierError
+from hotswap.system import cores
 
 __all__ = ["InProcess"]
 
@@ -75,6 +76,13 @@ class InProcess:
 
     def _compile(self, journey: GraphJourney, tier: Tier, key: str | None,
                  example_inputs: list[Any]) -> Any:
+        # For the caller's own intra-op threads, what its key says (inside an eager answer
+        # that runs with fewer: system/cores.py)
+        with cores.at_own_threads():
+            return self._compile_here(journey, tier, key, example_inputs)
+
+    def _compile_here(self, journey: GraphJourney, tier: Tier, key: str | None,
+                      example_inputs: list[Any]) -> Any:
         gm = journey.gm
         if key is None or journey.inputs is None:
             from torch._inductor.compile_fx import compile_fx

@@ -307,8 +307,9 @@ _pending: weakref.WeakSet[PendingStores] = weakref.WeakSet()
 
 def _wait_at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
-    for stores in list(_pending):
-        stores.wait(max(0.0, deadline - time.monotonic()))
+    with threads.user_waiting():  # the stores run at full speed: no calls are left to spare
+        for stores in list(_pending):
+            stores.wait(max(0.0, deadline - time.monotonic()))
 
 
 atexit.register(_wait_at_exit)
