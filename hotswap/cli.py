@@ -41,15 +41,14 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"cores this process may use: {cores}; torch intra-op threads: {threads}")
     from hotswap.system.cores import can_set_threads
 
-    advice = thread_advice(cores, threads, cuda,
-                           settings.eager_threads() == "auto" and can_set_threads())
+    keep, settable = settings.eager_threads() == "keep", can_set_threads()
+    advice = thread_advice(cores, threads, cuda, not keep and settable)
     if advice:
         print(f"  note: {advice}")
-
-    if settings.eager_threads() == "keep":
+    if keep:
         print("eager answers while compile workers run: your intra-op threads "
               "(HOTSWAP_EAGER_THREADS=keep)")
-    elif can_set_threads():
+    elif settable:
         print("eager answers while compile workers run: at most the cores the workers leave "
               "(HOTSWAP_EAGER_THREADS=auto)")
     else:

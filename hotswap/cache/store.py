@@ -824,11 +824,11 @@ def _read_header(path: Path) -> dict[str, Any] | None:
 # Seconds to rest after each piece hashed or written, or a function that says (asked each time).
 Rest = float | Callable[[], float]
 
-# The most one write call copies. The kernel copies a write's bytes in one go, on a core the
-# caller's threads may want: 148 MiB written at once beside a loop of 2-thread matmuls on the
-# 2-core box made the loop's p90 call 30-38 ms (alone: 4.6-8.6 ms), 4.8-31 ms from a thread
-# at niceness 19; a MiB at a time with a 1 ms rest after each, 5.1-8.8 ms (three rounds of
-# scripts/write_pacing.py).
+# The most one write call copies or one hash update reads. The kernel copies a write's bytes
+# in one go, on a core the caller's threads may want: a put of 148 MiB beside a loop of
+# 2-thread matmuls on the 2-core box made the loop's p90 call 27.7-30.2 ms with no rests
+# (alone: 4.1-8.3 ms); a MiB at a time with a 1 ms rest after each, 7.7-9.9 ms (three rounds
+# of scripts/write_pacing.py).
 WRITE_PIECE = 1 << 20
 
 

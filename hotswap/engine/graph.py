@@ -95,7 +95,6 @@ def _close(new: Any, ref: Any) -> bool:
     return bool(new == ref)
 
 
-
 class GraphRunner:
     """The callable returned to dynamo for one graph. Thread-safe; swaps never block calls."""
 

@@ -62,8 +62,7 @@ from hotswap import settings
 __all__ = ["DEFERS", "Lane", "Timer", "deferring", "dynamo_compiling", "gil_handoff_s", "io",
            "join_all", "live",
            "quick_gil_handoff", "run_lowered", "scheduler", "start", "stop_lanes", "user_calls",
-           "user_waiting",
-           "user_waits", "yielding", "yielding_gil"]
+           "user_waiting", "user_waits", "yielding", "yielding_gil"]
 
 log = logging.getLogger("hotswap")
 T = TypeVar("T")

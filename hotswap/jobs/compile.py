@@ -123,6 +123,7 @@ def patches_cpp_command_line(config_patches: Mapping[str, Any]) -> bool:
     return any(key.startswith(("cpp", "aot_inductor")) and key not in _CODEGEN_ONLY
                for key in config_patches)
 
+
 # A kernel as inductor's vectorized CPU kernels are (the header's command line is theirs).
 _VECTORIZED_KERNEL = """
 extern "C" void kernel(float* out_ptr0)

@@ -5,10 +5,10 @@ A caller whose intra-op threads fill every core (torch's default: one per core) 
 worker none. Torch's OpenMP and MKL threads spin-wait between parallel regions: corpus GPT-2
 called every 2 ms on the 2-core box kept 1.38 cores busy with two intra-op threads and 0.40
 with one, its call taking 1.20-1.29 ms and 1.30-1.32 ms (scripts/eager_spin.py). The
-workers run below the caller (priority.py), so they
-got scraps of a core, were raised (starvation.py), and then shared the cores with spinning
-threads: its compiled code served at 1.338x torch.compile's first call, and at 0.712x with
-the eager answers on one thread (medians of three, BENCHMARKS.md).
+workers run below the caller (priority.py), so they got scraps of a core, were raised
+(starvation.py), and then shared the cores with spinning threads: its compiled code served
+at 1.338x torch.compile's first call, and at 0.705x with the eager answers on one thread
+(medians of four and six runs, BENCHMARKS.md).
 
 So while this process has workers running on this machine (a local pool's worker starting,
 in a warm-up step or with a job, each counted once; a job of its own in the machine's compile

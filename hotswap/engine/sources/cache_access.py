@@ -50,19 +50,19 @@ POLL_S = 0.1
 FLEET_POLL_S = 0.5
 _REMOTE_RETRY_S = 30.0
 # A cache write's rest after each MiB hashed or written (store.WRITE_PIECE): a 148 MiB entry
-# takes ~0.45 s more. None while a thread of the user's waits for hotswap's work (wait(), the
-# exit's wait for pending stores).
+# takes ~0.45 s more. No rest while a thread of the user's waits for hotswap's work (wait(),
+# the exit's wait for pending stores): _write_rest_s.
 WRITE_REST_S = 0.001
-
-
-def _write_rest_s() -> float:
-    return 0.0 if threads.user_waits.running() else WRITE_REST_S
 # Entries a fleet store missed while it was down, per store URL, in this process (every
 # coordinator's): key -> (tier, origin, local cache root). Sent with the next entry it takes.
 _unsent: dict[str, dict[str, tuple[str, str, str]]] = {}
 _unsent_lock = threading.Lock()
 
 log = logging.getLogger("hotswap")
+
+
+def _write_rest_s() -> float:
+    return 0.0 if threads.user_waits.running() else WRITE_REST_S
 
 # Notes of use under way (on the io lane) are waited for at exit, briefly: the interpreter
 # stops a daemon thread wherever it is, and one stopped between its temporary file and the
