@@ -17,6 +17,8 @@ COUNTER_NAMES = (
     "worker_compiles",  # compile jobs that finished in a worker with an artifact
     "inprocess_compiles",
     "cache_hits",       # artifacts taken from the artifact cache instead of compiling
+    "plans_made_ahead",  # cuDNN plans a cached tier's earlier first run stored, made in the
+                         # call dynamo compiled (engine/loading/per_thread.py)
     "remote_cache_hits",  # ... of them, found in the fleet store (cache_url), not on this machine
     "remote_compiles",  # compile jobs that finished on the cluster (executor), with an artifact
     "fallbacks",        # a tier failed (compile error, crash, timeout, unserializable graph, bad artifact)

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hotswap
 from hotswap.engine.coordinator import Coordinator
-from hotswap.engine.loading import first_run
+from hotswap.engine.loading import first_run, per_thread
 from hotswap.engine.loading.first_run import FirstRun
 from hotswap.engine.options import Options
 from hotswap.testing.fake import FakeCompiler
@@ -280,3 +281,133 @@ def test_a_noted_call_that_fails_leaves_the_rest_to_the_tier() -> None:
 
     work = PerThread(lambda: None, [(fails, (), {}), (fails, (), {})])
     assert work.step() and not work.step()
+
+
+@pytest.fixture
+def cpu_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's convolutions stored and made ahead as CUDA's are."""
+    monkeypatch.setattr(per_thread, "PLANNED_DEVICES", ("cuda", "cpu"))
+
+
+def _conv_calls() -> tuple[list[Any], torch.Tensor, torch.Tensor]:
+    weight = torch.randn(4, 3, 3, 3, dtype=torch.bfloat16)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    recorder = per_thread.PlanRecorder()
+    with recorder:
+        torch.nn.functional.conv2d(x[1:], weight, stride=2, padding=1)
+        torch.nn.functional.conv2d(x[1:], weight, stride=2, padding=1)  # noted once
+    return recorder.calls, x[1:], weight
+
+
+class _Convolutions(TorchDispatchMode):
+    """Notes each convolution's op and tensor layouts, as cuDNN's plan cache keys them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Any, ...]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        if func._schema.name == "aten::convolution":
+            self.seen.append((str(func), *((a.shape, a.stride(), a.dtype, a.storage_offset())
+                                           for a in args[:2]), *args[3:]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_stored_calls_are_made_again_with_the_same_op_layouts_and_arguments(
+        cpu_plans: None) -> None:
+    calls, x, weight = _conv_calls()
+    stored = per_thread.pack_calls(calls)
+    assert stored is not None
+    again = per_thread.unpack_calls(stored)
+    with _Convolutions() as spy:
+        made = per_thread.make_calls(again)
+    assert made == 1
+    assert x.storage_offset() == 192
+    assert spy.seen == [("aten.convolution.default",  # the offset's alignment, as cuDNN keys it
+                         (x.shape, x.stride(), x.dtype, 192 % 8),
+                         (weight.shape, weight.stride(), weight.dtype, 0),
+                         [2, 2], [1, 1], [1, 1], False, [0, 0], 1)]
+
+
+def test_calls_on_the_cpu_are_not_stored_where_only_cuda_plans_are() -> None:
+    calls, _, _ = _conv_calls()
+    assert per_thread.PLANNED_DEVICES == ("cuda",)
+    assert per_thread.pack_calls(calls) is None
+    assert not per_thread.planned_on(["cpu"]) and per_thread.planned_on(["cuda:1"])
+
+
+def _packed(name: str = "aten.convolution.default", stride: list[int] | None = None,
+            dtype: str = "bfloat16", device: str = "cpu", shape: list[int] | None = None
+            ) -> bytes:
+    import msgpack
+
+    tensor = {"t": [shape or [1, 3, 8, 8], stride or [192, 1, 24, 3], 0, dtype, device]}
+    weight = {"t": [[4, 3, 3, 3], [27, 9, 3, 1], 0, dtype, device]}
+    row = [name, [tensor, weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1], {}]
+    return bytes(msgpack.packb({"format": 1, "calls": [row]}))
+
+
+@pytest.mark.parametrize("case", ["sound", "garbage", "other format", "not planned", "no op",
+                                  "no dtype", "negative stride", "no such device",
+                                  "too large"])
+def test_stored_calls_of_no_known_form_are_left_out(case: str, cpu_plans: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgpack
+
+    data = {
+        "sound": _packed(), "garbage": b"\xc1not msgpack",
+        "other format": bytes(msgpack.packb({"format": 99, "calls": []})),
+        "not planned": _packed("aten.add.Tensor"), "no op": _packed("aten.no_such_op.default"),
+        "no dtype": _packed(dtype="Tensor"), "negative stride": _packed(stride=[192, 1, -24, 3]),
+        "no such device": _packed(device="cuda:0"),
+        "too large": _packed(shape=[1 << 20, 3, 8, 8]),
+    }[case]
+    monkeypatch.setattr(per_thread, "MAX_PLANNED_BYTES", 1 << 24)
+    calls = per_thread.unpack_calls(data)
+    assert len(calls) == (1 if case == "sound" else 0)
+    with _Convolutions() as spy:
+        assert per_thread.make_calls(calls) == len(calls)
+    assert len(spy.seen) == len(calls)
+
+
+def test_a_warm_process_makes_the_cached_tiers_plans_in_the_call_dynamo_compiles(
+        cpu_runs: None, cpu_plans: None, tmp_path: Any) -> None:
+    """The first process's first run of its tier notes its convolutions and stores them
+    beside the entry; a later process that loads the tier from the cache makes them in its
+    first call, the one dynamo compiles, before any other call."""
+    from hotswap.cache import PLANS_TIER, ArtifactCache
+    from hotswap.engine import threads
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(),
+                                torch.nn.Conv2d(4, 2, 1)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+
+    def run() -> tuple[int, list[Any]]:
+        torch._dynamo.reset()
+        fake = FakeCompiler()
+        coordinator = Coordinator(Options.create(mode="async", cache_dir=str(tmp_path)),
+                                  compiler=fake)
+        compiled = torch.compile(model, backend=coordinator)
+        with torch.no_grad(), hotswap.counters_delta() as d:
+            before = hotswap.counters()["plans_made_ahead"]
+            torch.testing.assert_close(compiled(x), expected)
+            made = hotswap.counters()["plans_made_ahead"] - before  # in the first call
+            [status] = coordinator.wait(timeout_s=30)
+            assert status.tier == "default"
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), expected)
+        assert threads.io.drain(30)
+        plans = [e for e in ArtifactCache(tmp_path, read_only=True).entries()
+                 if e.tier == PLANS_TIER]
+        assert d["plans_made_ahead"] == made and d["internal_errors"] == 0
+        return made, plans
+
+    made, plans = run()  # compiled: nothing to make ahead; its first run's calls stored
+    assert made == 0 and len(plans) == 1
+    made, again = run()  # from the cache: both convolutions made in the first call
+    assert made == 2 and [p.key for p in again] == [p.key for p in plans]
+    assert again[0].used_s == plans[0].used_s  # stored once, not rewritten

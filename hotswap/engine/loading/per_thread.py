@@ -23,7 +23,12 @@ own plans in their first call, as before.
 The first plan of a kind costs the most: GPT-2's first attention plan took 41-68 ms in the
 caller's thread, the same call again 0.1-0.5 ms. Starting cuDNN in that thread beforehand on
 tiny tensors (593 ms, in the call dynamo compiles) did not make it cheaper: the cost is the
-plan's own, in one call of the tier before, and is left there.
+plan's own. In a process that loads the tier from the cache, the plans are known before the
+call dynamo compiles ends: the process that first ran the tier stored its calls beside the
+entry (``pack_calls``, a signed cache entry of their own), and that call makes them in the
+caller's thread (``make_calls``), where a second or more of tracing is already paid, instead
+of in one of the calls that follow. A process that compiles the tier pays them in one call of
+the tier before, as above.
 """
 
 from __future__ import annotations
@@ -31,14 +36,16 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgpack
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-__all__ = ["PLANNED", "PLANNING_CALLS_PER_PLAN", "PerThread", "PlanRecorder"]
+__all__ = ["MAX_PLANNED_BYTES", "PLANNED", "PLANNED_DEVICES", "PLANNING_CALLS_PER_PLAN",
+           "PerThread", "PlanRecorder", "make_calls", "pack_calls", "planned_on", "unpack_calls"]
 
 log = logging.getLogger("hotswap")
 
@@ -50,6 +57,13 @@ PLANNED = frozenset({
     "aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
     "aten::cudnn_convolution_transpose", "aten::_scaled_dot_product_cudnn_attention",
 })
+# The device kinds whose calls are stored and made ahead (the tests add the CPU's, to see the
+# path without a GPU).
+PLANNED_DEVICES = ("cuda",)
+# The most a stored call's empty tensors may take, all together (``unpack_calls``).
+MAX_PLANNED_BYTES = 1 << 30
+_FORMAT = 1
+Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
 class _Layout:
@@ -65,13 +79,27 @@ class _Layout:
         # a KV cache)
         self.offset = t.storage_offset() % max(1, 16 // t.element_size())
 
+    @classmethod
+    def of(cls, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
+           dtype: torch.dtype, device: torch.device) -> _Layout:
+        layout = cls.__new__(cls)
+        layout.shape, layout.stride, layout.offset = shape, stride, offset
+        layout.dtype, layout.device = dtype, device
+        return layout
+
     def key(self) -> tuple[Any, ...]:
         return (self.shape, self.stride, self.offset, self.dtype, self.device)
 
+    def nbytes(self) -> int:
+        return (int(self.offset) + self._span()) * self.dtype.itemsize
+
+    def _span(self) -> int:
+        if not all(self.shape):
+            return 0
+        return int(sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))) + 1
+
     def empty(self) -> torch.Tensor:
-        span = sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True)) + 1
-        base = torch.empty(self.offset + (span if all(self.shape) else 0), dtype=self.dtype,
-                           device=self.device)
+        base = torch.empty(self.offset + self._span(), dtype=self.dtype, device=self.device)
         return base.as_strided(self.shape, self.stride, self.offset)
 
 
@@ -81,7 +109,7 @@ class PlanRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.calls: list[Call] = []
         self._seen: set[str] = set()  # one call per op and layouts: the plan is built once
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -112,8 +140,7 @@ class PerThread:
     """A loaded tier, and the calls its first call makes that each thread must make once
     itself (``step``). Calling it calls the tier."""
 
-    def __init__(self, fn: Callable[..., Any], calls: list[tuple[Any, tuple[Any, ...],
-                                                                 dict[str, Any]]]) -> None:
+    def __init__(self, fn: Callable[..., Any], calls: list[Call]) -> None:
         self.fn = fn
         self.calls = calls
         self._done = threading.local()  # .next: this thread's next call to make
@@ -132,17 +159,152 @@ class PerThread:
         if index >= len(self.calls) or next(self._left) <= 0:
             return False
         self._done.next = index + 1
-        func, args, kwargs = self.calls[index]
-
-        def fill(x: Any) -> Any:
-            return x.empty() if isinstance(x, _Layout) else x
-
-        try:
-            with torch.no_grad():
-                func(*tree_map(fill, args), **tree_map(fill, kwargs))
-        except Exception as e:
+        if not _make(self.calls[index]):
             self._done.next = len(self.calls)
-            log.debug("hotswap: a thread's plan for %s not made ahead: %s: %s", func,
-                      type(e).__name__, e)
         return True
+
+
+def _make(call: Call) -> bool:
+    """Make ``call`` on this thread, on empty tensors of its layouts; False if it failed."""
+    func, args, kwargs = call
+
+    def fill(x: Any) -> Any:
+        return x.empty() if isinstance(x, _Layout) else x
+
+    try:
+        with torch.no_grad():
+            func(*tree_map(fill, args), **tree_map(fill, kwargs))
+    except Exception as e:
+        log.debug("hotswap: a thread's plan for %s not made ahead: %s: %s", func,
+                  type(e).__name__, e)
+        return False
+    return True
+
+
+def make_calls(calls: Iterable[Call]) -> int:
+    """Make each call on this thread (the plans it builds are this thread's), on empty
+    tensors; how many were made. Never raises."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # real tensors, whatever mode a tracer left on
+        return sum(_make(call) for call in calls)
+
+
+class _Unpackable(Exception):
+    """A call's argument the stored form has no place for."""
+
+
+def planned_on(devices: Iterable[str]) -> bool:
+    """Whether a graph on ``devices`` ("cuda:0", ...) may have calls stored and made ahead."""
+    return any(d.split(":")[0] in PLANNED_DEVICES for d in devices)
+
+
+def pack_calls(calls: Iterable[Call]) -> bytes | None:
+    """The calls (``PlanRecorder.calls``) whose tensors are all on devices of the
+    ``PLANNED_DEVICES`` kinds, as a cache entry keeps them (msgpack of names, layouts and
+    plain values); None where no call is left."""
+    kinds = set(PLANNED_DEVICES)
+
+    def pack(x: Any) -> Any:
+        if isinstance(x, _Layout):
+            if x.device.type not in kinds:
+                raise _Unpackable(x.device)
+            return {"t": [list(x.shape), list(x.stride), x.offset, _dtype_name(x.dtype),
+                          str(x.device)]}
+        if isinstance(x, torch.dtype):
+            return {"d": _dtype_name(x)}
+        if isinstance(x, list | tuple):
+            return [pack(v) for v in x]
+        if x is None or isinstance(x, bool | int | float | str):
+            return x
+        raise _Unpackable(type(x).__name__)
+
+    packed = []
+    for func, args, kwargs in calls:
+        if not any(isinstance(x, _Layout) for x in (*args, *kwargs.values())):
+            continue
+        try:
+            packed.append([str(func), pack(list(args)), {k: pack(v) for k, v in kwargs.items()}])
+        except _Unpackable:
+            continue
+    if not packed:
+        return None
+    return bytes(msgpack.packb({"format": _FORMAT, "calls": packed}, use_bin_type=True))
+
+
+def unpack_calls(data: bytes | bytearray | memoryview) -> list[Call]:
+    """``pack_calls``'s calls again, each op a ``PLANNED`` one of this torch and each tensor
+    on a device of the ``PLANNED_DEVICES`` kinds that this process has; a call that is not
+    is left out, and all of them where their tensors would take more than
+    ``MAX_PLANNED_BYTES``. Never raises: an entry of no known form gives no calls."""
+    kinds = set(PLANNED_DEVICES)
+    try:
+        stored = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
+        rows = stored["calls"] if stored.get("format") == _FORMAT else []
+    except Exception as e:
+        log.debug("hotswap: stored plans not read: %s: %s", type(e).__name__, e)
+        return []
+    calls, total = [], 0
+    for row in rows:
+        try:
+            call = _unpack_call(row, kinds)
+        except Exception as e:  # of another torch, a device this process lacks, ...
+            log.debug("hotswap: a stored plan left out: %s: %s", type(e).__name__, e)
+            continue
+        total += sum(x.nbytes() for x in (*call[1], *call[2].values())
+                     if isinstance(x, _Layout))
+        if total > MAX_PLANNED_BYTES:
+            return []
+        calls.append(call)
+    return calls
+
+
+def _unpack_call(row: Any, kinds: set[str]) -> Call:
+    name, args, kwargs = row
+    namespace, op, overload = str(name).split(".")
+    func = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    if func._schema.name not in PLANNED:
+        raise ValueError(f"{name} builds no plan")
+
+    def unpack(x: Any) -> Any:
+        if isinstance(x, dict):
+            if "t" in x:
+                shape, stride, offset, dtype, device = x["t"]
+                where = torch.device(device)
+                if where.type not in kinds or not _has(where):
+                    raise ValueError(f"no device {where}")
+                sizes = tuple(int(n) for n in shape)
+                steps = tuple(int(n) for n in stride)
+                if len(sizes) != len(steps) or min((*sizes, *steps, int(offset)), default=0) < 0:
+                    raise ValueError("not a layout")
+                return _Layout.of(sizes, steps, int(offset), _dtype(dtype), where)
+            if "d" in x:
+                return _dtype(x["d"])
+            raise ValueError("not a stored value")
+        if isinstance(x, list):
+            return [unpack(v) for v in x]
+        if x is None or isinstance(x, bool | int | float | str):
+            return x
+        raise ValueError(f"not a stored value: {type(x).__name__}")
+
+    return func, tuple(unpack(x) for x in args), {str(k): unpack(v) for k, v in kwargs.items()}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: Any) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"no dtype {name!r}")
+    return dtype
+
+
+def _has(device: torch.device) -> bool:
+    if device.type == "cpu":
+        return True
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return device.index is None or device.index < torch.cuda.device_count()
 
