@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from hotswap import settings
+from hotswap.system import cores
 
 __all__ = ["DEFERS", "Lane", "Timer", "deferring", "dynamo_compiling", "gil_handoff_s", "io",
            "join_all", "live",
@@ -688,11 +689,18 @@ def deferring() -> contextlib.AbstractContextManager[None]:
 
 @contextlib.contextmanager
 def _lane_busy() -> Iterator[None]:
-    """A lane's state while it has work: the quick GIL handoff, and where ``DEFERS`` its
+    """A lane's state while it has work: the quick GIL handoff; where ``DEFERS`` its
     thread defers to the user's running calls until a thread of the user's waits for
-    hotswap's work (``deferring``)."""
-    with quick_gil_handoff, deferring() if DEFERS else contextlib.nullcontext():
-        yield
+    hotswap's work (``deferring``); and it takes a core, which the eager answers leave it
+    (``cores``): a caller's two intra-op threads on two cores beside the load path's
+    warm-up made eager GPT-2 calls of 21-73 ms (the main thread spinning at OpenMP's barrier
+    for half of it) against at most 6 ms on one thread (CPU box)."""
+    cores.add_busy(1)
+    try:
+        with quick_gil_handoff, deferring() if DEFERS else contextlib.nullcontext():
+            yield
+    finally:
+        cores.add_busy(-1)
 
 
 scheduler = Lane("hotswap-load", busy=_lane_busy)
