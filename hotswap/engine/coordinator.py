@@ -156,12 +156,12 @@ class Coordinator:
             self._start(journey, route, starts=self.ladder.start_points(journey),
                         example_inputs=example_inputs)
         else:
-            self._plans_ahead(journey, prepared.devices)
             # The cache holds a tier: its entry is read and its signature checked off the
             # user's call (a CPU entry carries inductor's precompiled header: reading and
             # checking 156 MB took 190-250 ms of a warm restart's first call, the zoo's MLP
             # on the 2-core box), then the start points are chosen as they would be here.
             threads.io.submit(self._start_off_caller, journey, route)
+            self._plans_ahead(journey, prepared.devices)
         self.graphs.moved()
         return journey.runner
 
@@ -284,9 +284,9 @@ class Coordinator:
             arrival = future.result()
             journey.arrived(tier.name, arrival.path)
             journey.remember(tier.name, arrival.entry)
+            self.ladder.offer(journey, tier.name, arrival.fn)
             if isinstance(arrival.fn, PerThread):
                 self._store_plans(journey, tier, arrival.fn)
-            self.ladder.offer(journey, tier.name, arrival.fn)
         elif not self._compiled_here_instead(journey, tier, error, blocking=False):
             if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
                 journey.fail(tier.name, reason_of(error), level=logging.DEBUG)
@@ -300,25 +300,34 @@ class Coordinator:
         45-103 ms in one call after the swap, H100)."""
         if not planned_on(devices):
             return
-        t = time.monotonic()
-        calls = []
-        for tier in journey.tiers:
-            key = journey.keys.get(tier.name)
-            stored = self.cache.plans(key) if key else None
-            if stored is not None:
-                calls += unpack_calls(stored)
-        if calls:
-            bump("plans_made_ahead", make_calls(calls))
-            self.recorder.span(journey, GRAPH_TIER, "plans_ahead", t, time.monotonic())
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return  # allocations inside the user's capture would be part of it
+            t = time.monotonic()
+            keys = [journey.keys.get(tier.name) for tier in journey.tiers]
+            stored = [self.cache.plans(key) for key in keys if self.cache.present(key)]
+            calls = unpack_calls(data for data in stored if data is not None)
+            if calls:
+                bump("plans_made_ahead", make_calls(calls))
+                self.recorder.span(journey, GRAPH_TIER, "plans_ahead", t, time.monotonic())
+        except Exception as e:  # the plans are a saving, never the user's error
+            log.debug("hotswap: graph %s: cuDNN plans not made ahead: %s: %s",
+                      journey.graph_id, type(e).__name__, e)
 
     def _store_plans(self, journey: GraphJourney, tier: Tier, fn: PerThread) -> None:
         """Scheduler: a tier whose first run made cuDNN plans is in; a later process that
         loads it from the cache makes them ahead (``_plans_ahead``)."""
         key = journey.keys.get(tier.name)
-        if key is not None and self.cache.enabled:
+        if key is None or not self.cache.enabled:
+            return
+        try:
             plans = pack_calls(fn.calls)
-            if plans is not None:
-                threads.io.submit(self.cache.store_plans, key, plans)
+        except Exception as e:  # a saving for a later process, never this one's failure
+            log.debug("hotswap: graph %s: cuDNN plans not stored: %s: %s", journey.graph_id,
+                      type(e).__name__, e)
+            return
+        if plans is not None:
+            threads.io.submit(self.cache.store_plans, key, plans, journey.origin)
 
     def _compiled_here_instead(self, journey: GraphJourney, tier: Tier, error: BaseException,
                                *, blocking: bool) -> bool:

@@ -168,7 +168,7 @@ class GraphRunner:
         try:
             # A CPU call is not timed while a thread of hotswap's works here: on every
             # intra-op thread it would wait at OpenMP's barriers for the one that thread
-            # preempts (GPT-2 on the 2-core box: 31-77 ms calls beside the load path's
+            # preempts (GPT-2 on the 2-core box: 21-77 ms calls beside the load path's
             # warm-up), and timed so it would say so of eager. (A CUDA clock times the GPU.)
             if clock is None or self.eager_calls < self._eager_from or (
                     cores.busy_here() and not clock.device_time):

@@ -39,7 +39,8 @@ single long C call is not split, and a lock the deferring thread holds waits wit
 user call that needs it waits up to the deferral's pace (2 ms in 12), but for a module's
 import lock: a thread that another waits on to finish an import neither defers nor rests
 (``prepare()`` first thing: the warm-up imports inductor while the program imports what it
-needs of it). The lanes defer on Python 3.12+ only (``DEFERS``).
+needs of it). The lanes defer on Python 3.12+ only (``DEFERS``); on 3.11 the warm-up and
+loads (``jobs.py``) do.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ YIELD_DEFER_COMPILE_S = 0.050
 # ``sys.monitoring`` callback (``_Monitoring``). 3.11's trace function puts every instruction
 # of the thread through the tracing path: an interpreter-heavy task took 2.3x as long, and the
 # load path's imports 1.44-1.50 s against 0.86-0.94 s (torch 2.13, CPU). There the lanes keep
-# the quick handoff alone (the warm-up, whose imports are most of that, still defers).
+# the quick handoff alone (the warm-up, whose imports are most of that, still defers, and so
+# do loads: sources/jobs.py).
 DEFERS = sys.version_info >= (3, 12)
 
 

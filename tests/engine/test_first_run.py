@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hotswap
+from hotswap.engine import coordinator as coordinator_module
 from hotswap.engine.coordinator import Coordinator
 from hotswap.engine.loading import first_run, per_thread
 from hotswap.engine.loading.first_run import FirstRun
@@ -291,12 +292,13 @@ def cpu_plans(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _conv_calls() -> tuple[list[Any], torch.Tensor, torch.Tensor]:
     weight = torch.randn(4, 3, 3, 3, dtype=torch.bfloat16)
-    x = torch.randn(2, 3, 8, 8, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    # channels-last, 3 elements into its storage (cuDNN keys the address's alignment)
+    x = torch.randn(3 + 192, dtype=torch.bfloat16).as_strided((1, 3, 8, 8), (192, 1, 24, 3), 3)
     recorder = per_thread.PlanRecorder()
     with recorder:
-        torch.nn.functional.conv2d(x[1:], weight, stride=2, padding=1)
-        torch.nn.functional.conv2d(x[1:], weight, stride=2, padding=1)  # noted once
-    return recorder.calls, x[1:], weight
+        torch.nn.functional.conv2d(x, weight, stride=2, padding=1)
+        torch.nn.functional.conv2d(x, weight, stride=2, padding=1)  # noted once
+    return recorder.calls, x, weight
 
 
 class _Convolutions(TorchDispatchMode):
@@ -319,13 +321,12 @@ def test_stored_calls_are_made_again_with_the_same_op_layouts_and_arguments(
     calls, x, weight = _conv_calls()
     stored = per_thread.pack_calls(calls)
     assert stored is not None
-    again = per_thread.unpack_calls(stored)
+    again = per_thread.unpack_calls([stored, stored])  # two tiers' entries: made once
     with _Convolutions() as spy:
         made = per_thread.make_calls(again)
     assert made == 1
-    assert x.storage_offset() == 192
-    assert spy.seen == [("aten.convolution.default",  # the offset's alignment, as cuDNN keys it
-                         (x.shape, x.stride(), x.dtype, 192 % 8),
+    assert spy.seen == [("aten.convolution.default",
+                         (x.shape, x.stride(), x.dtype, 3),
                          (weight.shape, weight.stride(), weight.dtype, 0),
                          [2, 2], [1, 1], [1, 1], False, [0, 0], 1)]
 
@@ -338,19 +339,23 @@ def test_calls_on_the_cpu_are_not_stored_where_only_cuda_plans_are() -> None:
 
 
 def _packed(name: str = "aten.convolution.default", stride: list[int] | None = None,
-            dtype: str = "bfloat16", device: str = "cpu", shape: list[int] | None = None
-            ) -> bytes:
+            dtype: str = "bfloat16", device: str = "cpu", shape: list[int] | None = None,
+            padding: int = 0, nested: bool = False) -> bytes:
     import msgpack
 
     tensor = {"t": [shape or [1, 3, 8, 8], stride or [192, 1, 24, 3], 0, dtype, device]}
     weight = {"t": [[4, 3, 3, 3], [27, 9, 3, 1], 0, dtype, device]}
-    row = [name, [tensor, weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1], {}]
+    bias = [{"t": [[1 << 28], [1], 0, dtype, device]}] if nested else None
+    row = [name, [tensor, weight, bias, [1, 1], [padding, padding], [1, 1], False, [0, 0], 1],
+           {}]
     return bytes(msgpack.packb({"format": 1, "calls": [row]}))
 
 
-@pytest.mark.parametrize("case", ["sound", "garbage", "other format", "not planned", "no op",
-                                  "no dtype", "negative stride", "no such device",
-                                  "too large"])
+@pytest.mark.parametrize("case", ["sound", "garbage", "other format", "calls not a list",
+                                  "not planned", "not the default overload", "no op",
+                                  "no dtype", "negative stride", "no such device", "too large",
+                                  "a tensor where none goes", "too large by stride 0",
+                                  "too large an output"])
 def test_stored_calls_of_no_known_form_are_left_out(case: str, cpu_plans: None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import msgpack
@@ -358,13 +363,19 @@ def test_stored_calls_of_no_known_form_are_left_out(case: str, cpu_plans: None,
     data = {
         "sound": _packed(), "garbage": b"\xc1not msgpack",
         "other format": bytes(msgpack.packb({"format": 99, "calls": []})),
-        "not planned": _packed("aten.add.Tensor"), "no op": _packed("aten.no_such_op.default"),
+        "calls not a list": bytes(msgpack.packb({"format": 1, "calls": 5})),
+        "not planned": _packed("aten.add.Tensor"),
+        "not the default overload": _packed("aten.convolution.out"),
+        "no op": _packed("aten.no_such_op.default"),
         "no dtype": _packed(dtype="Tensor"), "negative stride": _packed(stride=[192, 1, -24, 3]),
-        "no such device": _packed(device="cuda:0"),
+        "no such device": _packed(device="cuda:99"),
         "too large": _packed(shape=[1 << 20, 3, 8, 8]),
+        "a tensor where none goes": _packed(nested=True),
+        "too large by stride 0": _packed(shape=[1 << 20, 3, 8, 8], stride=[0, 1, 24, 3]),
+        "too large an output": _packed(padding=1 << 11),
     }[case]
     monkeypatch.setattr(per_thread, "MAX_PLANNED_BYTES", 1 << 24)
-    calls = per_thread.unpack_calls(data)
+    calls = per_thread.unpack_calls([data])
     assert len(calls) == (1 if case == "sound" else 0)
     with _Convolutions() as spy:
         assert per_thread.make_calls(calls) == len(calls)
@@ -372,7 +383,8 @@ def test_stored_calls_of_no_known_form_are_left_out(case: str, cpu_plans: None,
 
 
 def test_a_warm_process_makes_the_cached_tiers_plans_in_the_call_dynamo_compiles(
-        cpu_runs: None, cpu_plans: None, tmp_path: Any) -> None:
+        cpu_runs: None, cpu_plans: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The first process's first run of its tier notes its convolutions and stores them
     beside the entry; a later process that loads the tier from the cache makes them in its
     first call, the one dynamo compiles, before any other call."""
@@ -411,3 +423,28 @@ def test_a_warm_process_makes_the_cached_tiers_plans_in_the_call_dynamo_compiles
     made, again = run()  # from the cache: both convolutions made in the first call
     assert made == 2 and [p.key for p in again] == [p.key for p in plans]
     assert again[0].used_s == plans[0].used_s  # stored once, not rewritten
+
+    def broken(entries: object) -> list[Any]:
+        raise RuntimeError("a bug in the plans")
+
+    monkeypatch.setattr(coordinator_module, "unpack_calls", broken)
+    made, _ = run()  # never the user's error: the call answers, the tier serves
+    assert made == 0
+
+
+def test_a_stored_call_is_sized_by_every_tensor_it_holds_and_every_output_it_makes(
+        cpu_plans: None) -> None:
+    import msgpack
+
+    def sized(data: bytes) -> int:
+        [row] = msgpack.unpackb(data)["calls"]
+        return per_thread._bytes(per_thread._unpack_call(row, {"cpu"}))
+
+    base = sized(_packed())
+    out = 1 * 4 * 6 * 6 * 2  # the output: 4 channels of 6 x 6, bfloat16
+    assert base == (192 + 4 * 27) * 2 + out
+    # an expanded input allocates one row, its output every one
+    assert sized(_packed(shape=[1 << 10, 3, 8, 8], stride=[0, 1, 24, 3])) == \
+        (192 + 4 * 27) * 2 + (1 << 10) * out
+    with pytest.raises(ValueError, match="meta"):  # a list where a tensor goes: no kernel
+        sized(_packed(nested=True))

@@ -337,3 +337,20 @@ def test_a_load_defers_to_the_user_s_calls_on_every_python() -> None:
     compiled(x)
     [status] = coordinator.wait(timeout_s=30)
     assert status.tier == "default" and yielding == [True]
+
+
+def test_a_load_in_the_user_s_own_call_does_not_defer_to_it() -> None:
+    """An in-process mode loads a cached tier inside the call dynamo compiles: deferring to
+    the user's calls there would wait for that very call."""
+    from hotswap.engine.sources import jobs
+
+    inside: list[bool] = []
+
+    def load() -> None:
+        with jobs._deferring_load():
+            inside.append(threads.yielding())
+
+    load()  # the user's thread
+    threads.scheduler.submit(load)
+    assert threads.scheduler.drain(30)
+    assert inside == [False, True]

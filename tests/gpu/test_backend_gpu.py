@@ -317,7 +317,6 @@ def test_the_warm_up_starts_triton_beside_the_imports() -> None:
     assert warmup._triton_early.done and warmup._triton_early.error is None
 
 
-
 def test_a_cached_tiers_cudnn_plans_are_stored_and_made_in_the_call_dynamo_compiles(
         tmp_path: Path) -> None:
     """The cold process's first run notes the tier's cuDNN convolutions and stores them beside

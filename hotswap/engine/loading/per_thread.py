@@ -33,6 +33,7 @@ the tier before, as above.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -42,7 +43,7 @@ from typing import Any
 import msgpack
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 __all__ = ["MAX_PLANNED_BYTES", "PLANNED", "PLANNED_DEVICES", "PLANNING_CALLS_PER_PLAN",
            "PerThread", "PlanRecorder", "make_calls", "pack_calls", "planned_on", "unpack_calls"]
@@ -183,10 +184,15 @@ def _make(call: Call) -> bool:
 
 def make_calls(calls: Iterable[Call]) -> int:
     """Make each call on this thread (the plans it builds are this thread's), on empty
-    tensors; how many were made. Never raises."""
+    tensors, without autocast (the stored dtypes are the plans'); how many were made. Never
+    raises."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily():  # real tensors, whatever mode a tracer left on
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(unset_fake_temporarily())  # real tensors, whatever a tracer left on
+        scope.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            scope.enter_context(torch.autocast("cuda", enabled=False))
         return sum(_make(call) for call in calls)
 
 
@@ -232,39 +238,80 @@ def pack_calls(calls: Iterable[Call]) -> bytes | None:
     return bytes(msgpack.packb({"format": _FORMAT, "calls": packed}, use_bin_type=True))
 
 
-def unpack_calls(data: bytes | bytearray | memoryview) -> list[Call]:
-    """``pack_calls``'s calls again, each op a ``PLANNED`` one of this torch and each tensor
-    on a device of the ``PLANNED_DEVICES`` kinds that this process has; a call that is not
-    is left out, and all of them where their tensors would take more than
-    ``MAX_PLANNED_BYTES``. Never raises: an entry of no known form gives no calls."""
+def unpack_calls(entries: Iterable[bytes | bytearray | memoryview]) -> list[Call]:
+    """The calls of entries ``pack_calls`` made, each once (two tiers may store one call),
+    each the default overload of a ``PLANNED`` op of this torch, each tensor on a device of
+    the ``PLANNED_DEVICES`` kinds that this process has. A call that is not, or whose tensors
+    (its outputs too, as its meta kernel says) would take more than ``MAX_PLANNED_BYTES``, is
+    left out. Never raises: an entry of no known form gives no calls."""
     kinds = set(PLANNED_DEVICES)
-    try:
-        stored = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
-        rows = stored["calls"] if stored.get("format") == _FORMAT else []
-    except Exception as e:
-        log.debug("hotswap: stored plans not read: %s: %s", type(e).__name__, e)
-        return []
-    calls, total = [], 0
-    for row in rows:
+    calls: list[Call] = []
+    seen: set[str] = set()
+    for data in entries:
         try:
-            call = _unpack_call(row, kinds)
-        except Exception as e:  # of another torch, a device this process lacks, ...
-            log.debug("hotswap: a stored plan left out: %s: %s", type(e).__name__, e)
+            stored = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
+            rows = stored.get("calls") if isinstance(stored, dict) and \
+                stored.get("format") == _FORMAT else None
+            if not isinstance(rows, list):
+                raise ValueError("not an entry of stored calls")
+        except Exception as e:
+            log.debug("hotswap: stored plans not read: %s: %s", type(e).__name__, e)
             continue
-        total += sum(x.nbytes() for x in (*call[1], *call[2].values())
-                     if isinstance(x, _Layout))
-        if total > MAX_PLANNED_BYTES:
-            return []
-        calls.append(call)
+        for row in rows:
+            try:
+                call = _unpack_call(row, kinds)
+                key = _key(call)
+                if key in seen:
+                    continue
+                if _bytes(call) > MAX_PLANNED_BYTES:
+                    raise ValueError(f"over {MAX_PLANNED_BYTES} bytes of tensors")
+            except Exception as e:  # of another torch, a device this process lacks, ...
+                log.debug("hotswap: a stored plan left out: %s: %s", type(e).__name__, e)
+                continue
+            seen.add(key)
+            calls.append(call)
     return calls
+
+
+def _key(call: Call) -> str:
+    func, args, kwargs = call
+
+    def key(x: Any) -> Any:
+        return x.key() if isinstance(x, _Layout) else x
+
+    return repr((str(func), tree_map(key, args), tree_map(key, kwargs)))
+
+
+def _bytes(call: Call) -> int:
+    """What ``call`` allocates: its tensors' storage, and its outputs' as its meta kernel
+    computes them (ValueError where it has none)."""
+    func, args, kwargs = call
+    layouts = [x for x in tree_leaves((args, kwargs)) if isinstance(x, _Layout)]
+
+    def meta(x: Any) -> Any:
+        if not isinstance(x, _Layout):
+            return x
+        return torch.empty_strided(x.shape, x.stride, dtype=x.dtype, device="meta")
+
+    try:
+        with torch.no_grad():
+            out = func(*tree_map(meta, args), **tree_map(meta, kwargs))
+    except Exception as e:
+        raise ValueError(f"no meta kernel to size it: {type(e).__name__}") from e
+    outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return sum(x.nbytes() for x in layouts) + sum(t.numel() * t.element_size() for t in outputs)
 
 
 def _unpack_call(row: Any, kinds: set[str]) -> Call:
     name, args, kwargs = row
     namespace, op, overload = str(name).split(".")
+    if overload != "default":
+        raise ValueError(f"{name}: only default overloads are made")
     func = getattr(getattr(getattr(torch.ops, namespace), op), overload)
     if func._schema.name not in PLANNED:
         raise ValueError(f"{name} builds no plan")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise ValueError("not a stored call")
 
     def unpack(x: Any) -> Any:
         if isinstance(x, dict):

@@ -244,10 +244,12 @@ class CacheAccess:
         """The gate's verdict on ``key``'s tier in an earlier run, if any."""
         return self._beside(verdict_key(key))
 
-    def plans(self, key: str) -> bytes | bytearray | None:
+    def plans(self, key: str | None) -> bytes | bytearray | None:
         """The cuDNN plans stored beside ``key``'s artifact (``per_thread.pack_calls``), if
         any: read in the user's call that dynamo compiles, so a stat where there are none."""
-        return self._beside(plans_key(key)) if self.present(plans_key(key)) else None
+        if key is None or not self.present(plans_key(key)):
+            return None
+        return self._beside(plans_key(key))
 
     def _beside(self, key: str) -> bytes | bytearray | None:
         """An entry beside an artifact (a verdict, plans), unused by the eviction's order."""
@@ -261,11 +263,11 @@ class CacheAccess:
         finally:
             self._count_rejects(self._cache)
 
-    def store_plans(self, key: str, plans: bytes) -> None:
+    def store_plans(self, key: str, plans: bytes, origin: str = "") -> None:
         """Store the plans ``key``'s artifact made in its first run, in this machine's cache
         alone, unless it has them already."""
         if self._cache is not None and not self.present(plans_key(key)):
-            self._put(plans_key(key), plans, PLANS_TIER, local_only=True)
+            self._put(plans_key(key), plans, PLANS_TIER, origin, local_only=True)
 
     def store(self, key: str | None, tier: str, entry: bytes | memoryview,
               origin: str = "") -> CachedEntry | None:

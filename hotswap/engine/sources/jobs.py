@@ -124,10 +124,13 @@ class WorkerJobs:
 
 def _deferring_load() -> contextlib.AbstractContextManager[Any]:
     """Where the lanes do not defer to the user's calls (Python 3.11, ``threads.DEFERS``), a
-    load does: its 40-60 ms of interpreter (the generated module's import, inductor's
-    wrappers) stretched the eager calls beside it to 23-45 ms on the 2-core box (GPT-2, a
-    call every 2 ms). The trace function that defers costs the load about as much again."""
-    return contextlib.nullcontext() if threads.DEFERS else threads.deferring()
+    load on a lane does: its 40-60 ms of interpreter (the generated module's import,
+    inductor's wrappers) stretched the eager calls beside it to 23-45 ms on the 2-core box
+    (GPT-2, a call every 2 ms). The trace function that defers costs the load about as much
+    again. A load in the user's own call (a cached tier in ``inprocess`` mode) would defer to
+    that very call: it does not."""
+    on_a_lane = threads.scheduler.here() or threads.io.here()
+    return threads.deferring() if on_a_lane and not threads.DEFERS else contextlib.nullcontext()
 
 
 class _Tracked:
