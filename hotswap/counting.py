@@ -12,15 +12,12 @@ __all__ = ["COUNTER_NAMES", "bump", "counters", "counters_delta"]
 COUNTER_NAMES = (
     "eager_calls",      # calls served by the eager graph (before any tier is ready, or after a fallback)
     "eager_fewer_threads",  # ... of them, run with fewer intra-op threads than the caller's while
-                            # its compile workers ran, or hotswap's threads worked in it
-                            # (hotswap.system.cores)
+                            # its compile workers ran (hotswap.system.cores)
     "swaps",            # a better tier replaced the one serving a graph
     "worker_compiles",  # compile jobs that finished in a worker with an artifact
     "inprocess_compiles",
     "cache_hits",       # artifacts taken from the artifact cache instead of compiling
     "remote_cache_hits",  # ... of them, found in the fleet store (cache_url), not on this machine
-    "plans_made_ahead",  # cuDNN plans a cached tier's earlier first run stored, made in the
-                         # call dynamo compiled (engine/loading/per_thread.py)
     "remote_compiles",  # compile jobs that finished on the cluster (executor), with an artifact
     "fallbacks",        # a tier failed (compile error, crash, timeout, unserializable graph, bad artifact)
     "graphs",           # graphs dynamo handed to hotswap

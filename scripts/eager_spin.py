@@ -5,7 +5,7 @@ the fewer threads hotswap's eager answers take while compile workers run?
 
 The model is called every ``--interval-ms`` (after each call returns) for ``--window-s``, each
 way in turn, twice: with torch's intra-op threads as they are ("own"), and with one thread
-fewer on the calling thread alone, as ``hotswap.system.cores.lent_threads`` runs an eager
+fewer on the calling thread alone, as ``hotswap.system.cores.with_threads`` runs an eager
 answer beside one running worker ("lent"). Per way: the process's CPU time over the window's
 wall time (the cores it kept busy: torch's OpenMP and MKL threads spin-wait between parallel
 regions) and the median call. Nothing else of hotswap runs. Run it on a quiet machine.
@@ -38,11 +38,8 @@ def main() -> None:
     model, inputs = workload.target, workload.inputs(0)
     print(f"{args.model}: {usable_cores()} cores, {own} intra-op threads; a call every "
           f"{args.interval_ms:g} ms for {args.window_s:g} s per way")
-    def lent() -> object:
-        with cores.lent_threads(own - 1, own):
-            return model(*inputs)
-
-    ways = {"own": lambda: model(*inputs), "lent": lent}
+    ways = {"own": lambda: model(*inputs),
+            "lent": lambda: cores.with_threads(own - 1, own, model, inputs)}
     with torch.no_grad():
         for _ in range(2):
             for way, call in ways.items():

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 from hotswap.cache.root import default_cache_dir
 
 if TYPE_CHECKING:
-    from hotswap.cache.store import PLANS_TIER, VERDICT_TIER, ArtifactCache, EntryInfo
+    from hotswap.cache.store import VERDICT_TIER, ArtifactCache, EntryInfo
 
-__all__ = ["PLANS_TIER", "VERDICT_TIER", "ArtifactCache", "EntryInfo", "default_cache_dir"]
+__all__ = ["VERDICT_TIER", "ArtifactCache", "EntryInfo", "default_cache_dir"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("PLANS_TIER", "VERDICT_TIER", "ArtifactCache", "EntryInfo"):
+    if name in ("VERDICT_TIER", "ArtifactCache", "EntryInfo"):
         from hotswap.cache import store
 
         return getattr(store, name)

@@ -57,15 +57,12 @@ from hotswap.cache.trust import (
     read_private,
 )
 
-__all__ = ["FORMAT_VERSION", "PLANS_TIER", "VERDICT_TIER", "WRITE_PIECE", "ArtifactCache", "EntryInfo",
+__all__ = ["FORMAT_VERSION", "VERDICT_TIER", "WRITE_PIECE", "ArtifactCache", "EntryInfo",
            "EntryRejected", "Unread", "has_unread", "hashed", "index_record", "is_key", "seal",
            "split_entry", "unseal", "write_atomic"]
 
 # The tier label of the benchmark gate's verdicts (a decision, not an artifact).
 VERDICT_TIER = "gate-verdict"
-# The tier label of the cuDNN plans a loaded artifact's first run made (layouts, no artifact:
-# engine/loading/per_thread.py).
-PLANS_TIER = "cudnn-plans"
 
 log = logging.getLogger("hotswap")
 

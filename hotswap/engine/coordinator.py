@@ -28,7 +28,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -43,13 +43,6 @@ from hotswap.engine.graph import GraphRunner, TierFailed
 from hotswap.engine.graphs import Graphs
 from hotswap.engine.journey import GraphJourney, GraphStatus, TierState
 from hotswap.engine.loading.first_run import FirstRun
-from hotswap.engine.loading.per_thread import (
-    PerThread,
-    make_calls,
-    pack_calls,
-    planned_on,
-    unpack_calls,
-)
 from hotswap.engine.logs import setup_logging
 from hotswap.engine.options import Options, Tier
 from hotswap.engine.policy.ladder import Ladder, Measure
@@ -161,7 +154,6 @@ class Coordinator:
             # checking 156 MB took 190-250 ms of a warm restart's first call, the zoo's MLP
             # on the 2-core box), then the start points are chosen as they would be here.
             threads.io.submit(self._start_off_caller, journey, route)
-            self._plans_ahead(journey, prepared.devices)
         self.graphs.moved()
         return journey.runner
 
@@ -285,49 +277,11 @@ class Coordinator:
             journey.arrived(tier.name, arrival.path)
             journey.remember(tier.name, arrival.entry)
             self.ladder.offer(journey, tier.name, arrival.fn)
-            if isinstance(arrival.fn, PerThread):
-                self._store_plans(journey, tier, arrival.fn)
         elif not self._compiled_here_instead(journey, tier, error, blocking=False):
             if isinstance(error, PoolClosed):  # the interpreter is exiting: not worth a warning
                 journey.fail(tier.name, reason_of(error), level=logging.DEBUG)
             else:
                 self._fail(journey, tier.name, _reason(error))
-
-    def _plans_ahead(self, journey: GraphJourney, devices: Iterable[str]) -> None:
-        """The call dynamo compiles, a graph whose tier the cache holds: make the cuDNN plans
-        the cached tiers' first runs stored (``_store_plans``) in this thread now, where the
-        trace already took a second or more, and not in a later call (GPT-2's attention plan:
-        45-103 ms in one call after the swap, H100)."""
-        if not planned_on(devices):
-            return
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                return  # allocations inside the user's capture would be part of it
-            t = time.monotonic()
-            keys = [journey.keys.get(tier.name) for tier in journey.tiers]
-            stored = [self.cache.plans(key) for key in keys if self.cache.present(key)]
-            calls = unpack_calls(data for data in stored if data is not None)
-            if calls:
-                bump("plans_made_ahead", make_calls(calls))
-                self.recorder.span(journey, GRAPH_TIER, "plans_ahead", t, time.monotonic())
-        except Exception as e:  # the plans are a saving, never the user's error
-            log.debug("hotswap: graph %s: cuDNN plans not made ahead: %s: %s",
-                      journey.graph_id, type(e).__name__, e)
-
-    def _store_plans(self, journey: GraphJourney, tier: Tier, fn: PerThread) -> None:
-        """Scheduler: a tier whose first run made cuDNN plans is in; a later process that
-        loads it from the cache makes them ahead (``_plans_ahead``)."""
-        key = journey.keys.get(tier.name)
-        if key is None or not self.cache.enabled:
-            return
-        try:
-            plans = pack_calls(fn.calls)
-        except Exception as e:  # a saving for a later process, never this one's failure
-            log.debug("hotswap: graph %s: cuDNN plans not stored: %s: %s", journey.graph_id,
-                      type(e).__name__, e)
-            return
-        if plans is not None:
-            threads.io.submit(self.cache.store_plans, key, plans, journey.origin)
 
     def _compiled_here_instead(self, journey: GraphJourney, tier: Tier, error: BaseException,
                                *, blocking: bool) -> bool:

@@ -166,19 +166,13 @@ class GraphRunner:
         clock = self._eager_clock
         running = threads.user_calls.enter()
         try:
-            # A CPU call is not timed while a thread of hotswap's works here: on every
-            # intra-op thread it would wait at OpenMP's barriers for the one that thread
-            # preempts (GPT-2 on the 2-core box: 21-77 ms calls beside the load path's
-            # warm-up), and timed so it would say so of eager. (A CUDA clock times the GPU.)
-            if clock is None or self.eager_calls < self._eager_from or (
-                    cores.busy_here() and not clock.device_time):
+            if clock is None or self.eager_calls < self._eager_from:
                 cap = cores.eager_cap()  # None unless workers of ours share the cores
                 # Read first: on a thread new to torch, the read starts its count
                 own = torch.get_num_threads() if cap is not None else 0
                 if cap is not None and own > cap and cores.can_set_threads():
                     bump("eager_fewer_threads")
-                    with cores.lent_threads(cap, own):
-                        out = self._gm.forward(*args)
+                    out = cores.with_threads(cap, own, self._gm.forward, args)
                 else:
                     out = self._gm.forward(*args)
             else:  # weighed against a tier: as the caller would run it, on its threads

@@ -70,7 +70,6 @@ class CallClock:
     (None: not yet readable)."""
 
     lane = "scheduler"  # where ``read`` runs: it waits for nothing
-    device_time = False  # it times the device's work, not the calling thread's
 
     def start(self) -> Any:
         return time.perf_counter()
@@ -88,7 +87,6 @@ class CudaClock(CallClock):
     the lane behind a deep queue of the user's work)."""
 
     lane = "io"
-    device_time = True
 
     def __init__(self, index: int) -> None:
         import torch

@@ -39,8 +39,7 @@ single long C call is not split, and a lock the deferring thread holds waits wit
 user call that needs it waits up to the deferral's pace (2 ms in 12), but for a module's
 import lock: a thread that another waits on to finish an import neither defers nor rests
 (``prepare()`` first thing: the warm-up imports inductor while the program imports what it
-needs of it). The lanes defer on Python 3.12+ only (``DEFERS``); on 3.11 the warm-up and
-loads (``jobs.py``) do.
+needs of it). The lanes defer on Python 3.12+ only (``DEFERS``).
 """
 
 from __future__ import annotations
@@ -59,7 +58,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from hotswap import settings
-from hotswap.system import cores
 
 __all__ = ["DEFERS", "Lane", "Timer", "deferring", "dynamo_compiling", "gil_handoff_s", "io",
            "join_all", "live",
@@ -223,8 +221,7 @@ YIELD_DEFER_COMPILE_S = 0.050
 # ``sys.monitoring`` callback (``_Monitoring``). 3.11's trace function puts every instruction
 # of the thread through the tracing path: an interpreter-heavy task took 2.3x as long, and the
 # load path's imports 1.44-1.50 s against 0.86-0.94 s (torch 2.13, CPU). There the lanes keep
-# the quick handoff alone (the warm-up, whose imports are most of that, still defers, and so
-# do loads: sources/jobs.py).
+# the quick handoff alone (the warm-up, whose imports are most of that, still defers).
 DEFERS = sys.version_info >= (3, 12)
 
 
@@ -691,18 +688,11 @@ def deferring() -> contextlib.AbstractContextManager[None]:
 
 @contextlib.contextmanager
 def _lane_busy() -> Iterator[None]:
-    """A lane's state while it has work: the quick GIL handoff; where ``DEFERS`` its
+    """A lane's state while it has work: the quick GIL handoff, and where ``DEFERS`` its
     thread defers to the user's running calls until a thread of the user's waits for
-    hotswap's work (``deferring``); and it takes a core, which the eager answers leave it
-    (``cores``): a caller's two intra-op threads on two cores beside the load path's
-    warm-up made eager GPT-2 calls of 21-73 ms (the main thread spinning at OpenMP's barrier
-    for half of it) against at most 6 ms on one thread (CPU box)."""
-    cores.add_busy(1)
-    try:
-        with quick_gil_handoff, deferring() if DEFERS else contextlib.nullcontext():
-            yield
-    finally:
-        cores.add_busy(-1)
+    hotswap's work (``deferring``)."""
+    with quick_gil_handoff, deferring() if DEFERS else contextlib.nullcontext():
+        yield
 
 
 scheduler = Lane("hotswap-load", busy=_lane_busy)

@@ -12,8 +12,7 @@ at 1.338x torch.compile's first call, and at 0.705x with the eager answers on on
 
 So while this process has workers running on this machine (a local pool's worker starting,
 in a warm-up step or with a job, each counted once; a job of its own in the machine's compile
-service; and hotswap's own threads while they work in this process: a load, the load path's
-warm-up), a graph hotswap answers eagerly runs with at most ``cores - running`` intra-op
+service), a graph hotswap answers eagerly runs with at most ``cores - running`` intra-op
 threads (never fewer than one, never more than the caller's), the caller's count put back
 when the call returns. Only the eager stand-in's calls: compiled tiers run as they were
 compiled, eager calls the gate times run with the caller's own count, a graph compiled
@@ -40,42 +39,26 @@ from typing import Any
 from hotswap import settings
 from hotswap.system.proctree import usable_cores
 
-__all__ = ["add_busy", "add_running", "at_own_threads", "busy_here", "can_set_threads",
-           "eager_cap", "lent_threads", "own_threads", "running", "set_running"]
+__all__ = ["add_running", "at_own_threads", "can_set_threads", "eager_cap", "own_threads",
+           "running", "set_running", "with_threads"]
 
 log = logging.getLogger("hotswap")
 
 _lock = threading.Lock()
 _running: dict[int, int] = {}  # id(owner) -> its workers on this machine's cores now
-_busy = 0  # hotswap's threads working in this process now (add_busy)
 # The most intra-op threads an eager answer takes now; None: the caller's own. Read on the
 # user's calls without the lock; set under it whenever what runs changes (so is the setting).
 _cap: int | None = None
 _Setters = tuple[Callable[[int], Any], Callable[[int], int] | None]
 _setters: _Setters | None = None
 _setters_found = False
-_lent = threading.local()  # .own: the caller's count, on a thread inside lent_threads
+_lent = threading.local()  # .own: the caller's count, on a thread inside with_threads
 
 
 def running() -> int:
-    """This process's workers (and busy threads of hotswap's) running on this machine's
-    cores now, every owner's."""
+    """This process's workers running on this machine's cores now, every owner's."""
     with _lock:
-        return sum(_running.values()) + _busy
-
-
-def add_busy(delta: int) -> None:
-    """A thread of hotswap's in this process began (1) or ended (-1) work that takes a core."""
-    global _busy
-    with _lock:
-        _busy = max(0, _busy + delta)
-        _recap()
-
-
-def busy_here() -> bool:
-    """Whether a thread of hotswap's works in this process now (``add_busy``): beside it, a
-    call on every intra-op thread waits at OpenMP's barriers for the one it preempts."""
-    return _busy > 0
+        return sum(_running.values())
 
 
 def set_running(owner: object, count: int) -> None:
@@ -93,18 +76,14 @@ def add_running(owner: object, delta: int) -> None:
 
 
 def _set(key: int, count: int) -> None:
+    global _cap
     if _running.get(key, 0) == count:
         return
     if count > 0:
         _running[key] = count
     else:
         _running.pop(key, None)
-    _recap()
-
-
-def _recap() -> None:
-    global _cap
-    total = sum(_running.values()) + _busy
+    total = sum(_running.values())
     _cap = max(1, usable_cores() - total) if total and _lends() else None
 
 
@@ -114,13 +93,13 @@ def eager_cap() -> int | None:
 
 
 def can_set_threads() -> bool:
-    """Whether a thread's own intra-op count can be set here (``lent_threads``); found on
+    """Whether a thread's own intra-op count can be set here (``with_threads``); found on
     the first call, which must be on a thread that has read ``torch.get_num_threads()``."""
     return _thread_setters() is not None
 
 
 def own_threads(threads: int) -> int:
-    """The caller's own intra-op count where ``threads`` was read inside ``lent_threads`` on
+    """The caller's own intra-op count where ``threads`` was read inside ``with_threads`` on
     this thread (what a graph compiled meanwhile is compiled for), else ``threads``."""
     own: int | None = getattr(_lent, "own", None)
     return threads if own is None else own
@@ -128,7 +107,7 @@ def own_threads(threads: int) -> int:
 
 @contextlib.contextmanager
 def at_own_threads() -> Iterator[None]:
-    """Inside ``lent_threads`` on this thread (dynamo compiling inside an eager answer): the
+    """Inside ``with_threads`` on this thread (dynamo compiling inside an eager answer): the
     caller's own count meanwhile, as inductor's C++ code reads it when it compiles here; the
     lent one again after. Elsewhere, nothing."""
     own: int | None = getattr(_lent, "own", None)
@@ -151,17 +130,14 @@ def at_own_threads() -> Iterator[None]:
             set_mkl(lent)
 
 
-@contextlib.contextmanager
-def lent_threads(threads: int, own: int) -> Iterator[None]:
-    """Inside the block this thread runs ``threads`` intra-op threads, its own count being
+def with_threads(threads: int, own: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(*args)`` with ``threads`` intra-op threads on this thread, whose own count is
     ``own`` (``torch.get_num_threads()``, read on it first: that read starts torch's count on
-    a thread new to it, which would otherwise undo this one), and ``own`` again after; as it
-    is where ``can_set_threads()`` is False. A context, not a call: an error the block raises
-    (the user's bad input) shows no frame of this in its traceback."""
+    a thread new to it, which would otherwise undo this one), and ``own`` again after;
+    ``fn(*args)`` as it is where ``can_set_threads()`` is False."""
     found = _thread_setters()
     if found is None:
-        yield
-        return
+        return fn(*args)
     set_omp, set_mkl = found
     omp_set = mkl_set = False
     mkl_before = 0  # the thread's own MKL count, 0 where it had none (MKL's global one)
@@ -173,7 +149,7 @@ def lent_threads(threads: int, own: int) -> Iterator[None]:
         if set_mkl is not None:
             mkl_set = True
             mkl_before = set_mkl(threads)
-        yield
+        return fn(*args)
     finally:
         if omp_set:
             set_omp(own)
@@ -260,10 +236,9 @@ def _symbol(libs: list[ctypes.CDLL], name: str, restype: Any,
 def _forget_in_child() -> None:
     """A forked child runs none of its parent's workers, and a lock held at the fork is
     never released there."""
-    global _lock, _cap, _busy
+    global _lock, _cap
     _lock = threading.Lock()
     _running.clear()
-    _busy = 0
     _cap = None
 
 

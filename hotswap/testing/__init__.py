@@ -154,14 +154,14 @@ def inject(plan: FaultPlan) -> Iterator[FaultPlan]:
 class CorruptingStore:
     """A local store whose artifact reads first draw a cache fault from ``plan`` (while
     ``active``): a drawn fault flips a byte of the entry on disk, which the store then refuses
-    as it would any corrupted file. The gate's verdicts and cuDNN plans beside the artifacts
-    are read as they are. Everything else is the inner store's."""
+    as it would any corrupted file. The gate's verdicts beside the artifacts are read as they
+    are. Everything else is the inner store's."""
 
     def __init__(self, inner: Any, plan: FaultPlan, active: threading.Event) -> None:
         self._inner, self._plan, self._active = inner, plan, active
 
     def get(self, key: str, *, touch: bool = True, have: Any = None) -> bytes | None:
-        if self._active.is_set() and not _is_beside(self._inner, key) \
+        if self._active.is_set() and not _is_verdict(self._inner, key) \
                 and self._plan.draw_cache_fault() and corrupt_entry(self._inner, key):
             self._plan.count("corrupt-cache")
         result: bytes | None = self._inner.get(key, touch=touch, have=have)
@@ -171,12 +171,12 @@ class CorruptingStore:
         return getattr(self._inner, name)
 
 
-def _is_beside(cache: Any, key: str) -> bool:
-    """Whether ``key``'s entry holds a gate verdict or cuDNN plans, no artifact (its header's
-    tier; the header is not secret, only signed)."""
+def _is_verdict(cache: Any, key: str) -> bool:
+    """Whether ``key``'s entry holds a gate verdict (its header's tier; the header is not
+    secret, only signed)."""
     import msgpack
 
-    from hotswap.cache.store import MAGIC, PLANS_TIER, VERDICT_TIER
+    from hotswap.cache.store import MAGIC, VERDICT_TIER
 
     try:
         with open(cache.entry_path(key), "rb") as f:
@@ -187,7 +187,7 @@ def _is_beside(cache: Any, key: str) -> bool:
     try:
         header = msgpack.Unpacker(raw=False)
         header.feed(head[start:])
-        return next(header).get("tier") in (VERDICT_TIER, PLANS_TIER)
+        return bool(next(header).get("tier") == VERDICT_TIER)
     except Exception:
         return False
 

@@ -139,41 +139,6 @@ def test_eager_calls_weighed_against_a_tier_and_a_keep_setting_use_the_caller_s_
     assert _expected()[0] < CORES
 
 
-def test_a_lane_at_work_takes_a_core_from_eager_answers_and_stops_their_timing(
-        every_core: None) -> None:
-    """A thread of hotswap's working here (the load path's warm-up, a load) counts as a
-    running worker; and eager's calls weighed against a tier on a CPU clock are neither
-    timed nor run on every thread meanwhile: they would wait at OpenMP's barriers."""
-    runner = _runner()
-    runner.clock = CallClock()
-    x = torch.arange(4.0)
-    release, at_work = threading.Event(), threading.Event()
-    during: list[tuple[bool, int | None]] = []
-
-    def work() -> None:
-        during.append((cores.busy_here(), cores.eager_cap()))
-        at_work.set()
-        release.wait(30)
-
-    runner.time_eager()
-    with hotswap.counters_delta() as d:
-        threads.io.submit(work)
-        assert at_work.wait(30)
-        try:
-            runner(x)  # lent, not timed
-            runner(x)
-        finally:
-            release.set()
-        assert threads.io.drain(30)
-        assert not cores.busy_here()
-        runner(x)  # timed, on the caller's threads
-    [(busy, cap)] = during
-    assert busy and cap is not None and cap <= CORES - 1
-    assert len(_mine()) == 3 and _mine()[:2] == _expected()[:2] and _mine()[2] == CORES
-    assert len(runner._eager_marks) == 1  # the third call alone was timed
-    assert (d["eager_calls"], d["eager_fewer_threads"]) == (3, 2)
-
-
 def test_a_graph_compiled_inside_a_lent_call_is_compiled_for_the_caller_s_threads(
         every_core: None) -> None:
     from hotswap.engine.shipping.request import cpu_threads
@@ -185,8 +150,7 @@ def test_a_graph_compiled_inside_a_lent_call_is_compiled_for_the_caller_s_thread
             compiling = torch.get_num_threads()
         inside.append((cpu_threads(()), compiling, torch.get_num_threads()))
 
-    with cores.lent_threads(1, CORES):
-        compile_here()
+    cores.with_threads(1, CORES, compile_here, ())
     assert inside == [(CORES, CORES, 1)] and cpu_threads(()) == CORES
     assert torch.get_num_threads() == CORES
 
@@ -314,43 +278,3 @@ def test_a_paced_write_and_hash_rest_after_each_piece_and_keep_every_byte(
     rests.clear()
     store.write_atomic(tmp_path / "g", data)  # no rest asked for: none
     assert (tmp_path / "g").read_bytes() == data and rests == []
-
-
-def test_a_load_defers_to_the_user_s_calls_on_every_python() -> None:
-    """On Python 3.11 hotswap's lanes do not defer (a trace function slows all their work),
-    but a load does: its interpreter time stretched the eager calls beside it."""
-    from hotswap.engine.coordinator import Coordinator
-    from hotswap.engine.options import Options
-    from hotswap.testing.fake import FakeCompiler
-
-    yielding: list[bool] = []
-
-    class Noting(FakeCompiler):
-        def load(self, entry: object, config: object) -> object:
-            yielding.append(threads.yielding())
-            return super().load(entry, config)  # type: ignore[arg-type]
-
-    torch._dynamo.reset()
-    coordinator = Coordinator(Options.create(mode="async"), compiler=Noting())
-    compiled = torch.compile(lambda x: (x * 3).relu(), backend=coordinator)
-    x = torch.randn(8)
-    compiled(x)
-    [status] = coordinator.wait(timeout_s=30)
-    assert status.tier == "default" and yielding == [True]
-
-
-def test_a_load_in_the_user_s_own_call_does_not_defer_to_it() -> None:
-    """An in-process mode loads a cached tier inside the call dynamo compiles: deferring to
-    the user's calls there would wait for that very call."""
-    from hotswap.engine.sources import jobs
-
-    inside: list[bool] = []
-
-    def load() -> None:
-        with jobs._deferring_load():
-            inside.append(threads.yielding())
-
-    load()  # the user's thread
-    threads.scheduler.submit(load)
-    assert threads.scheduler.drain(30)
-    assert inside == [False, True]

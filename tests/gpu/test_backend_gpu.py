@@ -316,37 +316,3 @@ def test_the_warm_up_starts_triton_beside_the_imports() -> None:
     assert warmup.wait_warmup(["cuda"], timeout_s=180)
     assert warmup._triton_early.done and warmup._triton_early.error is None
 
-
-def test_a_cached_tiers_cudnn_plans_are_stored_and_made_in_the_call_dynamo_compiles(
-        tmp_path: Path) -> None:
-    """The cold process's first run notes the tier's cuDNN convolutions and stores them beside
-    its entry; a process loading the tier from the cache makes them in its first call."""
-    from hotswap.cache import PLANS_TIER, ArtifactCache
-    from hotswap.engine import threads
-
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(32, 16, 3, padding=1)).cuda().to(torch.bfloat16).eval()
-    with torch.no_grad():
-        model[0].weight.mul_(unseen_scale())  # a graph no earlier test stored
-    x = torch.randn(8, 16, 32, 32, device="cuda", dtype=torch.bfloat16)
-
-    def serve() -> int:
-        torch._dynamo.reset()
-        compiled = hotswap.compile(model, mode="async", cache_dir=str(tmp_path))
-        with torch.no_grad():
-            before = hotswap.counters()["plans_made_ahead"]
-            compiled(x)
-            made = hotswap.counters()["plans_made_ahead"] - before
-            _serve_until_final(compiled, lambda: compiled(x))
-            [status] = hotswap.status(compiled)
-            assert status.tier == "default", status
-            torch.testing.assert_close(compiled(x), model(x), rtol=2e-2, atol=2e-2)
-        assert threads.io.drain(30)
-        return made
-
-    assert serve() == 0
-    plans = [e for e in ArtifactCache(tmp_path, read_only=True).entries()
-             if e.tier == PLANS_TIER]
-    assert len(plans) == 1
-    assert serve() == 2

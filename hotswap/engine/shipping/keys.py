@@ -106,9 +106,3 @@ def tier_key(gm: torch.fx.GraphModule, inputs: Iterable[InputMeta], grad_enabled
 def verdict_key(tier_key: str) -> str:
     """The key of the gate's verdict on the artifact stored under ``tier_key``."""
     return cache_key({"verdict-of": tier_key})
-
-
-def plans_key(tier_key: str) -> str:
-    """The key of the cuDNN plans the artifact stored under ``tier_key`` makes in a thread
-    (engine/loading/per_thread.py)."""
-    return cache_key({"plans-of": tier_key})

@@ -31,13 +31,13 @@ from typing import Any
 import filelock
 import torch
 
-from hotswap.cache import PLANS_TIER, VERDICT_TIER, ArtifactCache
+from hotswap.cache import VERDICT_TIER, ArtifactCache
 from hotswap.cache.stores import RemoteStore, open_local, open_remote
 from hotswap.counting import bump
 from hotswap.engine import threads
 from hotswap.engine.loading import artifacts
 from hotswap.engine.options import Tier
-from hotswap.engine.shipping.keys import environment_stamp, plans_key, tier_key, verdict_key
+from hotswap.engine.shipping.keys import environment_stamp, tier_key, verdict_key
 from hotswap.engine.shipping.wire import CachedEntry
 from hotswap.system import proctree
 from hotswap.system.starvation import STOPPED_GRACE_S
@@ -242,32 +242,15 @@ class CacheAccess:
 
     def verdict(self, key: str) -> bytes | bytearray | None:
         """The gate's verdict on ``key``'s tier in an earlier run, if any."""
-        return self._beside(verdict_key(key))
-
-    def plans(self, key: str | None) -> bytes | bytearray | None:
-        """The cuDNN plans stored beside ``key``'s artifact (``per_thread.pack_calls``), if
-        any: read in the user's call that dynamo compiles, so a stat where there are none."""
-        if key is None or not self.present(plans_key(key)):
-            return None
-        return self._beside(plans_key(key))
-
-    def _beside(self, key: str) -> bytes | bytearray | None:
-        """An entry beside an artifact (a verdict, plans), unused by the eviction's order."""
         if self._cache is None:
             return None
         try:
-            return self._cache.get(key, touch=False)
+            return self._cache.get(verdict_key(key), touch=False)
         except Exception as e:
             self._warn_once("read", e)
             return None
         finally:
             self._count_rejects(self._cache)
-
-    def store_plans(self, key: str, plans: bytes, origin: str = "") -> None:
-        """Store the plans ``key``'s artifact made in its first run, in this machine's cache
-        alone, unless it has them already."""
-        if self._cache is not None and not self.present(plans_key(key)):
-            self._put(plans_key(key), plans, PLANS_TIER, origin, local_only=True)
 
     def store(self, key: str | None, tier: str, entry: bytes | memoryview,
               origin: str = "") -> CachedEntry | None:
@@ -293,8 +276,7 @@ class CacheAccess:
             return False
         stored = True
         try:
-            shared = artifacts.shared_spans(payload) \
-                if tier not in (VERDICT_TIER, PLANS_TIER) else []
+            shared = artifacts.shared_spans(payload) if tier != VERDICT_TIER else []
         except ValueError:  # not an artifact entry: stored as it is
             shared = []
         cache = self._cache

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from hotswap.engine import threads
 from hotswap.engine.journey import GraphJourney
 from hotswap.engine.loading import source_key
 from hotswap.engine.loading.cudagraphs import CudaGraphed
@@ -81,8 +80,7 @@ class WorkerJobs:
             if time.monotonic() - t > 1e-3:
                 self._recorder.span(journey, GRAPH_TIER, "warmup_wait", t, time.monotonic())
         t = time.monotonic()
-        with source_key.from_worker() if stage == "load" else contextlib.nullcontext(), \
-                _deferring_load():
+        with source_key.from_worker() if stage == "load" else contextlib.nullcontext():
             fn = self._loads.load(entry, tier.load_config)  # a worker's result: its hash too
         self._recorder.span(journey, tier.name, stage, t, time.monotonic())
         first_run = journey.first_run
@@ -120,17 +118,6 @@ class WorkerJobs:
     def _untrack(self, future: Future[Any]) -> None:
         with self._lock:
             self._jobs.discard(future)
-
-
-def _deferring_load() -> contextlib.AbstractContextManager[Any]:
-    """Where the lanes do not defer to the user's calls (Python 3.11, ``threads.DEFERS``), a
-    load on a lane does: its 40-60 ms of interpreter (the generated module's import,
-    inductor's wrappers) stretched the eager calls beside it to 23-45 ms on the 2-core box
-    (GPT-2, a call every 2 ms). The trace function that defers costs the load about as much
-    again. A load in the user's own call (a cached tier in ``inprocess`` mode) would defer to
-    that very call: it does not."""
-    on_a_lane = threads.scheduler.here() or threads.io.here()
-    return threads.deferring() if on_a_lane and not threads.DEFERS else contextlib.nullcontext()
 
 
 class _Tracked:
